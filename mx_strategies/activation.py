@@ -1,0 +1,132 @@
+"""Activation: put the strategy named by ``MX_STRATEGY`` into ModelExpress's chain.
+
+ModelExpress 0.7.0 has no plugin mechanism: ``LoadStrategyChain.run`` builds
+a fixed list and hands it to the module-level ``execute_load_strategies``.
+We wrap that function once, substituting our strategy for the built-in one it
+``replaces`` (same position), so ``--load-format modelexpress`` and any
+other caller of the chain use it. With ``MX_STRATEGY`` unset or empty nothing
+is touched.
+
+vLLM calls general plugins in every process, sometimes more than once, so
+everything here is idempotent and logs once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import os
+from typing import Optional
+
+logger = logging.getLogger("modelexpress.mx_strategies")
+
+STRATEGY_ENV = "MX_STRATEGY"
+_WRAPPED_MARK = "__mx_strategies_original__"
+
+
+class ActivationError(RuntimeError):
+    """``MX_STRATEGY`` names nothing usable; the message names the value."""
+
+
+def resolve_strategy_class(spec: str) -> type:
+    """``module`` or ``module:Class`` -> the LoadStrategy subclass it exports."""
+    from modelexpress.load_strategy import LoadStrategy
+
+    module_name, _, class_name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ActivationError(f"{STRATEGY_ENV}={spec!r}: cannot import {module_name!r}: {exc}") from exc
+    if class_name:
+        cls = getattr(module, class_name, None)
+        if not (inspect.isclass(cls) and issubclass(cls, LoadStrategy)):
+            raise ActivationError(f"{STRATEGY_ENV}={spec!r}: {module_name}.{class_name} is not a LoadStrategy subclass")
+        return cls
+    exported = [
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj)
+        and issubclass(obj, LoadStrategy)
+        and obj.__module__ == module.__name__
+        and not inspect.isabstract(obj)
+    ]
+    if len(exported) != 1:
+        found = ", ".join(c.__name__ for c in exported) or "none"
+        raise ActivationError(
+            f"{STRATEGY_ENV}={spec!r}: expected the module to define exactly one LoadStrategy subclass, "
+            f"found {found}; name one as module:Class"
+        )
+    return exported[0]
+
+
+def _substitute(strategies: list, cls: type) -> list:
+    """The chain with ``cls`` in the place of the strategy it replaces."""
+    replaces = getattr(cls, "replaces", None)
+    if replaces:
+        return [cls() if getattr(s, "name", None) == replaces else s for s in strategies]
+    # No declared replacement: try it just before the engine's native loader.
+    names = [getattr(s, "name", None) for s in strategies]
+    position = names.index("default") if "default" in names else len(strategies)
+    return strategies[:position] + [cls()] + strategies[position:]
+
+
+def installed_strategy() -> Optional[type]:
+    """The strategy class currently installed in ModelExpress's chain, if any."""
+    import modelexpress.load_strategy as chain_module
+
+    return getattr(chain_module.execute_load_strategies, "__mx_strategies_class__", None)
+
+
+def install(cls: type) -> bool:
+    """Make ModelExpress's chain use ``cls``; False when it already does."""
+    import modelexpress.load_strategy as chain_module
+
+    current = chain_module.execute_load_strategies
+    if getattr(current, "__mx_strategies_class__", None) is cls:
+        return False
+    original = getattr(current, _WRAPPED_MARK, current)
+
+    @functools.wraps(original)
+    def execute_load_strategies(model, ctx, strategies):
+        return original(model, ctx, _substitute(list(strategies), cls))
+
+    setattr(execute_load_strategies, _WRAPPED_MARK, original)
+    execute_load_strategies.__mx_strategies_class__ = cls
+    chain_module.execute_load_strategies = execute_load_strategies
+    return True
+
+
+def uninstall() -> None:
+    """Give ModelExpress back its own chain (for tests and scripts)."""
+    import modelexpress.load_strategy as chain_module
+
+    original = getattr(chain_module.execute_load_strategies, _WRAPPED_MARK, None)
+    if original is not None:
+        chain_module.execute_load_strategies = original
+
+
+def activate(spec: Optional[str] = None) -> Optional[type]:
+    """Install the strategy named by ``spec`` (default: ``$MX_STRATEGY``).
+
+    Returns the installed class, or None when nothing was asked for. For
+    hosts without vLLM plugins (SGLang, scripts), call this before loading.
+    """
+    spec = (os.environ.get(STRATEGY_ENV, "") if spec is None else spec).strip()
+    if not spec:
+        return None
+    cls = resolve_strategy_class(spec)
+    validate = getattr(cls, "validate_settings", None)
+    if validate is not None:
+        validate()
+    if install(cls):
+        replaces = getattr(cls, "replaces", None)
+        where = f"in place of {replaces!r}" if replaces else "before 'default'"
+        logger.info(f"mx-strategies: {STRATEGY_ENV}={spec} installed {cls.name!r} {where} in the ModelExpress chain")
+    return cls
+
+
+def register() -> None:
+    """vLLM ``vllm.general_plugins`` entry point."""
+    activate()

@@ -1,0 +1,144 @@
+"""Draft selection: which tensors of a shared checkpoint belong to the MTP head.
+
+An MTP draft lives in the target's checkpoint. Streaming the whole
+checkpoint for it reads the model twice (700 GB for a 10 GB head on GLM),
+and feeding the draft module the target's tensors is at best wasted work.
+The naming conventions (see FACTS.md):
+
+- ``mtp``: ``mtp.*`` (Qwen3-Next, Qwen3.5);
+- ``nextn_layers``: ``model.layers.{N+i}.*``, ``layers.{N+i}.*`` and
+  ``model.language_model.layers.{N+i}.*`` for ``i < num_nextn_predict_layers``
+  with ``N = num_hidden_layers`` (DeepSeek-V3, GLM-4.5+);
+- ``mtp_layers``: ``model.mtp.layers.*`` (some exporters).
+
+The embeddings and lm_head the draft shares with the target are added only
+when the engine will not share them itself (pipeline parallel > 1) or when
+configured.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from .settings import RobustSettings
+
+NEXTN_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "n_predict")
+LAYER_PREFIXES = ("model.layers.", "layers.", "model.language_model.layers.")
+SHARED_WEIGHT_PATTERN = re.compile(r"(^|\.)(embed_tokens\.weight|lm_head\.weight)$")
+
+
+class NoDraftTensors(Exception):
+    """The checkpoint holds nothing the configured conventions call a draft tensor."""
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """What the nextn convention needs from the model's config."""
+
+    num_hidden_layers: Optional[int]
+    num_nextn_layers: Optional[int]
+
+
+@dataclass
+class DraftSelection:
+    names: set[str]
+    conventions: list[str]
+    shared: set[str] = field(default_factory=set)
+
+    @property
+    def convention(self) -> str:
+        return "+".join(self.conventions)
+
+
+def _lookup(config: Any, key: str) -> Any:
+    if config is None:
+        return None
+    if isinstance(config, Mapping):
+        value = config.get(key)
+        if value is None and isinstance(config.get("text_config"), Mapping):
+            value = config["text_config"].get(key)
+        return value
+    value = getattr(config, key, None)
+    if value is None:
+        value = getattr(getattr(config, "text_config", None), key, None)
+    return value
+
+
+def layer_layout(*configs: Any) -> LayerLayout:
+    """First config (checkpoint config.json, engine hf_config...) that knows each value."""
+    hidden = nextn = None
+    for config in configs:
+        if hidden is None and isinstance(_lookup(config, "num_hidden_layers"), int):
+            hidden = _lookup(config, "num_hidden_layers")
+        if nextn is None:
+            for key in NEXTN_COUNT_KEYS:
+                value = _lookup(config, key)
+                if isinstance(value, int) and value > 0:
+                    nextn = value
+                    break
+    return LayerLayout(hidden, nextn)
+
+
+def _nextn_prefixes(layout: LayerLayout) -> tuple[str, ...]:
+    if not layout.num_hidden_layers or not layout.num_nextn_layers:
+        return ()
+    return tuple(
+        f"{prefix}{layout.num_hidden_layers + i}."
+        for i in range(layout.num_nextn_layers)
+        for prefix in LAYER_PREFIXES
+    )
+
+
+def convention_prefixes(settings: RobustSettings, layout: LayerLayout) -> dict[str, tuple[str, ...]]:
+    """Each enabled convention with the name prefixes it claims."""
+    table = {
+        "mtp": ("mtp.",),
+        "nextn_layers": _nextn_prefixes(layout),
+        "mtp_layers": ("model.mtp.layers.",),
+    }
+    prefixes = {name: table[name] for name in settings.draft_conventions}
+    if settings.draft_extra_prefixes:
+        prefixes["extra_prefixes"] = tuple(settings.draft_extra_prefixes)
+    return prefixes
+
+
+def describe_conventions(settings: RobustSettings, layout: LayerLayout) -> str:
+    parts = []
+    for name, prefixes in convention_prefixes(settings, layout).items():
+        if prefixes:
+            parts.append(f"{name} ({', '.join(p + '*' for p in prefixes[:3])}{', ...' if len(prefixes) > 3 else ''})")
+        else:
+            parts.append(f"{name} (needs num_hidden_layers and num_nextn_predict_layers, not found in the config)")
+    return "; ".join(parts)
+
+
+def select_draft_tensors(
+    names: set[str] | list[str],
+    settings: RobustSettings,
+    layout: LayerLayout,
+    *,
+    share_with_target: bool,
+) -> DraftSelection:
+    """Pick the draft's own tensors out of a checkpoint's tensor names."""
+    selected: set[str] = set()
+    matched: list[str] = []
+    for convention, prefixes in convention_prefixes(settings, layout).items():
+        if not prefixes:
+            continue
+        hits = {n for n in names if n.startswith(prefixes)}
+        if hits:
+            matched.append(convention)
+            selected |= hits
+    if not selected:
+        raise NoDraftTensors(
+            f"no draft tensor found among {len(names)} tensors; conventions tried: "
+            f"{describe_conventions(settings, layout)}"
+        )
+    shared: set[str] = set()
+    if settings.draft_shared_weights == "always" or (
+        settings.draft_shared_weights == "auto" and not share_with_target
+    ):
+        shared = {n for n in names if n not in selected and SHARED_WEIGHT_PATTERN.search(n)}
+    return DraftSelection(selected | shared, matched, shared)

@@ -1,0 +1,170 @@
+"""A real S3-compatible server on 127.0.0.1, for the demo, benchmarks and tests.
+
+``LoopbackS3`` starts moto's threaded server, puts a byte-counting TCP proxy
+in front of it (so a caller can see how many bytes a load really pulled),
+points boto3 and runai-model-streamer at the proxy through the environment,
+and restores everything on exit. Only 127.0.0.1 is ever bound or targeted.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Optional
+
+LOOPBACK = "127.0.0.1"
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+class CountingProxy:
+    """Forwards TCP connections to ``target_port`` and counts bytes each way.
+
+    ``to_client`` is what the server served: a load's real read volume.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.to_client = 0
+        self.to_server = 0
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._sock: Optional[socket.socket] = None
+        self._stop = threading.Event()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.to_client = self.to_server = self.connections = 0
+
+    def start(self) -> "CountingProxy":
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((LOOPBACK, 0))
+        self._sock.listen(128)
+        self._sock.settimeout(0.2)
+        self.port = self._sock.getsockname()[1]
+        threading.Thread(target=self._accept, name="counting-proxy", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sock is not None:
+            self._sock.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection((LOOPBACK, self.target_port), timeout=10)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            client.settimeout(None)
+            with self._lock:
+                self.connections += 1
+            threading.Thread(target=self._pipe, args=(client, upstream, "to_server"), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, "to_client"), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, counter: str) -> None:
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                dst.sendall(data)
+                with self._lock:
+                    setattr(self, counter, getattr(self, counter) + len(data))
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+
+
+class LoopbackS3:
+    """moto on 127.0.0.1 behind a counting proxy, with the environment set.
+
+    Use as a context manager; ``upload(folder, bucket, prefix)`` returns the
+    ``s3://`` URI of the uploaded folder.
+    """
+
+    def __init__(self) -> None:
+        self.server = None
+        self.proxy: Optional[CountingProxy] = None
+        self.endpoint = ""
+        self._saved_env: dict[str, Optional[str]] = {}
+
+    def __enter__(self) -> "LoopbackS3":
+        from moto.server import ThreadedMotoServer
+
+        port = free_port()
+        self.server = ThreadedMotoServer(ip_address=LOOPBACK, port=port, verbose=False)
+        self.server.start()
+        self.proxy = CountingProxy(port).start()
+        self.endpoint = f"http://{LOOPBACK}:{self.proxy.port}"
+        env = dict(S3_ENV, AWS_ENDPOINT_URL=self.endpoint)
+        for key, value in env.items():
+            self._saved_env[key] = os.environ.get(key)
+            os.environ[key] = value
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.server is not None:
+            self.server.stop()
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
+
+    def create_bucket(self, bucket: str) -> None:
+        client = self.client()
+        try:
+            client.create_bucket(Bucket=bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+
+    def upload(self, folder: str, bucket: str, prefix: str) -> str:
+        """Upload every file under ``folder`` to ``s3://bucket/prefix/``."""
+        self.create_bucket(bucket)
+        client = self.client()
+        for dirpath, _, filenames in os.walk(folder):
+            for name in sorted(filenames):
+                path = os.path.join(dirpath, name)
+                rel = os.path.relpath(path, folder).replace(os.sep, "/")
+                client.upload_file(path, bucket, f"{prefix}/{rel}")
+        return f"s3://{bucket}/{prefix}"
+
+    @property
+    def bytes_served(self) -> int:
+        return self.proxy.to_client if self.proxy else 0
