@@ -65,6 +65,7 @@ class TensorInfo:
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
+    start: Optional[int] = None  # absolute offset of its data in the file, when read from a header
 
 
 @dataclass
@@ -184,7 +185,9 @@ def read_header(store: Store, obj: ObjectInfo) -> tuple[Shard, list[Problem]]:
         return corrupt(f"read {len(prefix)} of the 8 header-length bytes")
     header_len = int.from_bytes(prefix, "little")
     if header_len > obj.size - 8:
-        return corrupt(f"header length {header_len} exceeds the file size {obj.size}")
+        return corrupt(
+            f"header length {header_len} exceeds the file size {obj.size} (truncated, or not a safetensors file?)"
+        )
     if header_len > MAX_HEADER_BYTES:
         return corrupt(f"header length {header_len} is implausible (not a safetensors file?)")
     raw = store.read(obj, 8, header_len)
@@ -199,7 +202,7 @@ def read_header(store: Store, obj: ObjectInfo) -> tuple[Shard, list[Problem]]:
         return corrupt("header is not a JSON object; not a safetensors file?")
 
     data_size = obj.size - 8 - header_len
-    tensors: dict[str, TensorInfo] = {}
+    located: list[tuple[int, TensorInfo]] = []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
@@ -217,8 +220,10 @@ def read_header(store: Store, obj: ObjectInfo) -> tuple[Shard, list[Problem]]:
                 f"truncated: tensor {name!r} ends at byte {end} of the data, which holds only {data_size}",
                 kind="truncated_shard",
             )
-        tensors[name] = TensorInfo(name, dtype, shape, end - start)
-    shard.tensors = tensors
+        located.append((start, TensorInfo(name, dtype, shape, end - start, start=8 + header_len + start)))
+    # In file order (as runai reads them: by offset, then size), not the header's key order.
+    located.sort(key=lambda item: (item[0], item[1].nbytes))
+    shard.tensors = {info.name: info for _, info in located}
     shard.readable = True
     return shard, []
 

@@ -23,7 +23,16 @@ from .draft import NoDraftTensors, layer_layout, select_draft_tensors
 from .engine import EngineView, engine_view
 from .settings import RobustSettings, load_settings
 from .sources import Candidate, NoStreamableSource, Resolution, candidates, normalize, resolve
-from .streaming import IncompleteDelivery, LoadPlan, StreamStartError, VerifiedStream, plan_full, plan_subset
+from .content_check import ContentMismatch
+from .streaming import (
+    IncompleteDelivery,
+    LoadPlan,
+    StreamBroken,
+    StreamStartError,
+    VerifiedStream,
+    plan_full,
+    plan_subset,
+)
 
 logger = logging.getLogger("modelexpress.strategy_robust_model_streamer")
 
@@ -163,7 +172,18 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         settings: RobustSettings,
         rank: int,
     ) -> tuple[LoadPlan, str | None]:
-        if not engine.is_draft or not self._shares_target_checkpoint(resolution, engine, settings):
+        if not engine.is_draft:
+            return plan_full(checkpoint, settings), None
+        is_target_checkpoint = self._is_target_checkpoint(resolution, engine, settings)
+        if not (engine.is_mtp or (engine.speculative_method is None and is_target_checkpoint)):
+            if is_target_checkpoint:
+                # EAGLE and separate draft models have weights of their own.
+                raise StrategyFailed(
+                    f"draft (method {engine.speculative_method}) has a checkpoint of its own, but only the "
+                    f"target's checkpoint {resolution.candidate.uri} holds weights; not feeding it the target's "
+                    f"tensors ({resolution.trail()})",
+                    mutated=False,
+                )
             return plan_full(checkpoint, settings), None
         layout = layer_layout(checkpoint.config, engine.hf_config)
         try:
@@ -180,14 +200,13 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         return plan_subset(checkpoint, selection.names), selection.convention
 
     @staticmethod
-    def _shares_target_checkpoint(resolution: Resolution, engine: EngineView, settings: RobustSettings) -> bool:
-        """Whether a draft's source is the target's checkpoint (MTP), or its own (EAGLE).
+    def _is_target_checkpoint(resolution: Resolution, engine: EngineView, settings: RobustSettings) -> bool:
+        """Whether the chosen source is the target's checkpoint (MX_MODEL_URI or a target source).
 
-        An MTP draft always shares it; otherwise the draft shares it only when
-        its resolved source is MX_MODEL_URI or one of the target's sources.
+        An MTP draft (vLLM method "mtp", or an unknown method on such a
+        source) takes its own tensors out of it; any other draft has a
+        checkpoint of its own and must not be fed the target's.
         """
-        if engine.is_mtp:
-            return True
         shared = {normalize(u) for u in engine.target_uris}
         if settings.model_uri:
             shared.add(normalize(settings.model_uri))
@@ -219,8 +238,11 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                 result = ctx.adapter.apply_weight_iter(result, stream.tensors())
                 stream.settle()
         except Exception as exc:
-            logger.warning(f"[Worker {rank}] {self.name} failed after the model was touched: {exc}")
-            raise StrategyFailed(str(exc), mutated=True) from exc
+            # The stream failing before it handed out a tensor leaves the model as it was.
+            mutated = not (isinstance(exc, (StreamBroken, ContentMismatch)) and not stream.ledger.delivered)
+            touched = "after the model was touched" if mutated else "before any tensor reached the model"
+            logger.warning(f"[Worker {rank}] {self.name} failed {touched}: {exc}")
+            raise StrategyFailed(str(exc), mutated=mutated) from exc
         try:
             return ctx.adapter.after_weight_iter_load(result)
         except Exception as exc:

@@ -7,7 +7,8 @@ precedence:
 
 1. the environment;
 2. a file named by ``MX_STRATEGIES_CONFIG`` (a ``.env`` file, or ``.toml``),
-   using the same variable names as keys;
+   using the same variable names as keys (a key that is no setting is an
+   error);
 3. the defaults below.
 
 An invalid value raises :class:`SettingsError` with one message naming the
@@ -19,9 +20,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, get_args
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
@@ -38,6 +39,18 @@ DraftConvention = Literal["mtp", "nextn_layers", "mtp_layers"]
 
 DEFAULT_SOURCE_ORDER: tuple[SourceName, ...] = ("model_weights", "model", "MX_MODEL_URI")
 DEFAULT_DRAFT_CONVENTIONS: tuple[DraftConvention, ...] = ("mtp", "nextn_layers", "mtp_layers")
+
+# Lists of known names: at least one entry, each at most once.
+ENUM_LIST_FIELDS = ("source_order", "draft_conventions")
+# Optional fields where an empty value means unset.
+OPTIONAL_FIELDS = (
+    "model_uri",
+    "streamer_concurrency",
+    "streamer_memory_limit",
+    "streamer_chunk_bytesize",
+    "streamer_s3_max_retries",
+    "streamer_s3_retry_timeout_s",
+)
 
 
 class SettingsError(ValueError):
@@ -104,6 +117,7 @@ class RobustSettings(BaseSettings):
         default=20.0,
         gt=0,
         le=600,
+        allow_inf_nan=False,
         validation_alias="MX_ROBUST_PROBE_TIMEOUT_S",
         description=(
             "Connect and read timeout, in seconds, for listing an object-store "
@@ -133,6 +147,28 @@ class RobustSettings(BaseSettings):
         description=(
             "What a load does when a tensor expected from the selected shards was "
             "not delivered exactly once: fail (the chain falls back) or warn."
+        ),
+    )
+
+    verify_content: Literal["off", "sample", "all"] = Field(
+        default="off",
+        validation_alias="MX_ROBUST_VERIFY_CONTENT",
+        description=(
+            "Compare delivered tensors with the stored bytes: SHA-256 of each "
+            "checked tensor against a direct ranged read of its byte range. off, "
+            "sample (MX_ROBUST_VERIFY_SAMPLE tensors per load) or all (reads the "
+            "checkpoint a second time). A mismatch fails the load naming the "
+            "tensor and file; runai itself does not notice wrong bytes."
+        ),
+    )
+    verify_sample: int = Field(
+        default=8,
+        ge=1,
+        le=1_000_000,
+        validation_alias="MX_ROBUST_VERIFY_SAMPLE",
+        description=(
+            "How many tensors MX_ROBUST_VERIFY_CONTENT=sample checks per load, "
+            "spread over the shards; the same ones on every load of a checkpoint."
         ),
     )
 
@@ -181,6 +217,32 @@ class RobustSettings(BaseSettings):
         validation_alias="MX_ROBUST_STREAMER_CHUNK_BYTESIZE",
         description="RUNAI_STREAMER_CHUNK_BYTESIZE for our loads; unset keeps runai's own.",
     )
+    streamer_s3_max_retries: Optional[int] = Field(
+        default=None,
+        ge=1,
+        le=100,
+        validation_alias="MX_ROBUST_STREAMER_S3_MAX_RETRIES",
+        description=(
+            "RUNAI_STREAMER_S3_MAX_RETRIES for our loads: retries of one request "
+            "(throttling, 5xx, reset, cut body, a read stalled for about 5 s) "
+            "inside runai's S3 client. Unset keeps the AWS CRT default of 5: a "
+            "persistent error fails a load after about 7-11 s, a server that "
+            "stops answering after about 40 s. runai 0.17.0 reads but does not "
+            "apply AWS_MAX_ATTEMPTS and AWS_RETRY_MODE."
+        ),
+    )
+    streamer_s3_retry_timeout_s: Optional[int] = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        validation_alias="MX_ROBUST_STREAMER_S3_RETRY_TIMEOUT_S",
+        description=(
+            "RUNAI_STREAMER_S3_TIMEOUT for our loads: seconds runai keeps "
+            "re-requesting a chunk after its client's own retries failed (0: "
+            "never, runai's default). Adds up to this much to the time a "
+            "persistent fault takes to fail a load. Unset keeps runai's own."
+        ),
+    )
     distributed: bool = Field(
         default=True,
         validation_alias="MX_MS_DISTRIBUTED",
@@ -190,24 +252,36 @@ class RobustSettings(BaseSettings):
         ),
     )
 
-    @field_validator("source_order", "draft_conventions", "draft_extra_prefixes", mode="before")
+    @field_validator(*ENUM_LIST_FIELDS, mode="before")
+    @classmethod
+    def _known_unique_entries(cls, value: Any, info: ValidationInfo) -> Any:
+        """Check the entries as a whole, so an error shows the full value."""
+        entries = _split_list(value)
+        if not isinstance(entries, list):
+            return entries  # not a list at all: pydantic reports the type
+        allowed = get_args(get_args(cls.model_fields[info.field_name].annotation)[0])
+        unknown = [entry for entry in entries if entry not in allowed]
+        if unknown:
+            raise ValueError(f"unknown entry {unknown[0]!r}")
+        repeated = [entry for index, entry in enumerate(entries) if entry in entries[:index]]
+        if repeated:
+            raise ValueError(f"{repeated[0]!r} is named twice")
+        if not entries:
+            raise ValueError("names no entry")
+        return entries
+
+    @field_validator("draft_extra_prefixes", mode="before")
     @classmethod
     def _lists_from_commas(cls, value: Any) -> Any:
         return _split_list(value)
 
-    @field_validator("source_order", "draft_conventions")
+    @field_validator(*OPTIONAL_FIELDS, mode="before")
     @classmethod
-    def _non_empty_unique(cls, value: list[str]) -> list[str]:
-        if not value:
-            raise ValueError("must name at least one entry")
-        if len(set(value)) != len(value):
-            raise ValueError("must not repeat an entry")
+    def _empty_is_unset(cls, value: Any) -> Any:
+        """``VAR=`` (or ``""`` in TOML) means unset, as for MX_MODEL_URI upstream."""
+        if isinstance(value, str) and not value.strip():
+            return None
         return value
-
-    @field_validator("model_uri")
-    @classmethod
-    def _empty_uri_is_unset(cls, value: Optional[str]) -> Optional[str]:
-        return value or None
 
     @classmethod
     def settings_customise_sources(
@@ -221,14 +295,37 @@ class RobustSettings(BaseSettings):
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         config_file = os.environ.get(CONFIG_FILE_ENV)
         if config_file:
-            path = Path(config_file)
-            if not path.is_file():
-                raise SettingsError(f"{CONFIG_FILE_ENV}={config_file!r}: no such file")
-            if path.suffix == ".toml":
-                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
-            else:
-                sources.append(DotEnvSettingsSource(settings_cls, env_file=path))
+            sources.append(_config_file_source(settings_cls, config_file))
         return tuple(sources)
+
+
+def _config_file_source(settings_cls: type[BaseSettings], config_file: str) -> PydanticBaseSettingsSource:
+    """The source for the file ``MX_STRATEGIES_CONFIG`` names.
+
+    ``*.toml`` (also ``*.toml.example``) is TOML, anything else a .env file.
+    A key that is no setting is an error: the file holds nothing else, so an
+    unknown key is a typo that would otherwise be ignored without a word.
+    """
+    path = Path(config_file)
+    where = f"{CONFIG_FILE_ENV}={config_file!r} is invalid"
+    if not path.is_file():
+        raise SettingsError(f"{where}: no such file (allowed: the path of a .env or .toml file)")
+    names = {str(field.validation_alias) for field in settings_cls.model_fields.values()}
+    try:
+        if ".toml" in path.suffixes:
+            source: PydanticBaseSettingsSource = TomlConfigSettingsSource(settings_cls, toml_file=path)
+            keys = set(source.toml_data)  # type: ignore[attr-defined]
+        else:
+            from dotenv import dotenv_values
+
+            source = DotEnvSettingsSource(settings_cls, env_file=path)
+            keys = {key.upper() for key in dotenv_values(path)}
+    except (OSError, ValueError) as exc:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
+        raise SettingsError(f"{where}: cannot read it: {exc}") from None
+    unknown = sorted(keys - names)
+    if unknown:
+        raise SettingsError(f"{where}: {', '.join(unknown)} is not a setting (allowed: {', '.join(sorted(names))})")
+    return source
 
 
 def env_name(field_name: str) -> str:
@@ -246,12 +343,18 @@ def load_settings(**overrides: Any) -> RobustSettings:
         for error in exc.errors():
             name = str(error["loc"][0]) if error["loc"] else "?"
             value = error.get("input")
-            problems.append(f"{name}={value!r} is invalid: {_allowed(error)}")
+            problems.append(f"{name}={value!r} is invalid: {_allowed(name, error)}")
         raise SettingsError("; ".join(problems)) from None
 
 
-def _allowed(error: dict[str, Any]) -> str:
+def _allowed(name: str, error: dict[str, Any]) -> str:
+    """pydantic's complaint, plus what the variable accepts when it does not say."""
+    from .settings_doc import allowed_for_env  # the field -> text rules live there
+
     message = error["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
-    return message
+    if error.get("type") == "literal_error":
+        return message  # "Input should be 'fail' or 'warn'" already says it
+    allowed = allowed_for_env(name)
+    return f"{message} (allowed: {allowed})" if allowed else message

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .checkpoint import Checkpoint, NoCheckpoint, inspect
+from .checkpoint import INDEX_NAME, Checkpoint, NoCheckpoint, inspect
 from .settings import RobustSettings
 from .storage import StoreError, open_store
 
@@ -93,7 +93,12 @@ def probe(candidate: Candidate, settings: RobustSettings) -> Checkpoint:
     )
     checkpoint = inspect(store, settings.discovery_depth)
     if not checkpoint.loadable_shards and not checkpoint.errors:
-        raise NoCheckpoint(f"all {len(checkpoint.shards)} safetensors shard(s) are empty")
+        # An index never names an empty shard, so count them from the problems, not checkpoint.shards.
+        empty = sum(1 for p in checkpoint.problems if p.kind == "empty_shard")
+        unindexed = sum(1 for p in checkpoint.problems if p.kind == "unindexed_shard")
+        if unindexed:
+            raise NoCheckpoint(f"no shard to load: {empty} empty, {unindexed} not named by {INDEX_NAME}")
+        raise NoCheckpoint(f"all {empty} safetensors shard(s) are empty")
     return checkpoint
 
 

@@ -126,13 +126,14 @@ class S3Store:
         config = Config(
             connect_timeout=timeout_s,
             read_timeout=timeout_s,
-            retries={"max_attempts": max_attempts, "mode": "standard"},
+            retries={"total_max_attempts": max_attempts, "mode": "standard"},  # attempts, first included
             s3={"addressing_style": "path"}
             if os.getenv("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", "1") == "0"
             else None,
             signature_version=UNSIGNED if os.getenv("RUNAI_STREAMER_S3_UNSIGNED") == "1" else None,
         )
         self._client = boto3.client("s3", config=config)
+        self._max_attempts = max_attempts
 
     def _fail(self, what: str, exc: Exception) -> StoreError:
         return StoreError(f"{what}: {type(exc).__name__}: {exc}")
@@ -156,14 +157,23 @@ class S3Store:
     def read(self, obj: ObjectInfo, start: int, length: int) -> bytes:
         if length <= 0:
             return b""
+        from botocore.exceptions import ConnectionClosedError, ReadTimeoutError, ResponseStreamingError
+
         key = obj.uri[len(f"s3://{self.bucket}/") :]
-        try:
-            response = self._client.get_object(
-                Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}"
-            )
-            return response["Body"].read()
-        except Exception as exc:
-            raise self._fail(f"{obj.uri}: ranged read of bytes {start}-{start + length - 1} failed", exc) from exc
+        what = f"{obj.uri}: ranged read of bytes {start}-{start + length - 1} failed"
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                response = self._client.get_object(
+                    Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}"
+                )
+                return response["Body"].read()
+            except (ResponseStreamingError, ReadTimeoutError, ConnectionClosedError) as exc:
+                # A body cut or reset after the headers: botocore's retries end at the headers.
+                if attempt == self._max_attempts:
+                    raise self._fail(what, exc) from exc
+            except Exception as exc:
+                raise self._fail(what, exc) from exc
+        raise AssertionError("unreachable")  # the loop returns or raises
 
 
 class GcsStore:

@@ -7,12 +7,18 @@ subset is wanted), tensors owned by the caller so nothing is copied twice.
 A :class:`DeliveryLedger` checks every name off; a shortfall, a duplicate
 or a stranger fails the load instead of serving a model with a weight
 missing (vLLM #38991: 335 of 447 tensors silently dropped).
+
+runai yields tensors in whatever order its reads complete, which differs
+from run to run even for one file list. :class:`InOrder` hands them to the
+model in plan order instead (shards in natural order, tensors by offset), so
+a load is reproducible whatever the listing, upload or completion order.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections import Counter
+from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -20,6 +26,7 @@ from typing import Iterator, Optional
 import torch
 
 from .checkpoint import Checkpoint, Shard
+from .content_check import ContentCheck
 from .settings import RobustSettings
 
 # Our settings -> the runai variables they set for the duration of a load.
@@ -27,8 +34,12 @@ STREAMER_ENV = {
     "streamer_concurrency": "RUNAI_STREAMER_CONCURRENCY",
     "streamer_memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
     "streamer_chunk_bytesize": "RUNAI_STREAMER_CHUNK_BYTESIZE",
+    "streamer_s3_max_retries": "RUNAI_STREAMER_S3_MAX_RETRIES",
+    "streamer_s3_retry_timeout_s": "RUNAI_STREAMER_S3_TIMEOUT",
 }
 MISSING_NAMES_SHOWN = 10
+# Held-back bytes when runai cannot say how big its ring is.
+DEFAULT_REORDER_LIMIT_BYTES = 1 << 30
 
 
 class IncompleteDelivery(RuntimeError):
@@ -37,6 +48,10 @@ class IncompleteDelivery(RuntimeError):
 
 class StreamStartError(RuntimeError):
     """The streamer failed before the first tensor reached the model."""
+
+
+class StreamBroken(RuntimeError):
+    """The streamer failed part-way; the message names the source and unfinished files."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +130,80 @@ def _first(names: list[str]) -> str:
     return shown + (", ..." if len(names) > MISSING_NAMES_SHOWN else "")
 
 
+class InOrder:
+    """Releases streamed tensors in plan order, holding early arrivals back.
+
+    runai keeps at most its ring of reads in flight, so in a complete
+    delivery an early arrival waits for at most a ring's worth of bytes.
+    Holding more than ``limit_bytes`` means an expected tensor is not coming
+    (the ledger will say which): everything held is then released in arrival
+    order, and so is the rest, rather than buffering a whole checkpoint.
+    Names the plan does not expect, and repeats, come out at the end.
+    """
+
+    def __init__(self, expected: list[str], limit_bytes: int) -> None:
+        self._next = deque(expected)
+        self._limit = limit_bytes
+        self._held: dict[int, tuple[str, torch.Tensor]] = {}  # arrival number -> item, in arrival order
+        self._by_name: dict[str, deque[int]] = {}
+        self._held_bytes = 0
+        self._arrivals = itertools.count()
+        self.ordered = True
+
+    def push(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """What may go to the model now that ``(name, tensor)`` arrived."""
+        if not self.ordered:
+            yield name, tensor
+            return
+        if self._next and self._next[0] == name and not self._held:
+            self._next.popleft()
+            yield name, tensor
+            return
+        number = next(self._arrivals)
+        self._held[number] = (name, tensor)
+        self._by_name.setdefault(name, deque()).append(number)
+        self._held_bytes += tensor.numel() * tensor.element_size()
+        yield from self._release_due()
+        if self._held_bytes > self._limit:
+            self.ordered = False
+            yield from self._release_all()
+
+    def drain(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Everything still held once the stream has ended: in plan order, past the missing."""
+        while self._next:
+            waiting = self._by_name.get(self._next.popleft())
+            if waiting:
+                yield self._take(waiting.popleft())
+        yield from self._release_all()
+
+    def _release_due(self) -> Iterator[tuple[str, torch.Tensor]]:
+        while self._next and self._by_name.get(self._next[0]):
+            yield self._take(self._by_name[self._next.popleft()].popleft())
+
+    def _release_all(self) -> Iterator[tuple[str, torch.Tensor]]:
+        while self._held:
+            number = next(iter(self._held))
+            self._by_name[self._held[number][0]].remove(number)
+            yield self._take(number)
+
+    def _take(self, number: int) -> tuple[str, torch.Tensor]:
+        name, tensor = self._held.pop(number)
+        self._held_bytes -= tensor.numel() * tensor.element_size()
+        return name, tensor
+
+
+def reorder_limit(streamer) -> int:
+    """Twice runai's ring: the most a complete delivery can run ahead."""
+    try:
+        ring = streamer.file_streamer.ring_info()
+    except Exception:  # an internal of runai; never let it break a load
+        ring = None
+    if not ring:
+        return DEFAULT_REORDER_LIMIT_BYTES
+    _, num_buffers, buffer_size = ring
+    return max(2 * num_buffers * buffer_size, 1)
+
+
 @contextmanager
 def streamer_environment(settings: RobustSettings) -> Iterator[None]:
     """Set the runai knobs we were configured with, restoring them afterwards."""
@@ -139,8 +228,8 @@ class VerifiedStream:
 
     Entering starts the stream and fetches the first tensor, so anything that
     fails before the model is touched raises :class:`StreamStartError`.
-    ``tensors()`` yields (name, tensor) and, when exhausted, raises
-    :class:`IncompleteDelivery` under the ``fail`` policy.
+    ``tensors()`` yields (name, tensor) in plan order and, when exhausted,
+    raises :class:`IncompleteDelivery` under the ``fail`` policy.
     """
 
     def __init__(
@@ -165,10 +254,21 @@ class VerifiedStream:
         self._streamer = None
         self._iter = None
         self._first = None
+        self._in_order = InOrder(self.ledger.expected, DEFAULT_REORDER_LIMIT_BYTES)
+        self.content = ContentCheck.for_load(plan.source, plan.shards, plan.expected, settings)
 
     def __enter__(self) -> "VerifiedStream":
+        """Start streaming; entering a started stream again returns it as is.
+
+        The strategy starts the stream on its own (to tell a start failure
+        from a later one) and then uses it in a ``with``: a second start
+        would stream everything twice and leak the first runai streamer,
+        whose late responses break the next load in the process.
+        """
         from runai_model_streamer import SafetensorsStreamer
 
+        if self._streamer is not None:
+            return self
         self._env = streamer_environment(self.settings)
         self._env.__enter__()
         try:
@@ -183,6 +283,7 @@ class VerifiedStream:
                 )
                 self._iter = self._streamer.get_tensors()
                 self._first = next(self._iter, None)
+                self._in_order = InOrder(self.ledger.expected, reorder_limit(self._streamer))
         except Exception as exc:
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise StreamStartError(f"streaming {self.plan.source} did not start: {type(exc).__name__}: {exc}") from exc
@@ -199,16 +300,45 @@ class VerifiedStream:
                 self._env = None
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        pending = self._first
-        self._first = None
-        while pending is not None:
-            name, tensor = pending
-            self.ledger.check_in(name)
-            self.bytes_delivered += tensor.numel() * tensor.element_size()
-            yield name, tensor
-            pending = next(self._iter, None) if self._iter is not None else None
+        for name, tensor in itertools.chain.from_iterable(
+            self._in_order.push(name, tensor) for name, tensor in self._arrivals()
+        ):
+            yield self._check_in(name, tensor)
+        for name, tensor in self._in_order.drain():
+            yield self._check_in(name, tensor)
         self.exhausted = True
         self.settle()
+
+    def _arrivals(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """runai's tensors in arrival order, starting with the prefetched one."""
+        pending = self._first
+        self._first = None
+        arrived: set[str] = set()
+        while pending is not None:
+            arrived.add(pending[0])
+            yield pending
+            try:
+                pending = next(self._iter, None) if self._iter is not None else None
+            except Exception as exc:
+                raise StreamBroken(self._broken(exc, arrived)) from exc
+
+    def _broken(self, exc: Exception, arrived: set[str]) -> str:
+        """runai's error says neither the source nor the file: add both."""
+        names = self.plan.names
+        unfinished = [
+            s.uri for s in self.plan.shards if any(n not in arrived for n in s.tensors if names is None or n in names)
+        ]
+        return (
+            f"streaming {self.plan.source} failed after {len(arrived)} of {len(self.ledger.expected)} tensors "
+            f"arrived (unfinished: {_first(unfinished)}): {type(exc).__name__}: {exc}"
+        )
+
+    def _check_in(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
+        if self.content is not None:
+            self.content.check(name, tensor)  # ContentMismatch: wrong bytes never reach the model
+        self.ledger.check_in(name)
+        self.bytes_delivered += tensor.numel() * tensor.element_size()
+        return name, tensor
 
     def settle(self) -> None:
         """Apply the completeness policy; safe to call more than once."""

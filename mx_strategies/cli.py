@@ -1,0 +1,52 @@
+"""The ``mx-strategies`` command: one subcommand per module.
+
+Each subcommand lives in its own module exposing ``NAME``, ``HELP``,
+``add_arguments(parser)`` and ``run(args) -> int``; adding one is an import
+and an entry in :data:`COMMANDS`. Modules keep heavy imports (torch, boto3,
+the streamer) inside ``run`` so ``--help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from types import ModuleType
+from typing import Optional, Sequence
+
+from . import __version__, demo, doctor
+
+COMMANDS: tuple[ModuleType, ...] = (doctor, demo)
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mx-strategies",
+        description="ModelExpress load strategies that lose no weight: check checkpoints, see the strategy work.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS:
+        sub = subparsers.add_parser(command.NAME, help=command.HELP, description=command.__doc__.split("\n\n")[0])
+        command.add_arguments(sub)
+        sub.set_defaults(handler=command.run)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help/--version exit 0, usage errors 2
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_usage(sys.stderr)
+        print("mx-strategies: error: choose a command (doctor, demo)", file=sys.stderr)
+        return EXIT_USAGE
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

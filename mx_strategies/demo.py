@@ -1,0 +1,705 @@
+"""``mx-strategies demo``: the package's job, end to end, on a built-in example.
+
+It generates two small checkpoints with an MTP head, one per naming style
+users meet (Qwen3-Next ``mtp.*`` in a shard of its own; DeepSeek-V3
+``model.layers.{N}.*`` mixed into the last shard), each with empty shards as
+fixed-count exporters write them. It serves them from a real S3-compatible
+server on 127.0.0.1 (moto behind a byte-counting proxy), then runs
+ModelExpress's real ``LoadStrategyChain.run`` with
+``MX_STRATEGY=mx_strategies.robust`` for each target and for its MTP draft,
+configured as vLLM <= 0.28 builds them (the draft's ``model`` is the
+config-only ``model_streamer/<hash>`` copy, ``model_weights`` unset,
+``runner_type="draft"``, ``speculative_config.method="mtp"``). For contrast
+it repeats the draft loads with plain ModelExpress 0.7.0, and the draft load
+that vLLM's own runai loader (and ModelExpress <= 0.4.1) attempts.
+
+The engine side is simulated: vLLM cannot run a model on CPU, so
+:class:`DemoModel` stands in for the vLLM model (preallocated weights, a
+``load_weights`` that, like vLLM's target and MTP models, ignores the other
+one's tensors) and :class:`DemoAdapter` is a real ModelExpress
+``EngineAdapter`` subclass doing what vLLM's adapter and runai loader do.
+Everything else is real: the chain, runai-model-streamer, the S3 protocol,
+the safetensors files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from types import SimpleNamespace
+from typing import Any, Callable, Iterator, Optional
+
+NAME = "demo"
+HELP = "load an MTP model and its draft from a local S3 server, with and without mx_strategies"
+
+STRATEGY_SPEC = "mx_strategies.robust"
+BUCKET = "mx-demo"
+REPORT_KEY = "robust_model_streamer"
+# Settings a user may have exported that would change the demo's story.
+DEMO_CLEARED_ENV_PREFIXES = ("MX_ROBUST_", "MX_STRATEGIES_CONFIG", "MX_MS_DISTRIBUTED")
+
+
+@dataclass(frozen=True)
+class DemoCheckpointSpec:
+    style: str  # synthetic.mtp_checkpoint style
+    name: str  # folder and S3 prefix
+    description: str
+
+
+CHECKPOINTS = (
+    DemoCheckpointSpec("qwen", "qwen3-next-tiny", "Qwen3-Next style: mtp.* in a shard of its own"),
+    DemoCheckpointSpec("deepseek", "deepseek-v3-tiny", "DeepSeek-V3 style: model.layers.{N}.* in the last shard"),
+)
+# Small enough to run in seconds on two CPU cores, large enough that the
+# draft's share of the bytes is visible.
+MODEL_SHAPE = dict(num_hidden_layers=12, num_nextn_layers=1, hidden=256, vocab=512, layers_per_shard=3)
+EMPTY_SHARDS = (1, 4)  # positions of zero-tensor shards in each checkpoint
+
+
+# -- the simulated engine side -------------------------------------------------
+
+
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+class DemoModel:
+    """Stands in for a vLLM model: preallocated weights and ``load_weights``.
+
+    Like vLLM's models, it skips checkpoint tensors that belong to the other
+    model (a target skips the MTP layers, an MTP draft skips the target's
+    layers), counting what it skipped. ``on_tensor`` sees every tensor's size,
+    for the progress bar.
+    """
+
+    def __init__(self, reference: dict, owned: set[str], on_tensor: Optional[Callable[[int], None]] = None) -> None:
+        import torch
+
+        self.weights = {name: torch.zeros_like(reference[name]) for name in sorted(owned)}
+        self.loaded: list[str] = []
+        self.skipped: list[str] = []
+        self.received_bytes = 0
+        self.on_tensor = on_tensor
+
+    def load_weights(self, weights: Iterator[tuple[str, Any]]) -> set[str]:
+        for name, tensor in weights:
+            size = _nbytes(tensor)
+            self.received_bytes += size
+            if self.on_tensor is not None:
+                self.on_tensor(size)
+            if name not in self.weights:
+                self.skipped.append(name)
+                continue
+            self.weights[name].copy_(tensor)
+            self.loaded.append(name)
+        return set(self.loaded)
+
+    def matching(self, reference: dict) -> int:
+        """How many owned weights hold exactly the checkpoint's values."""
+        import torch
+
+        return sum(1 for name, value in self.weights.items() if torch.equal(value, reference[name]))
+
+
+def _adapter_class():
+    """DemoAdapter, defined on first use so ``--help`` does not import torch."""
+    from modelexpress.adapter import EngineAdapter
+    from modelexpress.load_strategy import LoadResult
+
+    class DemoAdapter(EngineAdapter):
+        """A real ModelExpress adapter doing what vLLM's does, on CPU."""
+
+        def __init__(self, make_model: Callable[[], DemoModel], vllm_config: Any) -> None:
+            self.make_model = make_model
+            self.vllm_config = vllm_config
+            self.last_result: Optional[LoadResult] = None
+
+        def apply_weight_iter(self, result, weights_iter):
+            result.model.load_weights(weights_iter)
+            return result
+
+        def after_weight_iter_load(self, result):
+            # vLLM's loader refuses a model whose weights were not all loaded.
+            model = result.model
+            missing = sorted(set(model.weights) - set(model.loaded))
+            if missing:
+                raise ValueError(f"Following weights were not initialized from checkpoint: {set(missing[:5])}")
+            self.last_result = result
+            return result
+
+        def build_model_streamer_weight_iter(self, model_uri: str, model=None):
+            # vLLM's RunaiModelStreamerLoader: list the folder (not recursive,
+            # not sorted), stream every file, clone each tensor.
+            from runai_model_streamer import SafetensorsStreamer, list_safetensors
+
+            files = list_safetensors(model_uri)
+            if not files:
+                raise RuntimeError(f"Cannot find any safetensors model weights with `{model_uri}`")
+            with SafetensorsStreamer() as streamer:
+                streamer.stream_files(files)
+                for name, tensor in streamer.get_tensors():
+                    yield name, tensor.clone()
+
+        def reinit_for_retry(self, result):
+            fresh = self.make_model()
+            return LoadResult(value=fresh, model=fresh, publishable=result.publishable)
+
+    return DemoAdapter
+
+
+def _context(model_config: Any, adapter: Any, name: str):
+    import torch
+    from modelexpress import p2p_pb2
+    from modelexpress.load_strategy import LoadContext
+
+    return LoadContext(
+        model_config=model_config,
+        load_config=SimpleNamespace(),
+        target_device=torch.device("cpu"),
+        global_rank=0,
+        worker_rank=0,
+        local_rank=0,
+        device_id=0,
+        identity=p2p_pb2.SourceIdentity(model_name=name),
+        mx_client=None,
+        worker_id="demo",
+        adapter=adapter,
+        p2p_enabled=False,
+    )
+
+
+# -- what each load did ----------------------------------------------------------
+
+
+@dataclass
+class LoadOutcome:
+    """One load as a person wants to see it."""
+
+    checkpoint: str
+    role: str  # "target" or "draft"
+    loader: str  # "mx_strategies.robust", "ModelExpress 0.7.0", "vLLM runai_streamer"
+    ok: bool
+    source_label: Optional[str] = None  # model_weights, model, MX_MODEL_URI
+    source: Optional[str] = None
+    why: Optional[str] = None  # the trail, or how the loader picked its source
+    tensors_verified: Optional[int] = None  # checked off by the robust strategy's ledger
+    tensors_expected: int = 0  # the weights the model owns
+    tensors_loaded: int = 0
+    tensors_matching: int = 0
+    tensors_skipped: int = 0
+    bytes_streamed: int = 0  # tensor bytes handed to the model
+    bytes_served: int = 0  # what the S3 server sent (probes, headers, HTTP included)
+    checkpoint_bytes: int = 0
+    seconds: float = 0.0
+    error: Optional[str] = None
+
+
+class LogTap(logging.Handler):
+    """Keeps ModelExpress's log records so the demo can quote them."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def take(self) -> list[str]:
+        messages = [r.getMessage() for r in self.records]
+        self.records.clear()
+        return messages
+
+
+@contextmanager
+def quiet_modelexpress_logs(verbose: bool) -> Iterator[LogTap]:
+    """Route the ``modelexpress`` loggers into a tap (and stderr with --verbose)."""
+    tap = LogTap()
+    logger = logging.getLogger("modelexpress")
+    saved = (logger.level, logger.propagate, list(logger.handlers))
+    logger.handlers = [tap]
+    if verbose:
+        stream = logging.StreamHandler(sys.stderr)
+        stream.setFormatter(logging.Formatter("  %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(stream)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield tap
+    finally:
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        logger.handlers = saved[2]
+
+
+@contextmanager
+def demo_environment() -> Iterator[None]:
+    """Run without the user's MX_* strategy settings; leave the environment as found.
+
+    The demo sets MX_STRATEGY and MX_MODEL_URI, LoopbackS3 the AWS_* variables,
+    and runai-model-streamer some of its own; all of it is undone.
+    """
+    saved = dict(os.environ)
+    for key in saved:
+        if key.startswith(DEMO_CLEARED_ENV_PREFIXES + ("MX_STRATEGY", "MX_MODEL_URI")):
+            del os.environ[key]
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k not in saved]:
+            del os.environ[key]
+        for key, value in saved.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+
+
+@contextmanager
+def quiet_s3_server_logs() -> Iterator[None]:
+    """moto's werkzeug logs every request at INFO; the demo reports totals instead."""
+    logger = logging.getLogger("werkzeug")
+    saved = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(saved)
+
+
+def _trail(messages: list[str]) -> Optional[str]:
+    for message in messages:
+        marker = " source: "
+        if marker in message:
+            return message.split(marker, 1)[1]
+    return None
+
+
+def _failure(messages: list[str], exc: BaseException) -> str:
+    """The strategy failures the chain logged, then the chain's own error."""
+    reasons = [m.split("failed, trying next: ", 1)[1] for m in messages if "failed, trying next: " in m]
+    reasons += [m.split("raised unexpected error, trying next: ", 1)[1] for m in messages if "unexpected error" in m]
+    return "; ".join(reasons + [str(exc)])
+
+
+# -- the demo ------------------------------------------------------------------
+
+
+class Display:
+    """Progress on the console while steps run, one line per finished step."""
+
+    def __init__(self, console) -> None:
+        from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+
+    def __enter__(self) -> "Display":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    @contextmanager
+    def step(self, description: str, total: Optional[int] = None) -> Iterator[SimpleNamespace]:
+        task = self.progress.add_task(description, total=total)
+        state = SimpleNamespace(
+            detail="",
+            failed=False,
+            advance=lambda amount: self.progress.advance(task, amount),
+        )
+        started = time.perf_counter()
+        try:
+            yield state
+        finally:
+            self.progress.remove_task(task)
+            took = time.perf_counter() - started
+            detail = f": {state.detail}" if state.detail else ""
+            mark = "[red]✗[/red]" if state.failed else "[green]✓[/green]"
+            self.progress.console.print(f"{mark} {description}{detail} [dim]({took:.2f}s)[/dim]")
+
+
+@dataclass
+class DemoCheckpoint:
+    spec: DemoCheckpointSpec
+    synthetic: Any  # synthetic.SyntheticCheckpoint
+    uri: str = ""
+    config_only_dir: str = ""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.synthetic.nbytes(self.synthetic.tensors)
+
+    @property
+    def draft_bytes(self) -> int:
+        return self.synthetic.nbytes(self.synthetic.draft_names)
+
+
+@dataclass
+class DemoResult:
+    checkpoints: list[dict] = field(default_factory=list)
+    loads: list[LoadOutcome] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        robust = [o for o in self.loads if o.loader == STRATEGY_SPEC]
+        return bool(robust) and all(o.ok and o.tensors_matching == o.tensors_expected for o in robust)
+
+    def as_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "seconds": round(self.seconds, 3),
+            "checkpoints": self.checkpoints,
+            "loads": [asdict(o) for o in self.loads],
+        }
+
+
+def _model_configs(ckpt: DemoCheckpoint):
+    """The target and MTP draft model configs vLLM <= 0.28 builds after its runai pull."""
+    hf_config = SimpleNamespace(**ckpt.synthetic.config)
+    target = SimpleNamespace(
+        model=ckpt.config_only_dir, model_weights=ckpt.uri, runner_type="generate", hf_config=hf_config
+    )
+    draft = SimpleNamespace(model=ckpt.config_only_dir, model_weights=None, runner_type="draft", hf_config=hf_config)
+    vllm_config = SimpleNamespace(
+        speculative_config=SimpleNamespace(method="mtp", num_speculative_tokens=1, target_model_config=target),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
+    )
+    return target, draft, vllm_config
+
+
+def _owned(ckpt: DemoCheckpoint, role: str) -> set[str]:
+    synthetic = ckpt.synthetic
+    return set(synthetic.draft_names) if role == "draft" else set(synthetic.tensors) - set(synthetic.draft_names)
+
+
+def _run_chain(ckpt, role, loader, model_config, vllm_config, server, tap, display) -> LoadOutcome:
+    """One load through ModelExpress's real chain."""
+    from modelexpress.load_strategy import LoadStrategyChain
+
+    reference = ckpt.synthetic.tensors
+    owned = _owned(ckpt, role)
+    outcome = LoadOutcome(ckpt.spec.name, role, loader, ok=False, checkpoint_bytes=ckpt.total_bytes)
+    outcome.tensors_expected = len(owned)
+    label = f"{ckpt.spec.name} {role} with {loader}"
+    with display.step(label, total=ckpt.total_bytes) as step:
+        make = lambda: DemoModel(reference, owned, on_tensor=step.advance)  # noqa: E731
+        adapter = _adapter_class()(make, vllm_config)
+        tap.take()
+        server.proxy.reset()
+        started = time.perf_counter()
+        model = None
+        try:
+            model = LoadStrategyChain.run(make(), _context(model_config, adapter, ckpt.spec.name))
+            outcome.ok = True
+        except Exception as exc:  # the chain's "No loading strategy succeeded"
+            outcome.error = _failure(tap.take(), exc)
+        outcome.seconds = time.perf_counter() - started
+        outcome.bytes_served = server.bytes_served
+        messages = tap.take()
+        if model is not None:
+            outcome.tensors_loaded = len(model.loaded)
+            outcome.tensors_skipped = len(model.skipped)
+            outcome.tensors_matching = model.matching(reference)
+            outcome.bytes_streamed = model.received_bytes
+        report = adapter.last_result.metadata.get(REPORT_KEY) if adapter.last_result is not None else None
+        if report:
+            outcome.source_label, outcome.source = report["source_label"], report["source"]
+            outcome.bytes_streamed = report["bytes_streamed"]
+            outcome.tensors_verified = report["tensors"]
+            outcome.why = _trail(messages) or f"chose {outcome.source_label}={outcome.source!r}"
+        elif outcome.ok:
+            outcome.source_label, outcome.source = "MX_MODEL_URI", os.environ.get("MX_MODEL_URI")
+            outcome.why = (
+                "ModelExpress 0.7.0 streams MX_MODEL_URI whenever it is set, and its adapter lists and streams "
+                "every shard: the draft pulls the whole checkpoint"
+            )
+        step.detail, step.failed = _step_detail(outcome), not outcome.ok
+    return outcome
+
+
+def _run_vllm_runai_draft(ckpt, model_config, vllm_config, server, tap, display) -> LoadOutcome:
+    """The draft load vLLM's runai loader (and ModelExpress <= 0.4.1) attempts:
+    stream ``model_weights or model``, i.e. the config-only folder."""
+    from modelexpress.adapter import StrategyFailed
+    from modelexpress.load_strategy import LoadResult
+    from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
+
+    reference = ckpt.synthetic.tensors
+    owned = _owned(ckpt, "draft")
+    loader = "vLLM runai_streamer"
+    outcome = LoadOutcome(ckpt.spec.name, "draft", loader, ok=False, checkpoint_bytes=ckpt.total_bytes)
+    outcome.tensors_expected = len(owned)
+    source = model_config.model_weights or model_config.model
+    outcome.source_label, outcome.source = "model", source
+    with display.step(f"{ckpt.spec.name} draft with {loader}", total=ckpt.total_bytes) as step:
+        make = lambda: DemoModel(reference, owned, on_tensor=step.advance)  # noqa: E731
+        adapter = _adapter_class()(make, vllm_config)
+        server.proxy.reset()
+        started = time.perf_counter()
+        model = make()
+        try:
+            ModelStreamerStrategy().load_uri(LoadResult(value=model, model=model), _context(model_config, adapter, "d"), source)
+            outcome.ok = True
+        except StrategyFailed as exc:
+            outcome.error = str(exc)
+        tap.take()
+        outcome.seconds = time.perf_counter() - started
+        outcome.bytes_served = server.bytes_served
+        outcome.why = "streams the draft's model_weights or model: the config-only model_streamer/<hash> copy"
+        step.detail, step.failed = _step_detail(outcome), not outcome.ok
+    return outcome
+
+
+def _step_detail(outcome: LoadOutcome) -> str:
+    if not outcome.ok:
+        from rich.markup import escape
+
+        return f"[red]failed[/red]: {escape(outcome.error or '')}"
+    return (
+        f"{outcome.tensors_matching}/{outcome.tensors_expected} weights equal to the checkpoint, "
+        f"{_human(outcome.bytes_served)} served by S3"
+    )
+
+
+def _human(count: int) -> str:
+    from .doctor import human_bytes
+
+    return human_bytes(count)
+
+
+def _config_only_dir(cache_root: str, uri: str) -> str:
+    """Where vLLM's runai pull leaves the config files: model_streamer/<hash>."""
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:8]
+    return os.path.join(cache_root, "model_streamer", digest)
+
+
+def run_demo(console, verbose: bool = False, workdir: Optional[str] = None) -> DemoResult:
+    """Generate, serve and load; return what happened (printing progress)."""
+    started = time.perf_counter()
+    result = DemoResult()
+    with demo_environment(), quiet_modelexpress_logs(verbose) as tap, quiet_s3_server_logs(), Display(console) as display:
+        with tempfile.TemporaryDirectory(prefix="mx-strategies-demo-", dir=workdir) as tmp:
+            with display.step("Generating two checkpoints with MTP heads and empty shards") as step:
+                from . import synthetic
+
+                ckpts = [
+                    DemoCheckpoint(
+                        spec,
+                        synthetic.mtp_checkpoint(
+                            os.path.join(tmp, "checkpoints", spec.name),
+                            style=spec.style,
+                            empty_shards=EMPTY_SHARDS,
+                            **MODEL_SHAPE,
+                        ),
+                    )
+                    for spec in CHECKPOINTS
+                ]
+                step.detail = ", ".join(f"{c.spec.name} {_human(c.total_bytes)}" for c in ckpts)
+
+            from .loopback import LoopbackS3
+
+            with display.step("Starting an S3 server on 127.0.0.1 (moto, byte-counting proxy)") as step:
+                server = LoopbackS3().__enter__()
+                step.detail = server.endpoint
+            try:
+                with display.step(f"Uploading to s3://{BUCKET}/") as step:
+                    for ckpt in ckpts:
+                        ckpt.uri = server.upload(ckpt.synthetic.path, BUCKET, ckpt.spec.name)
+                        ckpt.config_only_dir = synthetic.config_only_copy(
+                            ckpt.synthetic.path, _config_only_dir(os.path.join(tmp, "vllm-cache"), ckpt.uri)
+                        )
+                    step.detail = ", ".join(c.uri for c in ckpts)
+                result.checkpoints = [_checkpoint_row(c) for c in ckpts]
+                _robust_loads(ckpts, server, tap, display, result)
+                _upstream_loads(ckpts, server, tap, display, result)
+            finally:
+                server.__exit__(None, None, None)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _checkpoint_row(ckpt: DemoCheckpoint) -> dict:
+    return {
+        "name": ckpt.spec.name,
+        "style": ckpt.spec.description,
+        "uri": ckpt.uri,
+        "config_only_copy": ckpt.config_only_dir,
+        "shards": len(ckpt.synthetic.shard_names),
+        "empty_shards": len(EMPTY_SHARDS),
+        "tensors": len(ckpt.synthetic.tensors),
+        "bytes": ckpt.total_bytes,
+        "draft_tensors": len(ckpt.synthetic.draft_names),
+        "draft_bytes": ckpt.draft_bytes,
+    }
+
+
+def _robust_loads(ckpts, server, tap, display, result: DemoResult) -> None:
+    from . import activation
+
+    os.environ["MX_STRATEGY"] = STRATEGY_SPEC
+    activation.activate()
+    try:
+        for ckpt in ckpts:
+            os.environ["MX_MODEL_URI"] = ckpt.uri
+            target_config, draft_config, vllm_config = _model_configs(ckpt)
+            for role, model_config in (("target", target_config), ("draft", draft_config)):
+                result.loads.append(
+                    _run_chain(ckpt, role, STRATEGY_SPEC, model_config, vllm_config, server, tap, display)
+                )
+    finally:
+        activation.uninstall()
+        os.environ.pop("MX_STRATEGY", None)
+
+
+def _upstream_loads(ckpts, server, tap, display, result: DemoResult) -> None:
+    from . import activation
+
+    activation.uninstall()
+    os.environ.pop("MX_STRATEGY", None)
+    for ckpt in ckpts:
+        os.environ["MX_MODEL_URI"] = ckpt.uri
+        _, draft_config, vllm_config = _model_configs(ckpt)
+        result.loads.append(
+            _run_chain(ckpt, "draft", "ModelExpress 0.7.0", draft_config, vllm_config, server, tap, display)
+        )
+        result.loads.append(_run_vllm_runai_draft(ckpt, draft_config, vllm_config, server, tap, display))
+
+
+# -- output --------------------------------------------------------------------
+
+
+def render(result: DemoResult, console) -> None:
+    from rich.table import Table
+
+    console.print()
+    table = Table(title="Checkpoints (served from the local S3 server)", title_justify="left")
+    for column in ("checkpoint", "naming", "shards", "tensors", "bytes", "MTP draft"):
+        table.add_column(column, overflow="fold")
+    for row in result.checkpoints:
+        table.add_row(
+            row["uri"],
+            row["style"],
+            f"{row['shards']} ({row['empty_shards']} empty)",
+            str(row["tensors"]),
+            _human(row["bytes"]),
+            f"{row['draft_tensors']} tensors, {_human(row['draft_bytes'])}",
+        )
+    console.print(table)
+
+    for loader, title in (
+        (STRATEGY_SPEC, "With MX_STRATEGY=mx_strategies.robust"),
+        ("ModelExpress 0.7.0", "Same drafts with plain ModelExpress (MX_STRATEGY unset, MX_MODEL_URI set)"),
+        ("vLLM runai_streamer", "Same drafts as vLLM's runai_streamer loader and ModelExpress <= 0.4.1 load them"),
+    ):
+        loads = [o for o in result.loads if o.loader == loader]
+        if loads:
+            console.print()
+            console.print(_loads_table(title, loads))
+            for o in loads:
+                _explain(console, o)
+
+    console.print()
+    console.print(_verdict(result))
+
+
+def _loads_table(title: str, loads: list[LoadOutcome]):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column, justify in (("load", "left"), ("source", "left"), ("verified", "right"),
+                            ("weights equal", "right"), ("to model", "right"),
+                            ("S3 served", "right"), ("time", "right")):  # fmt: skip
+        table.add_column(column, justify=justify, overflow="fold", no_wrap=column in ("load", "source"))
+    for o in loads:
+        share = f" ({100.0 * o.bytes_served / o.checkpoint_bytes:.0f}%)" if o.checkpoint_bytes else ""
+        if o.ok:
+            equal = f"{o.tensors_matching}/{o.tensors_expected}"
+            equal = f"[green]{equal}[/green]" if o.tensors_matching == o.tensors_expected else f"[red]{equal}[/red]"
+        else:
+            equal = "[red]load failed[/red]"
+        table.add_row(
+            f"{o.checkpoint} {o.role}",
+            o.source_label or "-",
+            "-" if o.tensors_verified is None else str(o.tensors_verified),
+            equal,
+            _human(o.bytes_streamed) if o.ok else "-",
+            _human(o.bytes_served) + share,
+            f"{o.seconds:.2f}s",
+        )
+    return table
+
+
+def _explain(console, o: LoadOutcome) -> None:
+    """The line under a table saying why a load went where it went."""
+    from rich.markup import escape
+    from rich.padding import Padding
+
+    head = f"[bold]{o.checkpoint} {o.role}[/bold]: "
+    if o.ok:
+        text = head + escape(o.why or "")
+        if o.tensors_skipped:
+            text += f" [dim](the model threw away {o.tensors_skipped} streamed tensors that are not its own)[/dim]"
+    else:
+        text = head + "[red]" + escape(o.error or "failed") + "[/red]"
+    console.print(Padding(text, (0, 0, 0, 2)))
+
+
+def _verdict(result: DemoResult) -> str:
+    robust_drafts = [o for o in result.loads if o.loader == STRATEGY_SPEC and o.role == "draft"]
+    upstream_drafts = [o for o in result.loads if o.loader == "ModelExpress 0.7.0"]
+    lines = []
+    if result.ok:
+        lines.append(
+            "[green]mx_strategies.robust[/green]: every target and draft loaded, every tensor checked off and every "
+            "weight equal to the checkpoint, empty shards and all; each draft passed over the config-only copy, "
+            "found its checkpoint through MX_MODEL_URI and streamed only its MTP tensors."
+        )
+    else:
+        lines.append("[red]mx_strategies.robust did not load everything: see the errors above.[/red]")
+    for robust, upstream in zip(robust_drafts, upstream_drafts):
+        if upstream.ok and robust.ok and robust.bytes_served:
+            lines.append(
+                f"{upstream.checkpoint} draft: plain ModelExpress pulled {_human(upstream.bytes_served)} from S3, "
+                f"{upstream.bytes_served / robust.bytes_served:.1f}x what mx_strategies pulled "
+                f"({_human(robust.bytes_served)}); on a 700 GB checkpoint that is the whole model again for the draft."
+            )
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--verbose", action="store_true", help="also print ModelExpress's log lines (stderr)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .doctor import console_for
+
+    console = Console(stderr=True) if args.json else console_for(sys.stdout)
+    try:
+        result = run_demo(console, verbose=args.verbose)
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        render(result, console)
+        console.print(f"[dim]demo finished in {result.seconds:.1f}s[/dim]")
+    return 0 if result.ok else 1

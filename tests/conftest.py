@@ -1,0 +1,57 @@
+"""Shared fixtures: a real S3-compatible server on 127.0.0.1, clean settings.
+
+The moto server and its byte-counting proxy run once per test session and
+are stopped at the end; every test gets a fresh bucket so nothing leaks
+between tests. Only 127.0.0.1 is bound or targeted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from mx_strategies import activation  # noqa: E402
+from mx_strategies.loopback import LoopbackS3  # noqa: E402
+
+_bucket_ids = itertools.count()
+
+# Variables a test may set; each test starts without them.
+_OUR_PREFIXES = ("MX_ROBUST_", "MX_STRATEGY", "MX_MODEL_URI", "MX_MS_DISTRIBUTED", "MX_STRATEGIES_CONFIG")
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith(_OUR_PREFIXES):
+            monkeypatch.delenv(key)
+    yield
+    activation.uninstall()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    with LoopbackS3() as server:
+        yield server
+
+
+@pytest.fixture
+def s3(s3_server):
+    """The session's loopback S3 with a fresh bucket name and zeroed counters."""
+    s3_server.bucket = f"models-{next(_bucket_ids)}"
+    s3_server.create_bucket(s3_server.bucket)
+    s3_server.proxy.reset()
+    return s3_server
+
+
+@pytest.fixture
+def robust(monkeypatch):
+    """MX_STRATEGY=mx_strategies.robust, activated as vLLM's plugin would."""
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    activation.register()
+    yield
+    activation.uninstall()

@@ -1,0 +1,473 @@
+"""A fault-injecting HTTP proxy on 127.0.0.1, for object-store fault tests.
+
+``FaultProxy`` sits between the clients under test (runai-model-streamer's
+C++ S3/Azure/GCS clients and the probe's Python clients) and a real local
+server (moto, azurite, fake-gcs-server). It parses each HTTP/1.1 request,
+forwards it upstream with ``http.client``, and before answering applies the
+first matching :class:`Rule`: a burst of 5xx with a throttling body, a
+connection reset or a body cut short mid-way, a delay or a mid-body stall,
+a ranged read answered with the wrong bytes, or data bytes flipped at chosen
+file offsets. Every fault that fires is recorded in ``events``, so a test
+can assert the fault really happened rather than passing vacuously.
+
+Only 127.0.0.1 is bound or targeted. Each connection is handled in its own
+daemon thread and every socket read has a timeout, so nothing outlives a
+test for long.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+LOOPBACK = "127.0.0.1"
+SOCKET_TIMEOUT_S = 30.0
+
+SLOWDOWN_XML = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n'
+    b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message>"
+    b"<RequestId>fault-proxy</RequestId></Error>"
+)
+INTERNAL_ERROR_XML = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n'
+    b"<Error><Code>InternalError</Code><Message>We encountered an internal error. Please try again.</Message>"
+    b"<RequestId>fault-proxy</RequestId></Error>"
+)
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+# The fault kinds a Rule can inject.
+STATUS = "status"  # answer with `status` and a throttling/error XML body instead of forwarding
+RESET = "reset"  # send the head and `keep_bytes` of the body, then reset the connection (RST)
+SHORT = "short"  # send the head (full Content-Length) and `keep_bytes`, then close cleanly (FIN)
+DELAY = "delay"  # wait `delay_s` before answering
+STALL = "stall"  # send the head and `keep_bytes`, wait `delay_s`, then send the rest
+WRONG_RANGE = "wrong_range"  # serve the bytes `shift` further on, labelled as the range asked for
+CORRUPT = "corrupt"  # flip the bits of file bytes [corrupt_start, corrupt_end) wherever served
+KINDS = (STATUS, RESET, SHORT, DELAY, STALL, WRONG_RANGE, CORRUPT)
+
+
+@dataclass
+class Request:
+    """One parsed client request."""
+
+    method: str
+    target: str  # the request target as sent (path and query)
+    headers: dict[str, str]  # lower-cased names
+    body: bytes
+
+    @property
+    def path(self) -> str:
+        return self.target.split("?", 1)[0]
+
+    @property
+    def range(self) -> Optional[tuple[int, Optional[int]]]:
+        match = _RANGE.fullmatch(self.headers.get("range", "").strip())
+        if not match:
+            return None
+        return int(match.group(1)), int(match.group(2)) if match.group(2) else None
+
+    @property
+    def client(self) -> str:
+        """Who sent it: "probe" (Python SDKs) or "streamer" (runai's C++ clients)."""
+        agent = self.headers.get("user-agent", "").lower()
+        if any(p in agent for p in ("boto", "botocore", "azsdk-python", "gcloud-python", "gl-python", "python-requests")):
+            return "probe"
+        return "streamer"
+
+
+@dataclass
+class Rule:
+    """Inject ``kind`` into matching requests, ``times`` times (None: always).
+
+    A request matches when every given criterion holds: HTTP ``method``,
+    ``path_contains`` in the path, ``ranged`` (has a Range header or not),
+    ``client`` ("probe" or "streamer", told apart by User-Agent), and
+    ``when`` (any predicate on the :class:`Request`). ``skip`` lets that many
+    matching requests through first. ``delay_s`` is the wait before
+    answering, for every kind (for STALL: the pause mid-body).
+    """
+
+    kind: str
+    times: Optional[int] = 1
+    method: Optional[str] = "GET"
+    path_contains: Optional[str] = None
+    ranged: Optional[bool] = None
+    client: Optional[str] = None
+    when: Optional[Callable[[Request], bool]] = None
+    skip: int = 0
+    status: int = 503
+    keep_bytes: int = 0
+    delay_s: float = 0.0
+    shift: int = 8
+    corrupt_start: int = 0
+    corrupt_end: int = 0
+    fired: int = 0
+    seen: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown fault kind {self.kind!r}; expected one of {KINDS}")
+
+    def matches(self, request: Request) -> bool:
+        if self.method is not None and request.method != self.method:
+            return False
+        if self.path_contains is not None and self.path_contains not in request.path:
+            return False
+        if self.ranged is not None and (request.range is not None) != self.ranged:
+            return False
+        if self.client is not None and request.client != self.client:
+            return False
+        if self.when is not None and not self.when(request):
+            return False
+        return True
+
+    def take(self, request: Request) -> bool:
+        """Whether this rule fires for ``request`` (counts it if so)."""
+        if not self.matches(request):
+            return False
+        self.seen += 1
+        if self.seen <= self.skip:
+            return False
+        if self.times is not None and self.fired >= self.times:
+            return False
+        self.fired += 1
+        return True
+
+
+@dataclass(frozen=True)
+class Event:
+    """A fault that fired, for tests to assert on."""
+
+    kind: str
+    method: str
+    path: str
+    range: Optional[tuple[int, Optional[int]]]
+    client: str
+    at: float
+
+
+@dataclass
+class _Response:
+    status: int
+    reason: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    keep_alive: bool = True
+
+    def head(self) -> bytes:
+        lines = [f"HTTP/1.1 {self.status} {self.reason}"]
+        lines += [f"{k}: {v}" for k, v in self.headers]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def set_header(self, name: str, value: str) -> None:
+        self.headers = [(k, v) for k, v in self.headers if k.lower() != name.lower()] + [(name, value)]
+
+    def header(self, name: str) -> Optional[str]:
+        for k, v in self.headers:
+            if k.lower() == name.lower():
+                return v
+        return None
+
+
+class FaultProxy:
+    """HTTP proxy on 127.0.0.1 in front of ``target_port``, injecting faults.
+
+    ``add(rule)`` arms a fault; ``clear()`` disarms all and forgets events.
+    ``requests`` counts every request seen, by client ("probe"/"streamer").
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.rules: list[Rule] = []
+        self.events: list[Event] = []
+        self.requests: dict[str, int] = {"probe": 0, "streamer": 0}
+        self.log: list[tuple[str, str, str, Optional[tuple[int, Optional[int]]]]] = []
+        self._lock = threading.Lock()
+        self._sock: Optional[socket.socket] = None
+        self._stop = threading.Event()
+
+    # -- control ---------------------------------------------------------------
+
+    def start(self) -> "FaultProxy":
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((LOOPBACK, 0))
+        self._sock.listen(128)
+        self._sock.settimeout(0.2)
+        self.port = self._sock.getsockname()[1]
+        threading.Thread(target=self._accept, name="fault-proxy", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sock is not None:
+            self._sock.close()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def add(self, rule: Rule) -> Rule:
+        with self._lock:
+            self.rules.append(rule)
+        return rule
+
+    def clear(self) -> None:
+        with self._lock:
+            self.rules.clear()
+            self.events.clear()
+            self.requests = {"probe": 0, "streamer": 0}
+            self.log.clear()
+
+    def fired(self, kind: Optional[str] = None) -> list[Event]:
+        with self._lock:
+            return [e for e in self.events if kind is None or e.kind == kind]
+
+    # -- serving ---------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), name="fault-proxy-conn", daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        client.settimeout(SOCKET_TIMEOUT_S)
+        upstream = http.client.HTTPConnection(LOOPBACK, self.target_port, timeout=SOCKET_TIMEOUT_S)
+        reader = client.makefile("rb")
+        try:
+            while not self._stop.is_set():
+                request = _read_request(reader)
+                if request is None:
+                    return
+                with self._lock:
+                    self.requests[request.client] += 1
+                    self.log.append((request.client, request.method, request.path, request.range))
+                    rule = next((r for r in self.rules if r.take(request)), None)
+                    if rule is not None:
+                        self.events.append(
+                            Event(rule.kind, request.method, request.path, request.range, request.client, time.time())
+                        )
+                if not self._answer(client, upstream, request, rule):
+                    return
+        except (OSError, http.client.HTTPException):
+            return
+        finally:
+            upstream.close()
+            reader.close()
+            try:
+                client.close()
+            except OSError:
+                pass
+
+    def _answer(self, client: socket.socket, upstream, request: Request, rule: Optional[Rule]) -> bool:
+        """Answer one request; False when the connection is finished."""
+        if rule is not None and rule.delay_s and rule.kind != STALL:
+            time.sleep(rule.delay_s)  # DELAY is only this; for other faults it holds the fault back
+        if rule is not None and rule.kind == STATUS:
+            body = SLOWDOWN_XML if rule.status == 503 else INTERNAL_ERROR_XML
+            reason = "Slow Down" if rule.status == 503 else "Internal Server Error"
+            response = _Response(rule.status, reason, [("Content-Type", "application/xml")], body)
+            response.set_header("Content-Length", str(len(body)))
+            client.sendall(response.head() + response.body)
+            return True
+        if rule is not None and rule.kind == WRONG_RANGE and request.range is not None:
+            start, end = request.range
+            shifted = f"bytes={start + rule.shift}-" + ("" if end is None else str(end + rule.shift))
+            request.headers["range"] = shifted
+            response = _forward(upstream, request)
+            _relabel_range(response, start, end)
+        else:
+            response = _forward(upstream, request)
+        if rule is not None and rule.kind == CORRUPT:
+            response.body = _flip(response, rule.corrupt_start, rule.corrupt_end)
+        head = response.head()
+        if rule is not None and rule.kind in (RESET, SHORT, STALL):
+            keep = min(rule.keep_bytes, max(len(response.body) - 1, 0))
+            client.sendall(head + response.body[:keep])
+            if rule.kind == STALL:
+                time.sleep(rule.delay_s)
+                client.sendall(response.body[keep:])
+                return response.keep_alive
+            if rule.kind == RESET:
+                # SO_LINGER with a zero timeout makes close() send RST, not FIN.
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            else:
+                client.shutdown(socket.SHUT_RDWR)
+            return False
+        client.sendall(head + response.body)
+        return response.keep_alive
+
+
+def _read_request(reader) -> Optional[Request]:
+    line = reader.readline(65537)
+    while line in (b"\r\n", b"\n"):
+        line = reader.readline(65537)
+    if not line:
+        return None
+    parts = line.decode("latin-1").rstrip("\r\n").split(" ")
+    if len(parts) != 3:
+        return None
+    method, target, _version = parts
+    headers: dict[str, str] = {}
+    while True:
+        raw = reader.readline(65537)
+        if raw in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = raw.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body = b""
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        chunks = []
+        while True:
+            size = int(reader.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while reader.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                break
+            chunks.append(reader.read(size))
+            reader.readline()
+        body = b"".join(chunks)
+        headers.pop("transfer-encoding")
+        headers["content-length"] = str(len(body))
+    elif "content-length" in headers:
+        body = reader.read(int(headers["content-length"]))
+    return Request(method, target, headers, body)
+
+
+def _forward(upstream: http.client.HTTPConnection, request: Request) -> _Response:
+    """Send ``request`` upstream and read the whole response."""
+    for attempt in range(2):
+        try:
+            upstream.putrequest(request.method, request.target, skip_host=True, skip_accept_encoding=True)
+            for name, value in request.headers.items():
+                if name not in ("connection", "expect"):
+                    upstream.putheader(name, value)
+            upstream.endheaders(request.body if request.body or request.method in ("PUT", "POST") else None)
+            reply = upstream.getresponse()
+            body = reply.read()
+            break
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            upstream.close()  # the server closed an idle keep-alive connection; reconnect once
+            if attempt:
+                raise
+    headers = [(k, v) for k, v in reply.getheaders() if k.lower() not in ("transfer-encoding", "connection", "content-length")]
+    response = _Response(reply.status, reply.reason, headers, body)
+    if request.method != "HEAD":
+        response.set_header("Content-Length", str(len(body)))
+    else:
+        length = reply.getheader("Content-Length")
+        if length is not None:
+            response.set_header("Content-Length", length)
+    return response
+
+
+def _relabel_range(response: _Response, start: int, end: Optional[int]) -> None:
+    """Make a shifted range answer claim to be the range that was asked for."""
+    served = response.header("Content-Range")
+    match = _CONTENT_RANGE.fullmatch(served or "")
+    if match is None:
+        return
+    total = match.group(3)
+    last = start + len(response.body) - 1 if end is None else min(end, start + len(response.body) - 1)
+    response.body = response.body[: last - start + 1]
+    response.set_header("Content-Range", f"bytes {start}-{last}/{total}")
+    response.set_header("Content-Length", str(len(response.body)))
+
+
+def _flip(response: _Response, corrupt_start: int, corrupt_end: int) -> bytes:
+    """The body with bits flipped at file offsets [corrupt_start, corrupt_end)."""
+    match = _CONTENT_RANGE.fullmatch(response.header("Content-Range") or "")
+    offset = int(match.group(1)) if match else 0
+    lo = max(corrupt_start - offset, 0)
+    hi = min(corrupt_end - offset, len(response.body))
+    if lo >= hi:
+        return response.body
+    body = bytearray(response.body)
+    for i in range(lo, hi):
+        body[i] ^= 0xFF
+    return bytes(body)
+
+
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
+}
+
+
+class FaultyS3:
+    """moto on 127.0.0.1 behind a :class:`FaultProxy`, with the environment set.
+
+    Clients under test (boto3 for the probe, runai for streaming) reach moto
+    only through the proxy; ``upload`` goes to moto directly, so setting up
+    a test is never disturbed by the faults it arms.
+    """
+
+    def __init__(self) -> None:
+        self.server = None
+        self.proxy: Optional[FaultProxy] = None
+        self.direct = ""
+        self._saved: dict[str, Optional[str]] = {}
+
+    def __enter__(self) -> "FaultyS3":
+        import os
+
+        from moto.server import ThreadedMotoServer
+
+        from mx_strategies.loopback import free_port
+
+        port = free_port()
+        self.server = ThreadedMotoServer(ip_address=LOOPBACK, port=port, verbose=False)
+        self.server.start()
+        self.direct = f"http://{LOOPBACK}:{port}"
+        self.proxy = FaultProxy(port).start()
+        for key, value in dict(S3_ENV, AWS_ENDPOINT_URL=self.proxy.endpoint).items():
+            self._saved[key] = os.environ.get(key)
+            os.environ[key] = value
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import os
+
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.server is not None:
+            self.server.stop()
+
+    def upload(self, folder: str, bucket: str, prefix: str) -> str:
+        """Upload every file under ``folder`` to ``s3://bucket/prefix/`` (bypassing faults)."""
+        import os
+
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=self.direct, region_name="us-east-1")
+        try:
+            client.create_bucket(Bucket=bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        for dirpath, _, filenames in os.walk(folder):
+            for name in sorted(filenames):
+                path = os.path.join(dirpath, name)
+                rel = os.path.relpath(path, folder).replace(os.sep, "/")
+                client.upload_file(path, bucket, f"{prefix}/{rel}")
+        return f"s3://{bucket}/{prefix}"

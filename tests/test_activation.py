@@ -1,0 +1,252 @@
+"""Activation through ModelExpress 0.7.0's real ``LoadStrategyChain.run``.
+
+The chain, runai-model-streamer and the safetensors checkpoint are real; the
+engine side is ``tests/support.py``'s ``RecordingModel`` and an
+``EngineAdapter`` subclass (vLLM needs a GPU). ``NativeAdapter`` adds the
+engine's native loader so ``default`` is eligible too, which gives the
+"Eligible loaders" line an order to check.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import sys
+
+import modelexpress.load_strategy as chain_module
+import pytest
+import torch
+from modelexpress.load_strategy import LoadResult, LoadStrategyChain
+from safetensors.torch import load_file
+from support import CountingAdapter, RecordingModel, make_context, model_config
+
+import mx_strategies
+from mx_strategies import activation, synthetic
+from mx_strategies.activation import ActivationError
+from mx_strategies.robust import RobustModelStreamerStrategy
+from mx_strategies.settings import SettingsError
+
+CHAIN_LOGGER = "modelexpress.load_strategy"
+INSTALLED = "mx-strategies: MX_STRATEGY="
+
+
+class NativeAdapter(CountingAdapter):
+    """Also loads like the engine's own disk loader (makes ``default`` eligible)."""
+
+    def __init__(self, make_model, checkpoint: synthetic.SyntheticCheckpoint) -> None:
+        super().__init__(make_model)
+        self.checkpoint = checkpoint
+        self.native_calls = 0
+
+    def load_via_native(self, result: LoadResult) -> LoadResult:
+        self.native_calls += 1
+        for shard in self.checkpoint.shard_names:
+            result.model.load_weights(iter(load_file(os.path.join(self.checkpoint.path, shard)).items()))
+        return result
+
+
+@pytest.fixture
+def checkpoint(tmp_path, monkeypatch):
+    """A small real safetensors checkpoint that MX_MODEL_URI points at."""
+    ckpt = synthetic.mtp_checkpoint(str(tmp_path / "ckpt"), hidden=16, vocab=32, dtype=torch.float32)
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
+    return ckpt
+
+
+def _load(ckpt: synthetic.SyntheticCheckpoint) -> tuple[RecordingModel, NativeAdapter]:
+    make = lambda: RecordingModel(ckpt.tensors)  # noqa: E731
+    adapter = NativeAdapter(make, ckpt)
+    model = LoadStrategyChain.run(make(), make_context(model_config(model=ckpt.path), adapter))
+    return model, adapter
+
+
+def _messages(caplog, logger: str) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.name == logger]
+
+
+def _eligible(caplog) -> list[str]:
+    (line,) = [m for m in _messages(caplog, CHAIN_LOGGER) if m.startswith("Eligible loaders: ")]
+    return ast.literal_eval(line[len("Eligible loaders: ") :])
+
+
+def _tried(caplog) -> list[str]:
+    marker = "Trying strategy: "
+    return [m.split(marker, 1)[1] for m in _messages(caplog, CHAIN_LOGGER) if marker in m]
+
+
+def _assert_weights_from_checkpoint(model: RecordingModel, ckpt: synthetic.SyntheticCheckpoint) -> None:
+    expected: dict[str, torch.Tensor] = {}
+    for shard in ckpt.shard_names:
+        expected.update(load_file(os.path.join(ckpt.path, shard)))
+    assert sorted(model.order) == sorted(expected)  # every tensor, each once
+    for name, tensor in expected.items():
+        assert torch.equal(model.weights[name], tensor), name
+
+
+# -- MX_STRATEGY set -------------------------------------------------------------
+
+
+def test_robust_takes_model_streamers_place_in_the_real_chain(checkpoint, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    _load(checkpoint)
+    upstream = _eligible(caplog)
+    assert upstream == ["model_streamer", "default"]
+
+    caplog.clear()
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    activation.register()
+    model, adapter = _load(checkpoint)
+
+    assert _eligible(caplog) == ["robust_model_streamer" if n == "model_streamer" else n for n in upstream]
+    assert _tried(caplog) == ["robust_model_streamer"]
+    assert adapter.native_calls == 0 and adapter.reinit_calls == 0
+    _assert_weights_from_checkpoint(model, checkpoint)
+
+
+def test_module_colon_class_names_the_strategy(checkpoint, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust:RobustModelStreamerStrategy")
+    activation.register()
+    assert activation.installed_strategy() is RobustModelStreamerStrategy
+    model, _ = _load(checkpoint)
+    assert _tried(caplog) == ["robust_model_streamer"]
+    _assert_weights_from_checkpoint(model, checkpoint)
+
+
+def test_activate_for_hosts_without_vllm_plugins(checkpoint, caplog):
+    caplog.set_level(logging.INFO)
+    assert "MX_STRATEGY" not in os.environ
+    assert mx_strategies.activate("mx_strategies.robust") is RobustModelStreamerStrategy
+    model, _ = _load(checkpoint)
+    assert _tried(caplog) == ["robust_model_streamer"]
+    _assert_weights_from_checkpoint(model, checkpoint)
+
+
+def test_entry_point_twice_changes_nothing_more(checkpoint, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    activation.register()
+    wrapped = chain_module.execute_load_strategies
+    activation.register()
+    activation.register()
+    assert chain_module.execute_load_strategies is wrapped
+    installs = [m for m in _messages(caplog, activation.logger.name) if m.startswith(INSTALLED)]
+    assert installs == [
+        "mx-strategies: MX_STRATEGY=mx_strategies.robust installed 'robust_model_streamer' "
+        "in place of 'model_streamer' in the ModelExpress chain"
+    ]
+    # Still substituted once, not nested: one robust entry, tried once.
+    model, _ = _load(checkpoint)
+    assert _eligible(caplog) == ["robust_model_streamer", "default"]
+    assert _tried(caplog) == ["robust_model_streamer"]
+    _assert_weights_from_checkpoint(model, checkpoint)
+
+
+# -- MX_STRATEGY unset or empty: ModelExpress exactly as it is --------------------
+
+
+@pytest.mark.parametrize("value", [None, "", "   "])
+def test_unset_leaves_modelexpress_untouched(checkpoint, monkeypatch, caplog, value):
+    caplog.set_level(logging.INFO)
+    original = chain_module.execute_load_strategies
+    assert not hasattr(original, "__wrapped__")  # upstream's own function
+    if value is not None:
+        monkeypatch.setenv("MX_STRATEGY", value)
+
+    activation.register()
+
+    assert chain_module.execute_load_strategies is original
+    assert activation.installed_strategy() is None
+    model, adapter = _load(checkpoint)
+    assert _eligible(caplog) == ["model_streamer", "default"]
+    assert _tried(caplog) == ["model_streamer"]
+    assert _messages(caplog, activation.logger.name) == []
+    assert _messages(caplog, "modelexpress.strategy_robust_model_streamer") == []
+    _assert_weights_from_checkpoint(model, checkpoint)
+
+
+def test_uninstall_gives_the_chain_back(monkeypatch):
+    original = chain_module.execute_load_strategies
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    activation.register()
+    assert chain_module.execute_load_strategies is not original
+    activation.uninstall()
+    assert chain_module.execute_load_strategies is original
+
+
+# -- bad values: an error naming MX_STRATEGY and the value -----------------------
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (
+            "mx_strategies.no_such_module",
+            "MX_STRATEGY='mx_strategies.no_such_module': cannot import 'mx_strategies.no_such_module': "
+            "No module named 'mx_strategies.no_such_module'",
+        ),
+        (
+            "json",
+            "MX_STRATEGY='json': expected the module to define exactly one LoadStrategy subclass, "
+            "found none; name one as module:Class",
+        ),
+        (
+            "mx_strategies.robust:LoadReport",
+            "MX_STRATEGY='mx_strategies.robust:LoadReport': mx_strategies.robust.LoadReport "
+            "is not a LoadStrategy subclass",
+        ),
+        (
+            "mx_strategies.robust:NoSuchClass",
+            "MX_STRATEGY='mx_strategies.robust:NoSuchClass': mx_strategies.robust.NoSuchClass "
+            "is not a LoadStrategy subclass",
+        ),
+    ],
+)
+def test_unusable_strategy_is_an_error_naming_the_value(monkeypatch, spec, message):
+    original = chain_module.execute_load_strategies
+    monkeypatch.setenv("MX_STRATEGY", spec)
+    with pytest.raises(ActivationError) as caught:
+        activation.register()
+    assert str(caught.value) == message
+    assert chain_module.execute_load_strategies is original
+
+
+def test_module_with_two_strategies_must_name_one(monkeypatch, tmp_path):
+    (tmp_path / "two_strategies.py").write_text(
+        "from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy\n"
+        "class First(ModelStreamerStrategy):\n    name = 'first'\n"
+        "class Second(ModelStreamerStrategy):\n    name = 'second'\n",
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MX_STRATEGY", "two_strategies")
+    with pytest.raises(ActivationError) as caught:
+        activation.register()
+    assert str(caught.value) == (
+        "MX_STRATEGY='two_strategies': expected the module to define exactly one LoadStrategy subclass, "
+        "found First, Second; name one as module:Class"
+    )
+    monkeypatch.setenv("MX_STRATEGY", "two_strategies:Second")
+    try:
+        activation.register()
+        assert activation.installed_strategy().name == "second"
+    finally:
+        sys.modules.pop("two_strategies", None)
+
+
+def test_invalid_setting_fails_at_activation(monkeypatch):
+    original = chain_module.execute_load_strategies
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    monkeypatch.setenv("MX_ROBUST_COMPLETENESS", "maybe")
+    with pytest.raises(SettingsError) as caught:
+        activation.register()
+    assert str(caught.value) == "MX_ROBUST_COMPLETENESS='maybe' is invalid: Input should be 'fail' or 'warn'"
+    assert chain_module.execute_load_strategies is original
+
+
+def test_missing_config_file_fails_at_activation(monkeypatch, tmp_path):
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    monkeypatch.setenv("MX_STRATEGIES_CONFIG", str(tmp_path / "robust.toml"))
+    with pytest.raises(SettingsError, match=r"^MX_STRATEGIES_CONFIG='.*robust\.toml' is invalid: no such file"):
+        activation.register()

@@ -1,0 +1,105 @@
+"""``mx-strategies demo`` runs end to end: real chain, real streamer, real S3 on 127.0.0.1.
+
+Only the engine side is simulated (vLLM cannot run a model on CPU): the
+demo's own model and adapter, as its docstring says. One run goes through
+the installed console script as a user types it; one runs in-process with
+``--json`` so the figures can be checked one by one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from mx_strategies import activation, cli
+
+DEMO_TIMEOUT_S = 240  # it takes ~10 s; the bound only stops a hang
+
+
+def _console_script() -> list[str]:
+    script = os.path.join(os.path.dirname(sys.executable), "mx-strategies")
+    found = script if os.path.exists(script) else shutil.which("mx-strategies")
+    assert found, "the mx-strategies console script is not installed next to this Python"
+    return [found]
+
+
+def test_console_script_demo_names_each_chosen_source():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "AWS_"))}
+    # A user's stale settings must not change the demo's story.
+    env["MX_ROBUST_SOURCE_ORDER"] = "model"
+    env["MX_MODEL_URI"] = "s3://somewhere-else/model"
+
+    done = subprocess.run(
+        _console_script() + ["demo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEMO_TIMEOUT_S,
+    )
+
+    out = " ".join(done.stdout.split())  # undo rich's line folding
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("qwen3-next-tiny", "deepseek-v3-tiny"):
+        uri = f"s3://mx-demo/{name}"
+        assert f"{name} target: chose model_weights='{uri}'" in out
+        assert f"{name} draft: passed over model=" in out
+        assert f"(a config-only copy?); chose MX_MODEL_URI='{uri}'" in out
+    assert out.count("Cannot find any safetensors model weights with") >= 2
+    assert "plain ModelExpress pulled" in out
+    assert "demo finished in" in out
+
+
+def test_demo_json_figures(capsys):
+    environment_before = dict(os.environ)
+
+    code = cli.main(["demo", "--json"])
+
+    captured = capsys.readouterr()
+    result, progress = json.loads(captured.out), captured.err
+    assert code == 0 and result["ok"] is True
+    checkpoints = {c["name"]: c for c in result["checkpoints"]}
+    assert set(checkpoints) == {"qwen3-next-tiny", "deepseek-v3-tiny"}
+    for c in checkpoints.values():
+        assert c["empty_shards"] == 2
+        assert 0 < c["draft_bytes"] < c["bytes"] / 5
+
+    loads = {(o["checkpoint"], o["role"], o["loader"]): o for o in result["loads"]}
+    assert len(loads) == 8
+    for name, c in checkpoints.items():
+        target = loads[(name, "target", "mx_strategies.robust")]
+        draft = loads[(name, "draft", "mx_strategies.robust")]
+        upstream = loads[(name, "draft", "ModelExpress 0.7.0")]
+        runai = loads[(name, "draft", "vLLM runai_streamer")]
+
+        # The target: from model_weights, every tensor checked off, every weight exact.
+        assert target["ok"] and (target["source_label"], target["source"]) == ("model_weights", c["uri"])
+        assert target["tensors_verified"] == c["tensors"]
+        assert target["tensors_matching"] == target["tensors_expected"] == c["tensors"] - c["draft_tensors"]
+        assert target["bytes_streamed"] == c["bytes"]
+        assert c["bytes"] <= target["bytes_served"] < c["bytes"] * 1.05
+
+        # The draft: past the config-only copy to MX_MODEL_URI, its own tensors only.
+        assert draft["ok"] and (draft["source_label"], draft["source"]) == ("MX_MODEL_URI", c["uri"])
+        assert c["config_only_copy"] in draft["why"] and "config-only copy" in draft["why"]
+        assert draft["tensors_verified"] == draft["tensors_matching"] == c["draft_tensors"]
+        assert draft["bytes_streamed"] == c["draft_bytes"]
+        assert c["draft_bytes"] <= draft["bytes_served"] < c["draft_bytes"] + 64 * 1024
+
+        # Plain ModelExpress: MX_MODEL_URI, and the whole checkpoint for the draft.
+        assert upstream["ok"] and upstream["source"] == c["uri"]
+        assert upstream["tensors_verified"] is None
+        assert upstream["bytes_served"] >= c["bytes"]
+        assert upstream["tensors_skipped"] == c["tensors"] - c["draft_tensors"]
+
+        # vLLM's runai loader on the draft's model: the config-only copy.
+        assert not runai["ok"] and runai["source"] == c["config_only_copy"]
+        assert runai["error"] == f"Cannot find any safetensors model weights with `{c['config_only_copy']}`"
+        assert runai["bytes_served"] == 0
+
+    assert "qwen3-next-tiny draft with mx_strategies.robust" in progress
+    # The process is left as it was found: environment, ModelExpress's chain.
+    assert dict(os.environ) == environment_before
+    assert activation.installed_strategy() is None
