@@ -399,40 +399,108 @@ class ChainWatcher(logging.Handler):
 class Phases:
     """Wall time spent in the robust strategy's inspection, planning and verification.
 
-    Measured inside the real loads by wrapping the functions the strategy
-    calls: ``sources.resolve`` (listing, headers, index, config) and the
-    ledger (``DeliveryLedger`` construction and ``check_in``, and the
-    completeness check in ``VerifiedStream.settle``).
+    Measured inside the real loads by wrapping what the strategy calls:
+    ``sources.resolve`` (listing, headers, index, config: inspection), the
+    plan builders, and the delivery checks (``DeliveryLedger`` construction
+    and ``check_in``, ``VerifiedStream.settle``, ``ContentCheck.check`` when
+    content verification is on, and ``InOrder``, which hands tensors to the
+    model in plan order). Only what exists in the installed version is
+    wrapped; ``instrumented`` lists it.
     """
 
     def __init__(self) -> None:
         self.seconds = {"inspection": 0.0, "planning": 0.0, "verification": 0.0}
+        self.store_calls = {"list": 0, "read": 0}
+        self.max_held_bytes = 0  # the most InOrder held back at once
+        self.instrumented: list[str] = []
 
     def reset(self) -> None:
         for key in self.seconds:
             self.seconds[key] = 0.0
+        for key in self.store_calls:
+            self.store_calls[key] = 0
+        self.max_held_bytes = 0
 
-    def wrap(self, phase: str, function: Callable) -> Callable:
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
+    def _replace(self, owner, attribute: str, make: Callable[[Callable], Callable]) -> None:
+        original = getattr(owner, attribute, None)
+        if original is None:
+            return
+        wrapper = make(original)
+        wrapper.__wrapped__ = original
+        setattr(owner, attribute, wrapper)
+        self.instrumented.append(f"{getattr(owner, '__name__', owner)}.{attribute}")
+
+    def timed(self, phase: str) -> Callable[[Callable], Callable]:
+        def make(function: Callable) -> Callable:
+            def timed(*args, **kwargs):
+                started = time.perf_counter()
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    self.seconds[phase] += time.perf_counter() - started
+
+            return timed
+
+        return make
+
+    def counted(self, kind: str) -> Callable[[Callable], Callable]:
+        def make(function: Callable) -> Callable:
+            def counted(*args, **kwargs):
+                self.store_calls[kind] += 1
                 return function(*args, **kwargs)
-            finally:
-                self.seconds[phase] += time.perf_counter() - started
 
-        timed.__wrapped__ = function
-        return timed
+            return counted
+
+        return make
+
+    def timed_generator(self, phase: str) -> Callable[[Callable], Callable]:
+        """For InOrder.push/drain: time the bookkeeping, not the consumer's work between items.
+
+        The items a call releases are taken out first, then handed on; they
+        were held (and counted in memory) until then either way.
+        """
+
+        def make(function: Callable) -> Callable:
+            def timed(holder, *args, **kwargs):
+                started = time.perf_counter()
+                before = getattr(holder, "_held_bytes", 0)
+                released = list(function(holder, *args, **kwargs))
+                after = getattr(holder, "_held_bytes", 0)
+                if len(args) == 2 and isinstance(args[1], torch.Tensor):  # push(name, tensor)
+                    passed_straight = before == after == 0 and len(released) == 1 and released[0][1] is args[1]
+                    if not passed_straight:  # it was held, on top of what already was
+                        self.max_held_bytes = max(self.max_held_bytes, before + args[1].numel() * args[1].element_size())
+                else:
+                    self.max_held_bytes = max(self.max_held_bytes, before)
+                self.seconds[phase] += time.perf_counter() - started
+                yield from released
+
+            return timed
+
+        return make
 
     def install(self) -> None:
         import mx_strategies.robust as robust_module
-        from mx_strategies.streaming import DeliveryLedger, VerifiedStream
+        from mx_strategies import storage, streaming
 
-        robust_module.resolve = self.wrap("inspection", robust_module.resolve)
-        robust_module.plan_full = self.wrap("planning", robust_module.plan_full)
-        robust_module.plan_subset = self.wrap("planning", robust_module.plan_subset)
-        DeliveryLedger.__init__ = self.wrap("verification", DeliveryLedger.__init__)
-        DeliveryLedger.check_in = self.wrap("verification", DeliveryLedger.check_in)
-        VerifiedStream.settle = self.wrap("verification", VerifiedStream.settle)
+        self._replace(robust_module, "resolve", self.timed("inspection"))
+        self._replace(robust_module, "plan_full", self.timed("planning"))
+        self._replace(robust_module, "plan_subset", self.timed("planning"))
+        for store_class in (storage.LocalStore, storage.S3Store, storage.GcsStore, storage.AzureStore):
+            self._replace(store_class, "list", self.counted("list"))
+            self._replace(store_class, "read", self.counted("read"))
+        self._replace(streaming.DeliveryLedger, "__init__", self.timed("verification"))
+        self._replace(streaming.DeliveryLedger, "check_in", self.timed("verification"))
+        self._replace(streaming.VerifiedStream, "settle", self.timed("verification"))
+        in_order = getattr(streaming, "InOrder", None)
+        if in_order is not None:
+            self._replace(in_order, "push", self.timed_generator("verification"))
+            self._replace(in_order, "drain", self.timed_generator("verification"))
+        try:
+            from mx_strategies import content_check
+        except ImportError:
+            return
+        self._replace(content_check.ContentCheck, "check", self.timed("verification"))
 
 
 _INSTRUMENTS: Optional[tuple[ChainWatcher, Phases]] = None
@@ -703,7 +771,9 @@ def measure_site(
                 result.seconds.append(seconds)
                 result.bytes_read.append(read)
                 if loader in ("robust", "draft"):
-                    result.phases.append(dict(harness.phases.seconds))
+                    result.phases.append({**harness.phases.seconds, **{
+                        f"store_{k}s": v for k, v in harness.phases.store_calls.items()},
+                        "max_held_bytes": harness.phases.max_held_bytes})  # fmt: skip
     harness.release()
     return results
 
@@ -762,28 +832,50 @@ def child_main(spec_path: str) -> None:
     print(json.dumps({"before": before, "after": after, "peak": after["VmHWM"], "added": after["VmHWM"] - before["VmRSS"]}))
 
 
-def measure_peaks(site: Site, loaders: list[str], workdir: str) -> dict[str, dict]:
-    peaks = {}
+def measure_peaks(site: Site, loaders: list[str], workdir: str, reps: int = 3) -> dict[str, dict]:
+    """Median peak RSS of ``reps`` children per loader, interleaved like the timings.
+
+    One child's peak varies by tens of MiB with how far runai's ring ran
+    ahead of the consumer, so a single sample cannot carry a 10% comparison.
+    """
+    samples: dict[str, list[dict]] = {l: [] for l in loaders}
+    spec_paths = {}
     for loader in loaders:
-        spec_path = os.path.join(workdir, f"child-{site.name}-{loader}.json")
-        with open(spec_path, "w") as handle:
+        spec_paths[loader] = os.path.join(workdir, f"child-{site.name}-{loader}.json")
+        with open(spec_paths[loader], "w") as handle:
             json.dump({"site": site.as_dict(), "loader": loader}, handle)
-        completed = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--child", spec_path],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-        )
-        os.unlink(spec_path)
-        if completed.returncode != 0:
-            raise BenchError(f"peak-memory child for {loader} failed:\n{completed.stderr[-3000:]}")
-        peaks[loader] = json.loads(completed.stdout.strip().splitlines()[-1])
-        print(
-            f"  [{site.name}] peak RSS {loader:12s} {peaks[loader]['peak'] / 2**20:8.0f} MiB "
-            f"(+{peaks[loader]['added'] / 2**20:.0f} MiB over the loaded-model baseline)",
-            flush=True,
-        )
-    return peaks
+    try:
+        for round_index in range(reps):
+            shift = round_index % len(loaders)
+            for loader in loaders[shift:] + loaders[:shift]:
+                completed = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), "--child", spec_paths[loader]],
+                    capture_output=True,
+                    text=True,
+                    timeout=1800,
+                )
+                if completed.returncode != 0:
+                    raise BenchError(f"peak-memory child for {loader} failed:\n{completed.stderr[-3000:]}")
+                sample = json.loads(completed.stdout.strip().splitlines()[-1])
+                samples[loader].append(sample)
+                print(
+                    f"  [{site.name}] peak RSS {round_index + 1}/{reps} {loader:12s} {sample['peak'] / 2**20:8.0f} MiB "
+                    f"(+{sample['added'] / 2**20:.0f} MiB over the loaded-model baseline)",
+                    flush=True,
+                )
+    finally:
+        for path in spec_paths.values():
+            os.unlink(path)
+    return {
+        loader: {
+            "peak": statistics.median(s["peak"] for s in runs),
+            "added": statistics.median(s["added"] for s in runs),
+            "peak_min": min(s["peak"] for s in runs),
+            "peak_max": max(s["peak"] for s in runs),
+            "samples": runs,
+        }
+        for loader, runs in samples.items()
+    }
 
 
 # -- summarising -----------------------------------------------------------------
@@ -822,6 +914,9 @@ def summarise_site(site: Site, results: dict[str, LoaderResult], reps: int, warm
             row["bytes_read_ratio"] = statistics.median(reads) / nbytes if nbytes else None
         if result.phases:
             phases = {k: statistics.median(p[k] for p in result.phases) for k in result.phases[0]}
+            row["store_requests"] = {"list": phases.pop("store_lists"), "read": phases.pop("store_reads")}
+            row["reorder_held_bytes_max"] = max(p["max_held_bytes"] for p in result.phases)
+            phases.pop("max_held_bytes")
             row["phases_median_s"] = phases
             overhead = phases["inspection"] + phases["verification"]
             row["inspection_verification_s"] = overhead
@@ -920,6 +1015,11 @@ def render_tables(report: dict) -> str:
                 f"robust phases (median): inspection {p['inspection'] * 1e3:.1f} ms, planning "
                 f"{p['planning'] * 1e3:.2f} ms, verification {p['verification'] * 1e3:.2f} ms = "
                 f"{robust['inspection_verification_share']:.2%} of the load"
+                + (f"; the probe listed {robust['store_requests']['list']:.0f}x and made "
+                   f"{robust['store_requests']['read']:.0f} reads ({human(site['metadata_bytes'])} of headers, index, config)"
+                   if "store_requests" in robust else "")
+                + (f"; in-order delivery held back at most {human(robust['reorder_held_bytes_max'])}"
+                   if robust.get("reorder_held_bytes_max") else "")
             )
         draft = summary["loaders"].get("draft")
         if draft:
@@ -964,10 +1064,15 @@ def plot(report: dict, path: str) -> bool:
         axis.barh(positions, values, xerr=[low, high], color=colors, capsize=3)
         axis.set_yticks(list(positions), labels)
         axis.invert_yaxis()
+        right = max(r["throughput_max_gbps"] for _, r in rows)
         for y, (_, row) in zip(positions, rows):
             ratio = row.get("ratio_to_runai_raw")
-            axis.text(row["throughput_gbps"] * 0.02, y, f"{row['throughput_gbps']:.2f} GB/s" + (f"  {ratio:.2f}x raw" if ratio else ""),
-                      va="center", ha="left", color="white", fontsize=8, fontweight="bold")  # fmt: skip
+            copy_ratio = row.get("ratio_to_runai_copy")
+            text = f"{row['throughput_gbps']:.2f} GB/s"
+            if ratio is not None and copy_ratio is not None:
+                text += f"\n{ratio:.2f}x raw, {copy_ratio:.2f}x copy"
+            axis.text(row["throughput_max_gbps"] + right * 0.02, y, text, va="center", ha="left", fontsize=8)
+        axis.set_xlim(0, right * 1.6)
         axis.set_xlabel("GB/s (median; whiskers: min-max)")
         axis.set_title(f"{name}: {human(summary['site']['data_bytes'])}, {summary['reps']} reps")
     figure.suptitle("Checkpoint load throughput (CPU only, 2 cores shared)")
@@ -1011,6 +1116,13 @@ def machine_info() -> dict:
     }
 
 
+def _settings_snapshot() -> dict:
+    """The robust strategy's settings in force (defaults unless the environment says otherwise)."""
+    from mx_strategies.settings import load_settings
+
+    return {k: v for k, v in load_settings().model_dump(mode="json").items() if k != "model_uri"}
+
+
 def uptime() -> str:
     try:
         return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
@@ -1039,6 +1151,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         help="loaders whose peak RSS is measured in a child process: all, none, or a comma list")  # fmt: skip
     parser.add_argument("--load-timeout", type=float, default=900.0,
                         help="seconds one load may take before the run is ended with stack traces (default 900)")  # fmt: skip
+    parser.add_argument("--memory-reps", type=int, default=3, help="child processes per loader for peak RSS (default 3)")
     parser.add_argument("--profile", action="store_true", help="cProfile one extra robust load per site")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="draw throughput per loader here (PNG; needs matplotlib)")
@@ -1046,8 +1159,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--clean", action="store_true", help="delete the generated checkpoints at the end")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.reps < 1 or args.warmup < 0:
-        parser.error("--reps must be >= 1 and --warmup >= 0")
+    if args.reps < 1 or args.warmup < 0 or args.memory_reps < 1:
+        parser.error("--reps and --memory-reps must be >= 1, --warmup >= 0")
     unknown = set(args.loaders.split(",")) - set(LOADERS)
     if unknown:
         parser.error(f"unknown loader(s): {', '.join(sorted(unknown))}")
@@ -1072,7 +1185,7 @@ def run_site(name: str, uri: str, reference: Optional[str], args, wanted: tuple[
     loaders = loaders_for(site, wanted)
     print(f"\n[{name}] {uri}: {human(site.data_bytes)}, {len(site.tensors)} tensors, loaders {', '.join(loaders)}", flush=True)
     results = measure_site(site, loaders, args.reps, args.warmup, counter, args.load_timeout)
-    for loader, peak in measure_peaks(site, _memory_loaders(args.memory, loaders), args.workdir).items():
+    for loader, peak in measure_peaks(site, _memory_loaders(args.memory, loaders), args.workdir, args.memory_reps).items():
         results[loader].peak = peak
     summary = summarise_site(site, results, args.reps, args.warmup, counter.method)
     if args.profile and "robust" in loaders:
@@ -1111,6 +1224,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "command": " ".join([os.path.relpath(sys.argv[0]) if sys.argv[0] else "bench.py", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine_info(),
         "uptime_start": uptime(),
+        "robust_settings": _settings_snapshot(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "sites": {},
     }
@@ -1144,6 +1258,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     report["uptime_end"] = uptime()
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     report["targets"] = evaluate_targets(report["sites"])
+    report["instrumented"] = instrumentation()[1].instrumented
     print(render_tables(report))
     print(f"\nend: {report['uptime_end']}")
     for name, summary in report["sites"].items():

@@ -1,14 +1,16 @@
 """The ``mx-strategies`` command: one subcommand per module.
 
 Each subcommand lives in its own module exposing ``NAME``, ``HELP``,
-``add_arguments(parser)`` and ``run(args) -> int``; adding one is an import
-and an entry in :data:`COMMANDS`. Modules keep heavy imports (torch, boto3,
-the streamer) inside ``run`` so ``--help`` stays instant.
+``DESCRIPTION``, ``add_arguments(parser)`` and ``run(args) -> int``; adding
+one is an import and an entry in :data:`COMMANDS`. Modules keep heavy
+imports (torch, boto3, the streamer) inside ``run`` so ``--help`` stays
+instant.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from types import ModuleType
 from typing import Optional, Sequence
@@ -28,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
-        sub = subparsers.add_parser(command.NAME, help=command.HELP, description=command.__doc__.split("\n\n")[0])
+        description = getattr(command, "DESCRIPTION", command.HELP)
+        sub = subparsers.add_parser(command.NAME, help=command.HELP, description=description)
         command.add_arguments(sub)
         sub.set_defaults(handler=command.run)
     return parser
@@ -43,9 +46,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_usage(sys.stderr)
-        print("mx-strategies: error: choose a command (doctor, demo)", file=sys.stderr)
+        names = ", ".join(command.NAME for command in COMMANDS)
+        print(f"mx-strategies: error: choose a command ({names})", file=sys.stderr)
         return EXIT_USAGE
-    return handler(args)
+    try:
+        return handler(args)
+    except BrokenPipeError:  # `mx-strategies doctor ... | head` closed our stdout
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -39,6 +39,12 @@ from typing import Any, Callable, Iterator, Optional
 
 NAME = "demo"
 HELP = "load an MTP model and its draft from a local S3 server, with and without mx_strategies"
+DESCRIPTION = (
+    "Generate two small checkpoints with MTP heads (Qwen3-Next and DeepSeek-V3 naming, empty shards included), "
+    "serve them from an S3 server on 127.0.0.1, and load each target and its MTP draft through ModelExpress's "
+    "chain with MX_STRATEGY=mx_strategies.robust, then the same drafts with plain ModelExpress and as vLLM's "
+    "runai_streamer loader does. The engine side is simulated (vLLM cannot run a model on CPU)."
+)
 
 STRATEGY_SPEC = "mx_strategies.robust"
 BUCKET = "mx-demo"
@@ -454,7 +460,9 @@ def _run_vllm_runai_draft(ckpt, model_config, vllm_config, server, tap, display)
         started = time.perf_counter()
         model = make()
         try:
-            ModelStreamerStrategy().load_uri(LoadResult(value=model, model=model), _context(model_config, adapter, "d"), source)
+            ModelStreamerStrategy().load_uri(
+                LoadResult(value=model, model=model), _context(model_config, adapter, ckpt.spec.name), source
+            )
             outcome.ok = True
         except StrategyFailed as exc:
             outcome.error = str(exc)
@@ -493,7 +501,12 @@ def run_demo(console, verbose: bool = False, workdir: Optional[str] = None) -> D
     """Generate, serve and load; return what happened (printing progress)."""
     started = time.perf_counter()
     result = DemoResult()
-    with demo_environment(), quiet_modelexpress_logs(verbose) as tap, quiet_s3_server_logs(), Display(console) as display:
+    with (
+        demo_environment(),
+        quiet_modelexpress_logs(verbose) as tap,
+        quiet_s3_server_logs(),
+        Display(console) as display,
+    ):
         with tempfile.TemporaryDirectory(prefix="mx-strategies-demo-", dir=workdir) as tmp:
             with display.step("Generating two checkpoints with MTP heads and empty shards") as step:
                 from . import synthetic
@@ -638,7 +651,7 @@ def _loads_table(title: str, loads: list[LoadOutcome]):
             o.source_label or "-",
             "-" if o.tensors_verified is None else str(o.tensors_verified),
             equal,
-            _human(o.bytes_streamed) if o.ok else "-",
+            f"{_human(o.bytes_streamed)} ({100.0 * o.bytes_streamed / o.checkpoint_bytes:.0f}%)" if o.ok else "-",
             _human(o.bytes_served) + share,
             f"{o.seconds:.2f}s",
         )
@@ -654,7 +667,10 @@ def _explain(console, o: LoadOutcome) -> None:
     if o.ok:
         text = head + escape(o.why or "")
         if o.tensors_skipped:
-            text += f" [dim](the model threw away {o.tensors_skipped} streamed tensors that are not its own)[/dim]"
+            text += (
+                f" [dim](the model skipped {o.tensors_skipped} streamed tensors that belong to the other model, "
+                "as vLLM's models do)[/dim]"
+            )
     else:
         text = head + "[red]" + escape(o.error or "failed") + "[/red]"
     console.print(Padding(text, (0, 0, 0, 2)))
@@ -688,11 +704,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from .doctor import console_for
 
-    console = Console(stderr=True) if args.json else console_for(sys.stdout)
+    console = console_for(sys.stderr) if args.json else console_for(sys.stdout)
     try:
         result = run_demo(console, verbose=args.verbose)
     except KeyboardInterrupt:

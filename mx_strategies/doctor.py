@@ -35,6 +35,13 @@ from .storage import ObjectInfo, Store, StoreError, is_object_store_uri, open_st
 
 NAME = "doctor"
 HELP = "check a checkpoint's shards, index and MTP head from headers only"
+DESCRIPTION = (
+    "Check a checkpoint before an engine loads it: its shards in load order, its problems (empty, missing, "
+    "duplicate, corrupt or unindexed shards and tensors), the tensors an MTP draft would stream, and, with "
+    "--model-weights/--model or MX_MODEL_URI, the source chain mx_strategies.robust would walk. Reads listings, "
+    "the index and shard headers only, never tensor data. Exit status: 0 nothing is an error, 1 something is, "
+    "2 usage or access error."
+)
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -99,8 +106,9 @@ class DoctorReport:
                 known.add(problem.file)
                 obj = listed.get(problem.file)
                 status = "empty" if problem.kind == "empty_shard" else "not in index"
+                empty = status == "empty"
                 rows.append(_shard_row(problem.file, obj.uri if obj else None, obj.size if obj else None,
-                                       None, None, 0 if status == "empty" else None, status))  # fmt: skip
+                                       None, 0 if empty else None, 0 if empty else None, status))  # fmt: skip
         rows.sort(key=lambda row: natural_key(row["file"]))
         order = 0
         for row in rows:
@@ -189,6 +197,8 @@ def inspect_uri(uri: str, settings: RobustSettings) -> tuple[Optional[Checkpoint
         listing = store.list(settings.discovery_depth)
     except StoreError as exc:
         raise _access_error(uri, exc) from exc
+    except Exception as exc:  # a cloud client failing to start (no credentials, bad config)
+        raise DoctorUsageError(f"{uri}: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
     if not listing:
         where = "prefix" if is_object_store_uri(uri) else "folder"
         raise DoctorUsageError(f"{uri}: nothing there (empty or missing {where})")
@@ -252,15 +262,17 @@ def chain_view(model_weights: Optional[str], model: Optional[str], settings: Rob
     try:
         resolution = resolve(cands, settings)
     except NoStreamableSource as exc:
-        view["rejected"] = [{"label": r.candidate.label, "uri": r.candidate.uri, "reason": r.reason} for r in exc.rejected]
+        view["rejected"] = [_rejection(r) for r in exc.rejected]
         view["error"] = str(exc)
         return view, None
-    view["rejected"] = [
-        {"label": r.candidate.label, "uri": r.candidate.uri, "reason": r.reason} for r in resolution.rejected
-    ]
+    view["rejected"] = [_rejection(r) for r in resolution.rejected]
     view["chosen"] = {"label": resolution.candidate.label, "uri": resolution.candidate.uri}
     view["trail"] = resolution.trail()
     return view, resolution.candidate
+
+
+def _rejection(rejection) -> dict:
+    return {"label": rejection.candidate.label, "uri": rejection.candidate.uri, "reason": rejection.reason}
 
 
 def settings_view(settings: RobustSettings) -> dict:
@@ -332,12 +344,14 @@ def human_bytes(count: int) -> str:
 
 def render(report: DoctorReport, console) -> None:
     """The report as tables a person reads top to bottom."""
+    from rich.markup import escape
     from rich.table import Table
 
     data = report.as_dict()
     if report.chain is not None:
         chain = report.chain
-        table = Table(title=f"Source chain ({env_name('source_order')}={','.join(chain['order'])})", title_justify="left")
+        order = f"{env_name('source_order')}={','.join(chain['order'])}"
+        table = Table(title=f"Source chain ({order})", title_justify="left")
         table.add_column("candidate", no_wrap=True)
         table.add_column("uri", overflow="fold")
         table.add_column("verdict", overflow="fold")
@@ -373,8 +387,8 @@ def render(report: DoctorReport, console) -> None:
             console.print(
                 f"  index: {'yes' if source['index'] else 'no'}, config.json: {'yes' if source['config'] else 'no'}; "
                 f"{summary['tensors']} tensors, {human_bytes(summary['tensor_bytes'])} in "
-                f"{summary['loaded_shards']} of {summary['shards']} shards; read {human_bytes(summary['header_bytes'])} "
-                "of headers, no tensor data"
+                f"{summary['loaded_shards']} of {summary['shards']} shards; "
+                f"read {human_bytes(summary['header_bytes'])} of headers, no tensor data"
             )
         console.print()
 
@@ -407,10 +421,14 @@ def render(report: DoctorReport, console) -> None:
         table.add_column("kind")
         table.add_column("file / tensor", overflow="fold")
         table.add_column("detail", overflow="fold")
+        root = (source or {}).get("root", "")
         for problem in data["problems"]:
             colour = "red" if problem["severity"] == ERROR else "yellow"
             concerns = " / ".join(x for x in (problem["file"], problem["tensor"]) if x) or "-"
-            table.add_row(f"[{colour}]{problem['severity']}[/{colour}]", problem["kind"], concerns, problem["message"])
+            detail = problem["message"]
+            if problem["file"] and detail.startswith(f"{root}/{problem['file']}: "):
+                detail = detail[len(f"{root}/{problem['file']}: ") :]  # the file is in the previous column
+            table.add_row(f"[{colour}]{problem['severity']}[/{colour}]", problem["kind"], concerns, escape(detail))
         console.print(table)
         console.print()
 
@@ -449,7 +467,7 @@ def console_for(stream):
     from rich.console import Console
 
     piped = not stream.isatty() and "COLUMNS" not in os.environ
-    return Console(file=stream, width=120 if piped else None)
+    return Console(file=stream, width=120 if piped else None, highlight=False)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -460,7 +478,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(optional with --model-weights/--model or MX_MODEL_URI: then the chain's pick is inspected)",
     )
     parser.add_argument("--model-weights", help="the engine's model_weights (vLLM sets it to the s3:// URI it pulled)")
-    parser.add_argument("--model", help="the engine's model (vLLM's config-only model_streamer/<hash> copy, a snapshot)")
+    parser.add_argument(
+        "--model", help="the engine's model (vLLM's config-only model_streamer/<hash> copy, a snapshot)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (docs/doctor-json.md)")
 
 

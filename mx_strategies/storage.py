@@ -186,7 +186,10 @@ class GcsStore:
             raise StoreError(f"{uri}: install runai-model-streamer[gcs] to read gs:// sources") from exc
         self.root = uri.rstrip("/")
         self.bucket_name, self.prefix = _split_bucket(uri, GCS_PREFIX)
-        self._bucket = _create_client().bucket(self.bucket_name)
+        try:
+            self._bucket = _create_client().bucket(self.bucket_name)
+        except Exception as exc:  # missing credentials, bad config: no source, not a crash
+            raise StoreError(f"{uri}: cannot create a GCS client: {type(exc).__name__}: {exc}") from exc
 
     def list(self, max_depth: int) -> list[ObjectInfo]:
         try:
@@ -220,7 +223,10 @@ class AzureStore:
             raise StoreError(f"{uri}: install runai-model-streamer[azure] to read az:// sources") from exc
         self.root = uri.rstrip("/")
         self.container_name, self.prefix = _split_bucket(uri, AZURE_PREFIX)
-        self._container = _create_client().get_container_client(self.container_name)
+        try:
+            self._container = _create_client().get_container_client(self.container_name)
+        except Exception as exc:  # missing credentials, bad config: no source, not a crash
+            raise StoreError(f"{uri}: cannot create an Azure client: {type(exc).__name__}: {exc}") from exc
 
     def list(self, max_depth: int) -> list[ObjectInfo]:
         try:

@@ -23,7 +23,7 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 LOOPBACK = "127.0.0.1"
@@ -471,3 +471,128 @@ class FaultyS3:
                 rel = os.path.relpath(path, folder).replace(os.sep, "/")
                 client.upload_file(path, bucket, f"{prefix}/{rel}")
         return f"s3://{bucket}/{prefix}"
+
+
+# -- the fault table in docs/faults.md -------------------------------------------------------
+#
+#     python tests/faults.py            # prints the table's rows, measured on this machine
+#
+# Each row loads a fresh 3-shard checkpoint from moto through the proxy with the
+# robust strategy (runai-model-streamer, real safetensors files) and reports the
+# outcome and the wall time of the load. Persistent faults are also measured with
+# MX_ROBUST_STREAMER_S3_MAX_RETRIES=1, the setting the tests use.
+
+
+def _table() -> None:  # pragma: no cover - a measuring tool, run by hand
+    import itertools
+    import json
+    import os
+    import sys
+    import tempfile
+
+    import torch
+    from modelexpress.adapter import StrategyFailed
+    from modelexpress.load_strategy import LoadResult
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from support import CountingAdapter, RecordingModel, make_context, model_config
+
+    from mx_strategies.robust import RobustModelStreamerStrategy
+    from mx_strategies.synthetic import write_shards
+
+    buckets = itertools.count()
+    generator = torch.Generator().manual_seed(7)
+    shards = [
+        {
+            f"model.layers.{i}.q_proj.weight": torch.randn(16, 16, generator=generator),
+            f"model.layers.{i}.down_proj.weight": torch.randn(16, 32, generator=generator).to(torch.bfloat16),
+            f"model.layers.{i}.norm.weight": torch.randn(16, generator=generator),
+        }
+        for i in range(3)
+    ]
+    folder = tempfile.mkdtemp()
+    files = write_shards(folder, shards)
+    reference: dict = {}
+    offsets: dict = {}
+    for name in files:
+        reference.update(load_file(os.path.join(folder, name)))
+        with open(os.path.join(folder, name), "rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(length))
+        header.pop("__metadata__", None)
+        offsets.update({t: (name, 8 + length + e["data_offsets"][0]) for t, e in header.items()})
+
+    def header_of(i):
+        return lambda r: r.path.endswith(files[i]) and r.range is not None and r.range[0] == 0
+
+    def data_of(i):
+        first = min(start for key, start in offsets.values() if key == files[i])
+        return lambda r: r.path.endswith(files[i]) and r.range is not None and r.range[0] >= first
+
+    victim_key, victim_start = offsets["model.layers.1.q_proj.weight"]
+    flip = dict(kind=CORRUPT, times=None, client="streamer", path_contains=victim_key, ranged=True,
+                corrupt_start=victim_start + 4, corrupt_end=victim_start + 12)  # fmt: skip
+    few = {"MX_ROBUST_STREAMER_S3_MAX_RETRIES": "1"}
+    rows = [
+        ("stream", "503 SlowDown x3 on a header read", dict(kind=STATUS, times=3, client="streamer", when=header_of(1)), {}),
+        ("stream", "500 x2 on a data read", dict(kind=STATUS, status=500, times=2, client="streamer", when=data_of(1)), {}),
+        ("stream", "reset mid-body x2", dict(kind=RESET, keep_bytes=300, times=2, client="streamer", when=data_of(1)), {}),
+        ("stream", "body cut short x2 (Content-Length says more)", dict(kind=SHORT, keep_bytes=300, times=2, client="streamer", when=data_of(1)), {}),
+        ("stream", "1.5 s delay before one answer", dict(kind=DELAY, delay_s=1.5, times=1, client="streamer", when=data_of(1)), {}),
+        ("stream", "1.5 s stall mid-body", dict(kind=STALL, keep_bytes=300, delay_s=1.5, times=1, client="streamer", when=data_of(1)), {}),
+        ("stream", "503 SlowDown on every header read of shard 1", dict(kind=STATUS, times=None, client="streamer", when=header_of(0)), {}),
+        ("stream", "503 SlowDown on every header read of shard 1", dict(kind=STATUS, times=None, client="streamer", when=header_of(0)), few),
+        ("stream", "503 x4 on a header read", dict(kind=STATUS, times=4, client="streamer", when=header_of(0)), few),
+        ("stream", "503 x4 on a header read", dict(kind=STATUS, times=4, client="streamer", when=header_of(0)), dict(few, MX_ROBUST_STREAMER_S3_RETRY_TIMEOUT_S="10")),
+        ("stream", "reset on every data read of the last shard", dict(kind=RESET, keep_bytes=300, delay_s=0.6, times=None, client="streamer", when=data_of(2)), {}),
+        ("stream", "reset on every data read of the last shard", dict(kind=RESET, keep_bytes=300, delay_s=0.6, times=None, client="streamer", when=data_of(2)), few),
+        ("stream", "body cut short on every data read of the last shard", dict(kind=SHORT, keep_bytes=300, delay_s=0.6, times=None, client="streamer", when=data_of(2)), {}),
+        ("stream", "no answer at all (server hangs) on shard 1's data", dict(kind=DELAY, delay_s=120.0, times=None, client="streamer", when=data_of(0)), {}),
+        ("stream", "no answer at all (server hangs) on shard 1's data", dict(kind=DELAY, delay_s=120.0, times=None, client="streamer", when=data_of(0)), few),
+        ("stream", "`Range: bytes=0-7` answered with bytes 8-15", dict(kind=WRONG_RANGE, shift=8, times=None, client="streamer", when=header_of(0)), {}),
+        ("stream", "data range answered 4 bytes off (last 4 missing)", dict(kind=WRONG_RANGE, shift=4, times=None, client="streamer", when=data_of(2)), {}),
+        ("stream", "data range answered 4 bytes off (last 4 missing)", dict(kind=WRONG_RANGE, shift=4, times=None, client="streamer", when=data_of(2)), {"MX_ROBUST_VERIFY_CONTENT": "all"}),
+        ("stream", "8 data bytes of one tensor flipped", flip, {}),
+        ("stream", "8 data bytes of one tensor flipped", flip, {"MX_ROBUST_VERIFY_CONTENT": "all"}),
+        ("probe", "503 SlowDown x2 on a header read", dict(kind=STATUS, times=2, client="probe", when=header_of(0)), {}),
+        ("probe", "503 SlowDown on every header read", dict(kind=STATUS, times=None, client="probe", when=header_of(0)), {}),
+        ("probe", "reset mid-body once", dict(kind=RESET, keep_bytes=20, times=1, client="probe", when=lambda r: r.range is not None and r.range[0] == 8), {}),
+        ("probe", "body cut short once", dict(kind=SHORT, keep_bytes=20, times=1, client="probe", when=lambda r: r.range is not None and r.range[0] == 8), {}),
+        ("probe", "`Range: bytes=0-7` answered with bytes 8-15", dict(kind=WRONG_RANGE, shift=8, times=None, client="probe", when=header_of(1)), {}),
+    ]  # fmt: skip
+
+    print("| side | fault | settings | outcome | time to outcome |")
+    print("| --- | --- | --- | --- | --- |")
+    with FaultyS3() as s3:
+        for side, fault, rule, env in rows:
+            uri = s3.upload(folder, f"table-{next(buckets)}", "model")
+            s3.proxy.clear()
+            s3.proxy.add(Rule(**rule))
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            os.environ["MX_MODEL_URI"] = uri
+            model = RecordingModel(reference)
+            adapter = CountingAdapter(lambda: RecordingModel(reference))
+            started = time.perf_counter()
+            try:
+                RobustModelStreamerStrategy().load(
+                    LoadResult(value=model, model=model), make_context(model_config(), adapter)
+                )
+                wrong = [n for n, t in reference.items() if not torch.equal(model.weights[n], t)]
+                outcome = "loaded, every tensor equal" if not wrong else f"**loaded with {len(wrong)} wrong tensor(s)**"
+            except StrategyFailed as exc:
+                outcome = f"failed, mutated={exc.mutated}: {str(exc)[:150]}"
+            seconds = time.perf_counter() - started
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            shown = ", ".join(f"{k}={v}" for k, v in env.items()) or "defaults"
+            fired = len(s3.proxy.fired())
+            print(f"| {side} | {fault} ({fired} fired) | {shown} | {outcome} | {seconds:.1f} s |", flush=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _table()

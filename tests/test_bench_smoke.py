@@ -41,7 +41,7 @@ def test_bench_runs_tiny_local_and_s3_and_reports_without_matplotlib(tmp_path):
     completed = _run(
         [
             "--size", "3MB", "--s3-size", "2MB", "--reps", "1", "--warmup", "0",
-            "--memory", "robust", "--workdir", str(workdir),
+            "--memory", "robust", "--memory-reps", "1", "--workdir", str(workdir),
             "--json", str(report_path), "--plot", str(plot_path), "--clean",
         ]
     )  # fmt: skip

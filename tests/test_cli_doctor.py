@@ -250,7 +250,8 @@ def test_chain_passes_over_the_config_only_copy_to_mx_model_uri(tmp_path, capsys
     chain = report["chain"]
     assert chain["chosen"] == {"label": "MX_MODEL_URI", "uri": uri}
     assert [(r["label"], r["uri"]) for r in chain["rejected"]] == [("model", cache)]
-    assert f"none of the {len(ckpt.shard_names) - 1} shard(s) it names" in chain["rejected"][0]["reason"]  # the empty one is not indexed
+    indexed_shards = len(ckpt.shard_names) - 1  # the empty one is not in the index
+    assert f"none of the {indexed_shards} shard(s) it names" in chain["rejected"][0]["reason"]
     assert chain["eligible"] is True
     assert report["source"] == {
         "uri": uri, "label": "MX_MODEL_URI", "root": uri, "checkpoint_folder": "", "index": True, "config": True,
@@ -285,6 +286,21 @@ def test_chain_follows_mx_robust_source_order(tmp_path, capsys, monkeypatch):
     assert report["chain"]["order"] == ["MX_MODEL_URI", "model"]
     assert report["chain"]["chosen"]["label"] == "MX_MODEL_URI"
     assert report["draft"]["convention"] == "nextn_layers"
+
+
+def test_chain_passes_over_an_object_store_it_cannot_open(tmp_path, capsys, monkeypatch):
+    """A client that cannot start (no azure extra, no credentials) is a rejection, not a crash."""
+    for key in [k for k in os.environ if k.startswith("AZURE_")]:
+        monkeypatch.delenv(key)
+    ckpt = synthetic.mtp_checkpoint(str(tmp_path / "ckpt"), style="qwen")
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
+
+    code, report = run_json(capsys, "--model-weights", "az://container/model")
+
+    assert code == 0
+    assert report["chain"]["chosen"] == {"label": "MX_MODEL_URI", "uri": ckpt.path}
+    (rejected,) = report["chain"]["rejected"]
+    assert rejected["label"] == "model_weights" and rejected["reason"].startswith("az://container/model: ")
 
 
 def test_chain_without_any_streamable_source_is_an_error(tmp_path, capsys):
@@ -387,6 +403,13 @@ def test_unreachable_endpoint_exits_2(capsys, monkeypatch):
     monkeypatch.setenv("MX_ROBUST_PROBE_MAX_ATTEMPTS", "1")
     monkeypatch.setenv("MX_ROBUST_PROBE_TIMEOUT_S", "2")
     assert_usage_error(capsys, ["s3://models/glm"], "s3://models/glm", "listing failed", "Could not connect")
+
+
+def test_azure_without_client_or_credentials_exits_2(capsys, monkeypatch):
+    """Offline either way: without the azure extra, or with it and no credentials."""
+    for key in [k for k in os.environ if k.startswith("AZURE_")]:
+        monkeypatch.delenv(key)
+    assert_usage_error(capsys, ["az://container/model"], "az://container/model")
 
 
 def test_folder_that_is_a_file_exits_2(tmp_path, capsys):

@@ -147,7 +147,8 @@ def place(kind: str, ckpt: Written, s3, prefix: str = "tiny") -> str:
     return ckpt.path if kind == "local" else upload(s3, ckpt.path, prefix)
 
 
-def store_fixture(kind: str, request) -> object:
+def store_fixture(kind: str, request):
+    """The ``s3`` fixture for S3 cases (started on demand), None for local ones."""
     return request.getfixturevalue("s3") if kind == "s3" else None
 
 
@@ -375,6 +376,7 @@ def test_hf_snapshot_layout_found_below_the_candidate(monkeypatch, caplog, tmp_p
     ckpt = hf_cache(str(tmp_path / "models--org--tiny"), tiny_shards(3, empty=(1,)))
     model, _ = chain_load(monkeypatch, ckpt.path, ckpt.reference)
     assert_loaded(model, ckpt)
+    assert f"chose MX_MODEL_URI={ckpt.path!r}" in robust_messages(caplog)
 
 
 def test_vllm_model_streamer_cache_layout(monkeypatch, tmp_path):
@@ -561,7 +563,9 @@ INCONSISTENT_LAYOUTS = [(case, True) for case in sorted(INCONSISTENT)] + [
 
 @pytest.mark.parametrize("kind", ["local", "s3"])
 @pytest.mark.parametrize(
-    ("case", "index"), INCONSISTENT_LAYOUTS, ids=[f"{c}-{'index' if i else 'no_index'}" for c, i in INCONSISTENT_LAYOUTS]
+    ("case", "index"),
+    INCONSISTENT_LAYOUTS,
+    ids=[f"{c}-{'index' if i else 'no_index'}" for c, i in INCONSISTENT_LAYOUTS],
 )
 def test_inconsistent_checkpoint_is_refused_unmutated(monkeypatch, request, tmp_path, kind, index, case):
     s3 = store_fixture(kind, request)
@@ -700,7 +704,9 @@ def test_verified_stream_warn_policy_reports_and_returns(monkeypatch, tmp_path):
     with VerifiedStream(plan, settings, on_warning=warnings.append) as stream:
         delivered = [name for name, _ in stream.tensors()]
     assert len(delivered) == len(ckpt.reference) - 1
-    assert warnings == [f"incomplete load from {ckpt.path}: 1 of {len(ckpt.reference)} expected tensors missing: {DROPPED}"]
+    assert warnings == [
+        f"incomplete load from {ckpt.path}: 1 of {len(ckpt.reference)} expected tensors missing: {DROPPED}"
+    ]
 
 
 def test_verified_stream_reports_duplicates(tmp_path):
@@ -796,7 +802,8 @@ def test_shortfall_under_warn_policy_loads_and_warns(monkeypatch, caplog, tmp_pa
     assert not attempt.model.weights[DROPPED].any()  # what the user is warned about
     assert attempt.model.order == [n for n in ckpt.order if n != DROPPED]
     warnings = robust_messages(caplog, logging.WARNING)
-    assert f"[Worker 0] incomplete load from {ckpt.path}: 1 of {len(ckpt.reference)} expected tensors missing: {DROPPED}" in warnings
+    shortfall = f"1 of {len(ckpt.reference)} expected tensors missing: {DROPPED}"
+    assert f"[Worker 0] incomplete load from {ckpt.path}: {shortfall}" in warnings
 
 
 # -- 9. the mutation contract, through the chain ---------------------------------

