@@ -940,6 +940,8 @@ def evaluate_targets(sites: dict[str, dict]) -> list[dict]:
     """Each target, per site, with the measured figure and whether it is met."""
     verdicts = []
     for name, summary in sites.items():
+        if "error" in summary:
+            continue
         rows = summary["loaders"]
         robust = rows.get("robust")
         if robust and "ratio_to_runai_raw" in robust:
@@ -982,8 +984,11 @@ def evaluate_targets(sites: dict[str, dict]) -> list[dict]:
 def render_tables(report: dict) -> str:
     lines = []
     for name, summary in report["sites"].items():
-        site = summary["site"]
         lines.append("")
+        if "error" in summary:
+            lines.append(f"{name}: FAILED, no figures: {summary['error'].strip().splitlines()[-1]}")
+            continue
+        site = summary["site"]
         lines.append(
             f"{name}: {site['uri']}  {human(site['data_bytes'])} in {site['shard_files']} shard files "
             f"({site['empty_shards']} empty), {summary['tensor_count']} tensors; "
@@ -1051,7 +1056,9 @@ def plot(report: dict, path: str) -> bool:
     except ImportError:
         print(f"matplotlib is not installed (pip install 'mx-strategies[bench]'); not drawing {path}")
         return False
-    sites = report["sites"]
+    sites = {name: summary for name, summary in report["sites"].items() if "error" not in summary}
+    if not sites:
+        return False
     figure, axes = plt.subplots(1, len(sites), figsize=(6.5 * len(sites), 4.2), squeeze=False)
     for axis, (name, summary) in zip(axes[0], sites.items()):
         rows = [(l, r) for l, r in summary["loaders"].items() if l != "draft"]
@@ -1141,6 +1148,10 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         "--s3-size", type=parse_size, default=parse_size("512MB"),
         help="generated checkpoint size served by the loopback S3 server (default 512MB; moto is slow); 0 skips S3",
     )  # fmt: skip
+    parser.add_argument(
+        "--s3-chunk-bytes", type=parse_size, default=parse_size("64MiB"),
+        help="RUNAI_STREAMER_CHUNK_BYTESIZE for every loader on the loopback S3 site (default 64MiB; 0 keeps runai's)",
+    )  # fmt: skip
     parser.add_argument("--no-local", action="store_true", help="skip the local-folder measurements")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "mx-strategies-bench"),
                         help="where generated checkpoints are cached (default: %(default)s)")  # fmt: skip
@@ -1180,6 +1191,15 @@ def _memory_loaders(spec: str, loaders: list[str]) -> list[str]:
 
 
 def run_site(name: str, uri: str, reference: Optional[str], args, wanted: tuple[str, ...], counter: ByteCounter) -> dict:
+    """One site's measurements; a failure is reported in its place, not lost with the other site's."""
+    try:
+        return _run_site(name, uri, reference, args, wanted, counter)
+    except Exception as exc:
+        print(f"[{name}] FAILED: {type(exc).__name__}: {exc}", flush=True)
+        return {"error": traceback.format_exc()}
+
+
+def _run_site(name: str, uri: str, reference: Optional[str], args, wanted: tuple[str, ...], counter: ByteCounter) -> dict:
     site = describe_site(name, uri, args.workdir, reference)
     site.bytes_counter = counter.method
     loaders = loaders_for(site, wanted)
@@ -1192,6 +1212,28 @@ def run_site(name: str, uri: str, reference: Optional[str], args, wanted: tuple[
         summary["robust_profile"] = profile_robust(site)
     shutil.rmtree(site.config_only, ignore_errors=True)
     return summary
+
+
+@contextmanager
+def s3_chunking(chunk_bytes: int) -> Iterator[None]:
+    """RUNAI_STREAMER_CHUNK_BYTESIZE for every loader of the loopback S3 site.
+
+    moto answers each ranged GET by copying the whole object in Python, so
+    runai's default chunks over 100 MB objects stall it past the AWS CRT's
+    minimum-throughput check ("failure to meet throughput minimum", then
+    "File access error"); larger chunks mean fewer such requests. Every
+    loader (children included) streams with the same value.
+    """
+    saved = os.environ.get("RUNAI_STREAMER_CHUNK_BYTESIZE")
+    if chunk_bytes > 0:
+        os.environ["RUNAI_STREAMER_CHUNK_BYTESIZE"] = str(chunk_bytes)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("RUNAI_STREAMER_CHUNK_BYTESIZE", None)
+        else:
+            os.environ["RUNAI_STREAMER_CHUNK_BYTESIZE"] = saved
 
 
 def quiet_logging() -> None:
@@ -1246,11 +1288,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             generated.append(s3_source)
             from mx_strategies.loopback import LoopbackS3
 
-            with LoopbackS3() as s3:
+            with LoopbackS3() as s3, s3_chunking(args.s3_chunk_bytes):
                 started = time.perf_counter()
                 uri = s3.upload(s3_source, "bench", "model")
                 print(f"uploaded {s3_source} to {uri} in {time.perf_counter() - started:.1f}s", flush=True)
                 report["sites"]["s3"] = run_site("s3", uri, s3_source, args, wanted, ByteCounter(s3))
+                report["sites"]["s3"]["runai_chunk_bytesize"] = args.s3_chunk_bytes
     finally:
         if args.clean:
             for path in generated:
@@ -1269,7 +1312,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             json.dump(report, handle, indent=1)
     if args.plot:
         plot(report, args.plot)
-    return 0
+    return 1 if any("error" in summary for summary in report["sites"].values()) else 0
 
 
 if __name__ == "__main__":

@@ -223,20 +223,19 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         rank = ctx.global_rank
         distributed = engine.tensor_parallel_size > 1 and settings.distributed
         device = str(ctx.target_device) if distributed else "cpu"
+        stream = VerifiedStream(
+            plan,
+            settings,
+            device=device,
+            distributed=distributed,
+            on_warning=lambda message: logger.warning(f"[Worker {rank}] {message}"),
+        )
         try:
-            stream = VerifiedStream(
-                plan,
-                settings,
-                device=device,
-                distributed=distributed,
-                on_warning=lambda message: logger.warning(f"[Worker {rank}] {message}"),
-            ).__enter__()
-        except StreamStartError as exc:
-            raise StrategyFailed(str(exc), mutated=False) from exc
-        try:
-            with stream:
+            with stream:  # entering starts the stream and fetches the first tensor
                 result = ctx.adapter.apply_weight_iter(result, stream.tensors())
                 stream.settle()
+        except StreamStartError as exc:
+            raise StrategyFailed(str(exc), mutated=False) from exc
         except Exception as exc:
             # The stream failing before it handed out a tensor leaves the model as it was.
             mutated = not (isinstance(exc, (StreamBroken, ContentMismatch)) and not stream.ledger.delivered)

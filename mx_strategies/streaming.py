@@ -258,17 +258,16 @@ class VerifiedStream:
         self.content = ContentCheck.for_load(plan.source, plan.shards, plan.expected, settings)
 
     def __enter__(self) -> "VerifiedStream":
-        """Start streaming; entering a started stream again returns it as is.
+        """Start streaming and fetch the first tensor; raises StreamStartError.
 
-        The strategy starts the stream on its own (to tell a start failure
-        from a later one) and then uses it in a ``with``: a second start
-        would stream everything twice and leak the first runai streamer,
-        whose late responses break the next load in the process.
+        A stream is entered once: a second start would stream everything
+        twice and leak the first runai streamer, whose late responses break
+        the next load in the process.
         """
         from runai_model_streamer import SafetensorsStreamer
 
         if self._streamer is not None:
-            return self
+            raise RuntimeError("VerifiedStream is already started")
         self._env = streamer_environment(self.settings)
         self._env.__enter__()
         try:

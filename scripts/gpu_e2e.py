@@ -127,13 +127,9 @@ LOADED_LINE = re.compile(
 REINIT_MARK = "Re-initializing vLLM model after failed strategy"
 STRATEGY_FAILED = re.compile(r"Strategy (?P<name>\S+) failed, trying next: (?P<why>.*)")
 INSTALLED_MARK = "installed 'robust_model_streamer' in place of 'model_streamer'"
-FATAL_MARKS = (
-    "Engine core initialization failed",
-    "EngineCore failed to start",
-    "RuntimeError: ",
-    "CUDA out of memory",
-    "No strategy succeeded",
-)
+# An exception line: "ValueError: ...", "torch.OutOfMemoryError: ..." (not a bare "Error: ...").
+WRAPPER_MARKS = ("See root cause above", "Engine core initialization failed")
+ERROR_LINE = re.compile(r"(^|[\s)\]])((?:\w+\.)*[A-Z]\w*(?:Error|Exception)): \S")
 
 
 # -- model -----------------------------------------------------------------
@@ -371,10 +367,31 @@ def _completion_tokens(completion: Optional[dict]) -> tuple[Optional[int], str]:
     return tokens, ""
 
 
-def judge(log: str, completion: Optional[dict], manifest: dict) -> Verdict:
+def last_error(log: str) -> str:
+    """The last exception line of a log (``SomeError: message``), if any.
+
+    vLLM ends a failed start with a wrapper ("Engine core initialization
+    failed. See root cause above."); the line before it says what happened.
+    """
+    lines = []
+    for line in log.splitlines():
+        match = ERROR_LINE.search(line)
+        if match:
+            lines.append(line[match.start(2) :].strip())  # without vLLM's "(Worker pid=..) ERROR date [file]" prefix
+    causes = [line for line in lines if not any(mark in line for mark in WRAPPER_MARKS)]
+    chosen = causes or lines
+    return chosen[-1][:300] if chosen else ""
+
+
+def judge(log: str, completion: Optional[dict], manifest: dict, server_problem: str = "") -> Verdict:
     """PASS when both loads went through our strategy from S3, the draft
     streamed exactly its own tensors, nothing was re-initialized and a
-    completion came back."""
+    completion came back.
+
+    ``server_problem`` is what the shell saw go wrong with ``vllm serve``
+    (exited early, never healthy); it fails the run after the load checks,
+    so the line still says how far the loads got.
+    """
     loaded = parse_loaded_lines(log)
     targets = [d for d in loaded if d["role"] == "target"]
     drafts = [d for d in loaded if d["role"] == "draft"]
@@ -385,12 +402,15 @@ def judge(log: str, completion: Optional[dict], manifest: dict) -> Verdict:
     failed = STRATEGY_FAILED.search(log)
     if failed:
         return Verdict(False, f"strategy {failed['name']} failed: {failed['why'].strip()[:300]}", details)
-    if INSTALLED_MARK not in log:
-        return Verdict(False, "MX_STRATEGY did not install robust_model_streamer (plugin not loaded?)", details)
     if not targets:
-        fatal = next((m for m in FATAL_MARKS if m in log), None)
-        why = f"; log has '{fatal}'" if fatal else ""
-        return Verdict(False, f"no 'target loaded from' line: the target did not load through the strategy{why}", details)
+        # The activation line is logged before ModelExpress attaches vLLM's handlers, so it may be missing
+        # even when activation worked; its absence only helps explain a missing load line.
+        error = last_error(log)
+        quiet = not (server_problem or error or INSTALLED_MARK in log)
+        hint = " (was mx_strategies installed and listed in VLLM_PLUGINS?)" if quiet else ""
+        why = f"; {server_problem}" if server_problem else ""
+        why += f"; last error: {error}" if error else ""
+        return Verdict(False, f"no 'target loaded from' line: the target did not load through the strategy{hint}{why}", details)
     if not drafts:
         return Verdict(False, "no 'draft loaded from' line: the MTP draft did not load through the strategy", details)
     for entry in targets + drafts:
@@ -411,9 +431,13 @@ def judge(log: str, completion: Optional[dict], manifest: dict) -> Verdict:
         return Verdict(
             False, f"target verified {targets[-1]['tensors']} tensors, the checkpoint has {manifest['tensor_count']}", details
         )
+    loads = f"target {targets[-1]['tensors']} and draft {draft['tensors']} own tensors loaded from S3"
+    if server_problem:
+        error = last_error(log)
+        return Verdict(False, f"{loads}, but {server_problem}" + (f"; last error: {error}" if error else ""), details)
     tokens, problem = _completion_tokens(completion)
     if tokens is None:
-        return Verdict(False, problem, details)
+        return Verdict(False, f"{loads}, but {problem}", details)
     share = 100.0 * int(draft["streamed"]) / int(draft["total"]) if int(draft["total"]) else 0.0
     return Verdict(
         True,
@@ -465,6 +489,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--completion")
     p.add_argument("--manifest", required=True)
     p.add_argument("--stats-file")
+    p.add_argument("--server-problem", default="", help="what went wrong with vllm serve, if anything")
 
     args = parser.parse_args(argv)
     if args.command == "make-model":
@@ -480,7 +505,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     with open(args.manifest) as handle:
         manifest = json.load(handle)
-    verdict = judge(_read(args.log), _read_json(args.completion), manifest)
+    verdict = judge(_read(args.log), _read_json(args.completion), manifest, args.server_problem)
     line = verdict.line()
     stats = _read_json(args.stats_file)
     if verdict.ok and stats and "bytes_served" in stats:
