@@ -50,6 +50,35 @@ class StreamStartError(RuntimeError):
     """The streamer failed before the first tensor reached the model."""
 
 
+# runai-model-streamer (0.17.0) loads the object-store plugin (S3, GCS or Azure) of
+# the first object-store URI it streams and keeps it until the process exits;
+# every later object-store load uses it whatever its scheme. A gs:// load after
+# an s3:// one then fails, an s3:// load after a gs:// one retries for minutes.
+_bound_backend: Optional[str] = None
+
+
+def _backend_of(uris: list[str]) -> Optional[str]:
+    schemes = {uri.split("://", 1)[0] for uri in uris if "://" in uri}
+    return next(iter(schemes)) if len(schemes) == 1 else ("+".join(sorted(schemes)) or None)
+
+
+def claim_backend(source: str, uris: list[str]) -> None:
+    """Refuse a load runai would send to another store's plugin (StreamStartError)."""
+    global _bound_backend
+    wanted = _backend_of(uris)
+    if wanted is None:
+        return  # local files: no plugin
+    if _bound_backend is None:
+        _bound_backend = wanted
+        return
+    if wanted != _bound_backend:
+        raise StreamStartError(
+            f"streaming {source} did not start: runai-model-streamer keeps the object-store plugin of the "
+            f"first load in a process ({_bound_backend}://) and would read these {wanted}:// files with it; "
+            f"load {wanted}:// checkpoints in a process of their own"
+        )
+
+
 class StreamBroken(RuntimeError):
     """The streamer failed part-way; the message names the source and unfinished files."""
 
@@ -268,6 +297,7 @@ class VerifiedStream:
 
         if self._streamer is not None:
             raise RuntimeError("VerifiedStream is already started")
+        claim_backend(self.plan.source, self.plan.uris)
         self._env = streamer_environment(self.settings)
         self._env.__enter__()
         try:

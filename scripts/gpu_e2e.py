@@ -249,13 +249,31 @@ def _split_shards(target: dict, draft: dict, arch: str) -> list[dict]:
     return shards
 
 
+def write_shards(out_dir: str, shards: list[dict]) -> list[str]:
+    """``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``.
+
+    Kept free of mx_strategies imports so that make-model needs only torch,
+    safetensors, tokenizers and transformers.
+    """
+    from safetensors.torch import save_file
+
+    count = len(shards)
+    names = [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+    weight_map = {}
+    for name, shard in zip(names, shards):
+        save_file({k: v.contiguous() for k, v in shard.items()}, os.path.join(out_dir, name), metadata={"format": "pt"})
+        weight_map.update({tensor: name for tensor in shard})
+    total = sum(t.numel() * t.element_size() for shard in shards for t in shard.values())
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as handle:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, handle, indent=1)
+    return names
+
+
 def make_model(arch: str, out_dir: str, manifest_path: str, seed: int = 0) -> dict:
     """Write the tiny checkpoint with its MTP head; return (and save) the manifest."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from mx_strategies.synthetic import write_shards
 
     if arch not in ARCH_CONFIGS:
         raise SystemExit(f"--arch must be one of {sorted(ARCH_CONFIGS)}, not {arch!r}")
@@ -290,7 +308,7 @@ def make_model(arch: str, out_dir: str, manifest_path: str, seed: int = 0) -> di
     overlap = set(draft) & set(target)
     if overlap:
         raise RuntimeError(f"MTP tensor names collide with target tensors: {sorted(overlap)[:5]}")
-    shard_names = write_shards(out_dir, _split_shards(target, draft, arch), index=True)
+    shard_names = write_shards(out_dir, _split_shards(target, draft, arch))
 
     every = {**target, **draft}
     manifest = {
@@ -304,6 +322,7 @@ def make_model(arch: str, out_dir: str, manifest_path: str, seed: int = 0) -> di
         "draft_convention": DRAFT_CONVENTION[arch],
         "checkpoint_bytes": sum(t.numel() * t.element_size() for t in every.values()),
         "draft_bytes": sum(t.numel() * t.element_size() for t in draft.values()),
+        "shapes": {name: list(every[name].shape) for name in sorted(every)},
     }
     with open(manifest_path, "w") as handle:
         json.dump(manifest, handle, indent=1)

@@ -7,13 +7,20 @@ reads through the Python SDKs runai's extras install, the data through
 runai-model-streamer's C++ GCS and Azure clients; nothing is mocked but the
 model (``support.RecordingModel``).
 
+runai 0.17.0 keeps the object-store plugin of the first object-store load
+of a process (S3, GCS or Azure) for every later one, and the rest of the
+suite streams from S3 in the test process. So each store's loads run in one
+child process of their own (``run_child``), which reports back what the
+model received; ``test_a_second_kind_of_store_in_one_process_is_refused_before_streaming``
+checks the strategy's guard against mixing stores in one process.
+
 How runai 0.17.0's C++ clients are pointed at an emulator (found by reading
 the libraries' strings and by experiment; docs/faults.md has the details):
 
 - GCS: ``CLOUD_STORAGE_EMULATOR_ENDPOINT=http://127.0.0.1:<port>`` (the C++
   client then needs no credentials); the Python side reads
   ``STORAGE_EMULATOR_HOST`` and ``RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS=1``.
-  A fault proxy sits in front, as for S3.
+  A fault proxy (started in the child) sits in front, as for S3.
 - Azure: the release build ignores ``AZURE_STORAGE_CONNECTION_STRING``
   (only a test build reads it) and always connects to
   ``https://<AZURE_STORAGE_ACCOUNT_NAME>.<AZURE_STORAGE_ENDPOINT_SUFFIX>``
@@ -24,7 +31,8 @@ the libraries' strings and by experiment; docs/faults.md has the details):
   therefore run in a child process in a private mount namespace
   (``unshare -m``) where that file is the system bundle plus the test CA;
   the machine's own bundle is never touched. The Python probe uses the
-  connection string and ``REQUESTS_CA_BUNDLE``.
+  connection string and ``REQUESTS_CA_BUNDLE``. Where ``unshare`` is not
+  permitted the tests assert the observed limitation instead (TLS refused).
 """
 
 from __future__ import annotations
@@ -229,7 +237,7 @@ class FakeGcs:
         if self.proc is not None:
             self.proc.terminate()
             try:
-                self.proc.wait(10)
+                self.proc.wait(2)  # in-memory: nothing to flush; keep-alive clients can hold it open
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
@@ -243,81 +251,134 @@ class FakeGcs:
             "GOOGLE_CLOUD_PROJECT": "mx-test",
         }
 
-    def upload(self, folder: str, bucket: str, prefix: str) -> str:
+    def client(self):
+        """A client that talks to the server directly, past the proxy."""
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
-        client = storage.Client(
+        return storage.Client(
             credentials=AnonymousCredentials(), project="mx-test", client_options={"api_endpoint": self.direct}
         )
-        target = client.create_bucket(bucket)
+
+    def upload(self, folder: str, bucket: str, prefix: str) -> str:
+        target = self.client().create_bucket(bucket)
         for name in sorted(os.listdir(folder)):
             target.blob(f"{prefix}/{name}").upload_from_filename(os.path.join(folder, name))
         return f"gs://{bucket}/{prefix}"
-
-
-@pytest.fixture(scope="module")
-def gcs():
-    with FakeGcs() as server, _Env(server.env):
-        yield server
-
-
-@pytest.fixture
-def gcs_ckpt(gcs, tmp_path):
-    names = write_shards(str(tmp_path), shards_with_empty(), write_order=[3, 0, 2, 1])
-    ckpt = written(str(tmp_path), names)
-    uri = gcs.upload(str(tmp_path), f"gcs-{next(_buckets)}", "model")
-    gcs.proxy.clear()
-    yield uri, ckpt
-    gcs.proxy.clear()
 
 
 def _files(ckpt: Written) -> list[str]:
     return [os.path.join(ckpt.path, f) for f in ckpt.files]
 
 
-def test_gcs_loads_every_tensor_in_natural_order_skipping_the_empty_shard(gcs, gcs_ckpt):
-    uri, ckpt = gcs_ckpt
-    report = run_load(_files(ckpt), uri)
+def run_child(jobs: list[dict], folder: Path, env: dict[str, str], command_prefix=None) -> dict[str, dict]:
+    """Run ``jobs`` in one child process (see the module docstring for why); return its reports."""
+    jobs_file, out_file = folder / "jobs.json", folder / "reports.json"
+    jobs_file.write_text(json.dumps(jobs))
+    child = [sys.executable, __file__, "worker", str(jobs_file), str(out_file)]
+    command = command_prefix(child) if command_prefix else child
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "AWS_ENDPOINT"))}
+    child_env.update(env)
+    done = subprocess.run(command, env=child_env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(out_file.read_text())
+
+
+@dataclass
+class StoreRun:
+    """One emulator's checkpoints and what each case's load did."""
+
+    reports: dict[str, dict]
+    checkpoints: dict[str, tuple[str, Written]]
+    trusted: bool = True  # Azure only: whether runai could be given the test CA
+
+
+FLIPPED = "model.layers.2.q_proj.weight"
+
+
+def _gcs_rules(ckpt: Written) -> dict[str, Optional[dict]]:
+    file, start, _ = ckpt.offsets[FLIPPED]
+    flip = dict(kind=CORRUPT, times=None, client="streamer", path_contains=file, ranged=True,
+                corrupt_start=start + 4, corrupt_end=start + 12)  # fmt: skip
+    return {
+        "whole": None,
+        "missing_shard": None,
+        "throttled": dict(kind=STATUS, status=503, times=2, client="streamer", ranged=True),
+        "flipped": flip,
+        "flipped_verify_all": flip,
+    }
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+    """Every GCS case, loaded in one child process behind a fault proxy of its own."""
+    folder = tmp_path_factory.mktemp("gcs")
+    with FakeGcs() as server:
+        checkpoints: dict[str, tuple[str, Written]] = {}
+        jobs = []
+        for case in ("whole", "missing_shard", "throttled", "flipped", "flipped_verify_all"):
+            path = folder / case
+            names = write_shards(str(path), shards_with_empty(), write_order=[3, 0, 2, 1])
+            ckpt = written(str(path), names)
+            bucket = f"gcs-{case.replace('_', '-')}"
+            uri = server.upload(str(path), bucket, "model")
+            if case == "missing_shard":
+                server.client().bucket(bucket).blob(f"model/{names[2]}").delete()
+            checkpoints[case] = (uri, ckpt)
+            env = {"MX_ROBUST_VERIFY_CONTENT": "all"} if case.endswith("verify_all") else {}
+            jobs.append(
+                {"case": case, "uri": uri, "files": _files(ckpt), "env": env, "rule": _gcs_rules(ckpt)[case],
+                 "gcs_port": server.port}
+            )  # fmt: skip
+        reports = run_child(jobs, folder, server.env)
+        yield StoreRun(reports, checkpoints)
+
+
+def test_gcs_loads_every_tensor_in_natural_order_skipping_the_empty_shard(gcs):
+    uri, ckpt = gcs.checkpoints["whole"]
+    report = gcs.reports["whole"]
     assert_whole(report, ckpt)
-    assert gcs.proxy.requests["streamer"] > 0 and gcs.proxy.requests["probe"] > 0  # both paths went through it
+    assert report["requests"]["streamer"] > 0 and report["requests"]["probe"] > 0  # both paths went through it
 
 
-def test_gcs_missing_shard_is_refused_before_streaming(gcs, gcs_ckpt):
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
-
-    uri, ckpt = gcs_ckpt
-    bucket = uri[len("gs://") :].split("/")[0]
-    client = storage.Client(credentials=AnonymousCredentials(), project="mx-test", client_options={"api_endpoint": gcs.direct})
-    client.bucket(bucket).blob(f"model/{ckpt.files[2]}").delete()
-    report = run_load(_files(ckpt), uri)
+def test_gcs_missing_shard_is_refused_before_streaming(gcs):
+    uri, ckpt = gcs.checkpoints["missing_shard"]
+    report = gcs.reports["missing_shard"]
     assert_refused(report, mutated=False, says=(ckpt.files[2], "not found"))
-    assert gcs.proxy.requests["streamer"] == 0
+    assert report["requests"]["streamer"] == 0
 
 
-def test_gcs_throttling_burst_on_the_stream_is_retried(gcs, gcs_ckpt):
-    uri, ckpt = gcs_ckpt
-    gcs.proxy.add(Rule(STATUS, status=503, times=2, client="streamer", ranged=True))
-    report = run_load(_files(ckpt), uri)
-    assert_whole(report, ckpt)
-    assert len(gcs.proxy.fired(STATUS)) == 2
+def test_gcs_throttling_burst_on_the_stream_is_retried(gcs):
+    uri, ckpt = gcs.checkpoints["throttled"]
+    assert_whole(gcs.reports["throttled"], ckpt)
+    assert gcs.reports["throttled"]["fired"] == 2
 
 
-def test_gcs_flipped_bytes_are_caught_by_verify_all(gcs, gcs_ckpt, monkeypatch):
-    uri, ckpt = gcs_ckpt
-    victim = "model.layers.2.q_proj.weight"
-    file, start, _ = ckpt.offsets[victim]
-    gcs.proxy.add(
-        Rule(CORRUPT, times=None, client="streamer", path_contains=file, ranged=True,
-             corrupt_start=start + 4, corrupt_end=start + 12)
-    )  # fmt: skip
-    report = run_load(_files(ckpt), uri)
-    assert report["error"] is None and report["digests"][victim] != ckpt.digests[victim]  # runai: silent
+def test_gcs_flipped_bytes_pass_runai_and_are_caught_by_verify_all(gcs):
+    uri, ckpt = gcs.checkpoints["flipped"]
+    report = gcs.reports["flipped"]
+    assert report["error"] is None and report["fired"] > 0
+    assert report["digests"][FLIPPED] != ckpt.digests[FLIPPED]  # runai: silent
+    uri, ckpt = gcs.checkpoints["flipped_verify_all"]
+    file = ckpt.offsets[FLIPPED][0]
+    assert_refused(
+        gcs.reports["flipped_verify_all"], mutated=True, says=("content check failed", repr(FLIPPED), f"{uri}/{file}")
+    )
 
-    monkeypatch.setenv("MX_ROBUST_VERIFY_CONTENT", "all")
-    report = run_load(_files(ckpt), uri)
-    assert_refused(report, mutated=True, says=("content check failed", repr(victim), f"{uri}/{file}"))
+
+def test_a_second_kind_of_store_in_one_process_is_refused_before_streaming(tmp_path, monkeypatch):
+    """runai keeps the first object-store plugin of a process; the strategy refuses, not hangs."""
+    from mx_strategies import streaming
+
+    with FakeGcs() as server:
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)
+        names = write_shards(str(tmp_path), shards_with_empty(2, empty=()))
+        uri = server.upload(str(tmp_path), "gcs-second", "model")
+        monkeypatch.setattr(streaming, "_bound_backend", "s3")  # as after an s3:// load in this process
+        report = run_load([str(tmp_path / n) for n in names], uri)
+        assert_refused(report, mutated=False, says=(uri, "did not start", "(s3://)", "gs://"))
+        assert server.proxy.requests["streamer"] == 0  # runai was never asked
 
 
 # == Azure Blob ===========================================================================
@@ -409,7 +470,7 @@ class Azurite:
         if self.proc is not None:
             self.proc.terminate()
             try:
-                self.proc.wait(10)
+                self.proc.wait(2)  # in-memory: nothing to flush; keep-alive clients can hold it open
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
@@ -462,20 +523,13 @@ def private_bundle_command(bundle: Path, argv: list[str]) -> Optional[list[str]]
     return [unshare, "-m", "--propagation", "private", "sh", "-c", script, str(bundle), SYSTEM_CA_BUNDLE, *argv]
 
 
-@dataclass
-class AzureRun:
-    """The Azure loads, run together in one child process (startup costs seconds)."""
-
-    trusted: bool  # whether the child could be given the test CA
-    reports: dict[str, dict]
-    checkpoints: dict[str, tuple[str, Written]]
-
-
-AZURE_CASES = ("whole", "missing_shard", "verify_all")
+AZURE_CASES = ("whole", "missing_shard", "verify_all", "connection_string_only")
+AZURE_ACCOUNT_VARS = ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ENDPOINT_SUFFIX")
 
 
 @pytest.fixture(scope="module")
 def azure(tmp_path_factory):
+    """Every Azure case, loaded in one child process that trusts the test CA (when permitted)."""
     folder = tmp_path_factory.mktemp("azurite")
     with Azurite(folder) as server:
         checkpoints: dict[str, tuple[str, Written]] = {}
@@ -484,22 +538,21 @@ def azure(tmp_path_factory):
             path = folder / case
             names = write_shards(str(path), shards_with_empty(), write_order=[2, 3, 0, 1])
             ckpt = written(str(path), names)
-            uri = server.upload(str(path), f"az-{case.replace('_', '-')}", "model")
+            container = f"az-{case.replace('_', '-')}"
+            uri = server.upload(str(path), container, "model")
             if case == "missing_shard":
-                server.service().get_blob_client(f"az-{case.replace('_', '-')}", f"model/{names[2]}").delete_blob()
+                server.service().get_blob_client(container, f"model/{names[2]}").delete_blob()
             checkpoints[case] = (uri, ckpt)
-            env = {"MX_ROBUST_VERIFY_CONTENT": "all"} if case == "verify_all" else {}
-            jobs.append({"case": case, "uri": uri, "files": _files(ckpt), "env": env})
-        jobs_file, out_file = folder / "jobs.json", folder / "reports.json"
-        jobs_file.write_text(json.dumps(jobs))
-        child = [sys.executable, __file__, "worker", str(jobs_file), str(out_file)]
-        command = private_bundle_command(server.bundle, child)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "AWS_ENDPOINT"))}
-        env.update(server.env)
-        done = subprocess.run(command or child, env=env, capture_output=True, text=True, timeout=240)
-        assert done.returncode == 0, done.stderr[-4000:]
-        reports = json.loads(out_file.read_text())
-        yield AzureRun(command is not None, reports, checkpoints)
+            job = {"case": case, "uri": uri, "files": _files(ckpt), "env": {}}
+            if case == "verify_all":
+                job["env"] = {"MX_ROBUST_VERIFY_CONTENT": "all"}
+            if case == "connection_string_only":
+                job["env_unset"] = list(AZURE_ACCOUNT_VARS)  # the probe still has the connection string
+            jobs.append(job)
+        prefix = lambda argv: private_bundle_command(server.bundle, argv)  # noqa: E731
+        trusted = prefix(["true"]) is not None
+        reports = run_child(jobs, folder, server.env, prefix if trusted else None)
+        yield StoreRun(reports, checkpoints, trusted)
 
 
 def test_azure_loads_every_tensor_in_natural_order_skipping_the_empty_shard(azure):
@@ -526,57 +579,51 @@ def test_azure_verify_all_passes_a_clean_load(azure):
         assert_refused(azure.reports["verify_all"], mutated=False, says=(uri, "File access error"))
 
 
-def test_azure_connection_string_alone_does_not_reach_runai(tmp_path, monkeypatch):
+def test_azure_connection_string_alone_does_not_reach_runai(azure):
     """runai's release C++ client ignores AZURE_STORAGE_CONNECTION_STRING: the probe
-    (Python SDK) lists and reads headers, the stream cannot start. Checked against
-    a plain-HTTP azurite, the usual emulator setup."""
-    binary = azurite_binary()
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(binary), "--blobHost", LOOPBACK, "--blobPort", str(port), "--skipApiVersionCheck", "--loose",
-         "--inMemoryPersistence"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        _wait_for_port(port, proc, "azurite")
-        connection = (
-            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
-            f"BlobEndpoint=http://{LOOPBACK}:{port}/{AZURITE_ACCOUNT};"
-        )
-        for var in ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ENDPOINT_SUFFIX"):
-            monkeypatch.delenv(var, raising=False)
-        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection)
-        from azure.storage.blob import BlobServiceClient
-
-        service = BlobServiceClient.from_connection_string(connection)
-        service.create_container("plain")
-        path = tmp_path / "ckpt"
-        names = write_shards(str(path), shards_with_empty(2, empty=()))
-        for name in names:
-            service.get_blob_client("plain", f"model/{name}").upload_blob((path / name).read_bytes())
-        report = run_load([str(path / n) for n in names], "az://plain/model")
-        assert_refused(report, mutated=False, says=("az://plain/model", "did not start", "Invalid request parameters"))
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    (Python SDK) lists and reads every header, the stream cannot start."""
+    uri, _ = azure.checkpoints["connection_string_only"]
+    report = azure.reports["connection_string_only"]
+    assert_refused(report, mutated=False, says=(uri, "did not start", "Invalid request parameters"))
 
 
-# -- the child process for the Azure loads -------------------------------------------------
+# -- the child process that runs a store's loads ---------------------------------------------
 
 
 def _worker(jobs_file: str, out_file: str) -> None:
+    """Run each job's load; a job may arm a fault on a proxy in front of fake-gcs-server."""
+    jobs = json.loads(Path(jobs_file).read_text())
+    proxy = None
+    gcs_ports = {job["gcs_port"] for job in jobs if job.get("gcs_port")}
+    if gcs_ports:
+        proxy = FaultProxy(gcs_ports.pop()).start()
+        os.environ["CLOUD_STORAGE_EMULATOR_ENDPOINT"] = proxy.endpoint
+        os.environ["STORAGE_EMULATOR_HOST"] = proxy.endpoint
     reports = {}
-    for job in json.loads(Path(jobs_file).read_text()):
-        saved = {k: os.environ.get(k) for k in job["env"]}
+    for job in jobs:
+        changed = list(job["env"]) + list(job.get("env_unset", ()))
+        saved = {k: os.environ.get(k) for k in changed}
         os.environ.update(job["env"])
+        for key in job.get("env_unset", ()):
+            os.environ.pop(key, None)
+        if proxy is not None:
+            proxy.clear()
+            if job.get("rule"):
+                proxy.add(Rule(**job["rule"]))
         try:
-            reports[job["case"]] = run_load(job["files"], job["uri"])
+            report = run_load(job["files"], job["uri"])
         finally:
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+        if proxy is not None:
+            report["fired"] = len(proxy.fired())
+            report["requests"] = dict(proxy.requests)
+        reports[job["case"]] = report
+    if proxy is not None:
+        proxy.stop()
     Path(out_file).write_text(json.dumps(reports))
 
 

@@ -383,8 +383,7 @@ def observe_load_weights(model: torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def real_shape_checkpoints(tmp_path_factory):
-    """The GPU check's tiny models (vLLM's real tensor shapes), one per architecture."""
-    pytest.importorskip("transformers")
+    """The GPU check's tiny models (vLLM's real tensor shapes), one per architecture (transformers: a vLLM dependency)."""
     gpu_e2e = _load_gpu_e2e()
     made = {}
     for name in ARCH_CONFIGS:

@@ -1,0 +1,220 @@
+"""The deployment examples set only variables something reads, and switch our strategy on.
+
+configs/vllm-mtp-s3.env (docker --env-file) and configs/k8s/vllm-mtp-s3.yaml
+(Kubernetes) run vLLM + ModelExpress with an MTP draft from S3. A variable
+nobody reads is a silent misconfiguration (ModelExpress's own examples set
+VLLM_RPC_TIMEOUT, which vLLM 0.32 no longer reads), so every variable they
+set must be one of:
+
+* ours: RobustSettings' variables, MX_STRATEGY, MX_STRATEGIES_CONFIG;
+* ModelExpress's: the keys of ``modelexpress.envs.environment_variables``;
+* vLLM's: the keys of ``vllm.envs.environment_variables`` (the installed
+  vLLM's source, parsed without importing vLLM), else VLLM_FALLBACK;
+* runai-model-streamer's (RUNAI_STREAMER_*) and the AWS SDK's (AWS_*).
+
+The mx_strategies settings they set are validated by ``load_settings``
+itself, and the vLLM arguments must load the model through ModelExpress with
+an MTP draft.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import re
+from importlib.metadata import entry_points
+
+import pytest
+import yaml
+
+from mx_strategies.activation import STRATEGY_ENV
+from mx_strategies.settings import CONFIG_FILE_ENV, RobustSettings, load_settings
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV_FILE = os.path.join(REPO, "configs", "vllm-mtp-s3.env")
+MANIFEST = os.path.join(REPO, "configs", "k8s", "vllm-mtp-s3.yaml")
+FOREIGN_PREFIXES = ("RUNAI_STREAMER_", "AWS_")
+# vLLM variables the examples may use, for environments without vLLM (checked against vLLM 0.32's envs.py).
+VLLM_FALLBACK = {"VLLM_PLUGINS", "VLLM_ENGINE_READY_TIMEOUT_S", "VLLM_ASSETS_CACHE", "VLLM_CACHE_ROOT", "VLLM_LOGGING_LEVEL"}
+ASSIGNMENT = re.compile(r"^(?P<commented>#\s*)?(?P<name>[A-Z][A-Z0-9_]*)=(?P<value>.*)$")
+
+
+def dict_keys_in_source(package: str, module_file: str, variable: str) -> set[str]:
+    """String keys of the dict literal assigned to ``variable`` in ``package/module_file``, read with ast."""
+    spec = importlib.util.find_spec(package)  # a top-level package: nothing is imported
+    if spec is None or not spec.submodule_search_locations:
+        return set()
+    path = os.path.join(list(spec.submodule_search_locations)[0], module_file)
+    with open(path) as handle:
+        tree = ast.parse(handle.read())
+    for node in ast.walk(tree):
+        target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
+        if isinstance(target, ast.Name) and target.id == variable and isinstance(getattr(node, "value", None), ast.Dict):
+            return {k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    return set()
+
+
+def ours() -> set[str]:
+    return {str(field.validation_alias) for field in RobustSettings.model_fields.values()} | {
+        STRATEGY_ENV,
+        CONFIG_FILE_ENV,
+    }
+
+
+def modelexpress_variables() -> set[str]:
+    return dict_keys_in_source("modelexpress", "envs.py", "environment_variables")
+
+
+def vllm_variables() -> set[str]:
+    return dict_keys_in_source("vllm", "envs.py", "environment_variables") or VLLM_FALLBACK
+
+
+def known(name: str) -> bool:
+    return name in ours() or name in modelexpress_variables() or name in vllm_variables() or name.startswith(
+        FOREIGN_PREFIXES
+    )
+
+
+def env_file_assignments(text: str, *, commented: bool) -> dict[str, str]:
+    """``KEY=VALUE`` lines (and, with ``commented``, ``# KEY=VALUE`` ones too)."""
+    found = {}
+    for line in text.splitlines():
+        match = ASSIGNMENT.match(line.strip())
+        if match and (commented or not match["commented"]):
+            found[match["name"]] = match["value"]
+    return found
+
+
+def manifest_documents() -> list[dict]:
+    with open(MANIFEST) as handle:
+        return [doc for doc in yaml.safe_load_all(handle) if doc]
+
+
+def vllm_container() -> dict:
+    (deployment,) = [d for d in manifest_documents() if d["kind"] == "Deployment"]
+    (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+    return container
+
+
+def settings_file_from_configmap() -> str:
+    (configmap,) = [d for d in manifest_documents() if d["kind"] == "ConfigMap"]
+    (text,) = configmap["data"].values()
+    return text
+
+
+# -- the allow-list itself ---------------------------------------------------
+
+
+def test_allow_list_is_read_from_the_installed_packages():
+    assert {"MX_MODEL_URI", "MX_SERVER_ADDRESS", "MODEL_NAME", "MX_MS_DISTRIBUTED"} <= modelexpress_variables()
+    assert len(modelexpress_variables()) > 50
+    if importlib.util.find_spec("vllm") is not None:
+        assert {"VLLM_PLUGINS", "VLLM_ASSETS_CACHE"} <= vllm_variables()
+        assert len(vllm_variables()) > 200
+        assert VLLM_FALLBACK <= vllm_variables()  # the fallback is still true of the installed vLLM
+    assert not known("VLLM_RPC_TIMEOUT") or "VLLM_RPC_TIMEOUT" in vllm_variables()
+    assert not known("MX_ROBUST_COMPLETNESS")  # a typo is caught
+
+
+# -- configs/vllm-mtp-s3.env -------------------------------------------------
+
+
+def test_env_file_sets_only_variables_something_reads():
+    with open(ENV_FILE) as handle:
+        assignments = env_file_assignments(handle.read(), commented=True)
+
+    unknown = sorted(name for name in assignments if not known(name))
+    assert assignments and not unknown, f"variables nobody reads: {unknown}"
+
+
+def test_env_file_switches_the_strategy_on_with_valid_settings(monkeypatch):
+    with open(ENV_FILE) as handle:
+        active = env_file_assignments(handle.read(), commented=False)
+
+    assert active[STRATEGY_ENV] == "mx_strategies.robust"
+    assert active["MX_MODEL_URI"].startswith("s3://")
+    assert "mx_strategies" in active["VLLM_PLUGINS"].split(",")
+    for name, value in active.items():
+        if name in ours():
+            monkeypatch.setenv(name, value)
+    settings = load_settings()
+    assert settings.model_uri == active["MX_MODEL_URI"]
+    assert settings.completeness == active["MX_ROBUST_COMPLETENESS"]
+
+
+def test_env_file_values_need_no_shell_quoting():
+    # docker --env-file keeps quotes and does no expansion; a value that needs either would break there.
+    with open(ENV_FILE) as handle:
+        active = env_file_assignments(handle.read(), commented=False)
+
+    assert not [n for n, v in active.items() if re.search(r"[\"'$\s`]", v)]
+
+
+# -- configs/k8s/vllm-mtp-s3.yaml --------------------------------------------
+
+
+def test_manifest_sets_only_variables_something_reads():
+    container = vllm_container()
+    names = [entry["name"] for entry in container["env"]]
+    names += list(env_file_assignments(settings_file_from_configmap(), commented=True))
+
+    unknown = sorted(name for name in names if not known(name))
+    assert names and not unknown, f"variables nobody reads: {unknown}"
+
+
+def test_manifest_switches_the_strategy_on_and_lists_it_as_a_plugin():
+    env = {entry["name"]: entry.get("value") for entry in vllm_container()["env"]}
+
+    assert env[STRATEGY_ENV] == "mx_strategies.robust"
+    assert env["MX_MODEL_URI"].startswith("s3://")
+    plugins = env["VLLM_PLUGINS"].split(",")
+    assert "mx_strategies" in plugins
+    # Every listed name is a vLLM plugin installed here (ours from pyproject, ModelExpress's from its package).
+    installed = {ep.name for ep in entry_points(group="vllm.general_plugins")}
+    assert set(plugins) <= installed
+
+
+def test_manifest_settings_file_is_valid(tmp_path, monkeypatch):
+    env = {entry["name"]: entry.get("value") for entry in vllm_container()["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in vllm_container()["volumeMounts"]}
+    (configmap,) = [d for d in manifest_documents() if d["kind"] == "ConfigMap"]
+    (file_name,) = configmap["data"]
+    assert env[CONFIG_FILE_ENV] == f"{mounts['mx-strategies-settings']}/{file_name}"
+    settings_file = tmp_path / file_name
+    settings_file.write_text(settings_file_from_configmap())
+    monkeypatch.setenv(CONFIG_FILE_ENV, str(settings_file))
+    monkeypatch.setenv("MX_MODEL_URI", env["MX_MODEL_URI"])
+
+    settings = load_settings()
+
+    assert settings.verify_content == "sample"
+    assert settings.verify_sample == 16
+
+
+def test_manifest_vllm_args_load_through_modelexpress_with_an_mtp_draft():
+    container = vllm_container()
+    args = [str(a) for a in container["args"]]
+    env = {entry["name"] for entry in container["env"]}
+
+    def value_of(flag):
+        assert flag in args, f"{flag} missing from {args}"
+        return args[args.index(flag) + 1]
+
+    assert value_of("--load-format") == "modelexpress"
+    speculative = json.loads(value_of("--speculative-config"))
+    assert speculative["method"] == "mtp" and speculative["num_speculative_tokens"] >= 1
+    assert value_of("--model") == "$(MX_MODEL_URI)"  # the same URI ModelExpress streams from
+    referenced = {m for a in args for m in re.findall(r"\$\(([A-Z0-9_]+)\)", a)}
+    assert referenced <= env  # Kubernetes expands only variables the container defines
+    limits = container["resources"]["limits"]
+    assert int(limits["nvidia.com/gpu"]) == int(value_of("--tensor-parallel-size"))
+
+
+@pytest.mark.parametrize("path", [ENV_FILE, MANIFEST])
+def test_examples_hold_no_credentials(path):
+    with open(path) as handle:
+        text = handle.read()
+    assert not re.search(r"AKIA[0-9A-Z]{16}", text)
+    assert not re.search(r"^\s*AWS_SECRET_ACCESS_KEY=\S", text, re.M)
