@@ -14,9 +14,9 @@ it repeats the draft loads with plain ModelExpress 0.7.0, and the draft load
 that vLLM's own runai loader (and ModelExpress <= 0.4.1) attempts.
 
 The engine side is simulated: vLLM cannot run a model on CPU, so
-:class:`DemoModel` stands in for the vLLM model (preallocated weights, a
-``load_weights`` that, like vLLM's target and MTP models, ignores the other
-one's tensors) and :class:`DemoAdapter` is a real ModelExpress
+:mod:`mx_strategies.standin` stands in for the vLLM model (preallocated
+weights, a ``load_weights`` that, like vLLM's target and MTP models, ignores
+the other one's tensors) and its adapter is a real ModelExpress
 ``EngineAdapter`` subclass doing what vLLM's adapter and runai loader do.
 Everything else is real: the chain, runai-model-streamer, the S3 protocol,
 the safetensors files.
@@ -73,113 +73,24 @@ EMPTY_SHARDS = (1, 4)  # positions of zero-tensor shards in each checkpoint
 # -- the simulated engine side -------------------------------------------------
 
 
-def _nbytes(tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+def _engine(reference: dict, owned: set[str], vllm_config: Any, on_tensor: Callable[[int], None]):
+    """A stand-in vLLM model factory and adapter (mx_strategies.standin).
 
-
-class DemoModel:
-    """Stands in for a vLLM model: preallocated weights and ``load_weights``.
-
-    Like vLLM's models, it skips checkpoint tensors that belong to the other
-    model (a target skips the MTP layers, an MTP draft skips the target's
-    layers), counting what it skipped. ``on_tensor`` sees every tensor's size,
-    for the progress bar.
+    Like vLLM's models, the model skips checkpoint tensors that belong to the
+    other model (a target skips the MTP layers, an MTP draft the target's),
+    and, like vLLM's loader, the adapter refuses a model whose weights were
+    not all loaded.
     """
+    from .standin import StandInAdapter, StandInModel
 
-    def __init__(self, reference: dict, owned: set[str], on_tensor: Optional[Callable[[int], None]] = None) -> None:
-        import torch
-
-        self.weights = {name: torch.zeros_like(reference[name]) for name in sorted(owned)}
-        self.loaded: list[str] = []
-        self.skipped: list[str] = []
-        self.received_bytes = 0
-        self.on_tensor = on_tensor
-
-    def load_weights(self, weights: Iterator[tuple[str, Any]]) -> set[str]:
-        for name, tensor in weights:
-            size = _nbytes(tensor)
-            self.received_bytes += size
-            if self.on_tensor is not None:
-                self.on_tensor(size)
-            if name not in self.weights:
-                self.skipped.append(name)
-                continue
-            self.weights[name].copy_(tensor)
-            self.loaded.append(name)
-        return set(self.loaded)
-
-    def matching(self, reference: dict) -> int:
-        """How many owned weights hold exactly the checkpoint's values."""
-        import torch
-
-        return sum(1 for name, value in self.weights.items() if torch.equal(value, reference[name]))
-
-
-def _adapter_class():
-    """DemoAdapter, defined on first use so ``--help`` does not import torch."""
-    from modelexpress.adapter import EngineAdapter
-    from modelexpress.load_strategy import LoadResult
-
-    class DemoAdapter(EngineAdapter):
-        """A real ModelExpress adapter doing what vLLM's does, on CPU."""
-
-        def __init__(self, make_model: Callable[[], DemoModel], vllm_config: Any) -> None:
-            self.make_model = make_model
-            self.vllm_config = vllm_config
-            self.last_result: Optional[LoadResult] = None
-
-        def apply_weight_iter(self, result, weights_iter):
-            result.model.load_weights(weights_iter)
-            return result
-
-        def after_weight_iter_load(self, result):
-            # vLLM's loader refuses a model whose weights were not all loaded.
-            model = result.model
-            missing = sorted(set(model.weights) - set(model.loaded))
-            if missing:
-                raise ValueError(f"Following weights were not initialized from checkpoint: {set(missing[:5])}")
-            self.last_result = result
-            return result
-
-        def build_model_streamer_weight_iter(self, model_uri: str, model=None):
-            # vLLM's RunaiModelStreamerLoader: list the folder (not recursive,
-            # not sorted), stream every file, clone each tensor.
-            from runai_model_streamer import SafetensorsStreamer, list_safetensors
-
-            files = list_safetensors(model_uri)
-            if not files:
-                raise RuntimeError(f"Cannot find any safetensors model weights with `{model_uri}`")
-            with SafetensorsStreamer() as streamer:
-                streamer.stream_files(files)
-                for name, tensor in streamer.get_tensors():
-                    yield name, tensor.clone()
-
-        def reinit_for_retry(self, result):
-            fresh = self.make_model()
-            return LoadResult(value=fresh, model=fresh, publishable=result.publishable)
-
-    return DemoAdapter
+    make = lambda: StandInModel(reference, owned, strict=False, on_tensor=on_tensor)  # noqa: E731
+    return make, StandInAdapter(make, vllm_config, require_all_loaded=True)
 
 
 def _context(model_config: Any, adapter: Any, name: str):
-    import torch
-    from modelexpress import p2p_pb2
-    from modelexpress.load_strategy import LoadContext
+    from .standin import load_context
 
-    return LoadContext(
-        model_config=model_config,
-        load_config=SimpleNamespace(),
-        target_device=torch.device("cpu"),
-        global_rank=0,
-        worker_rank=0,
-        local_rank=0,
-        device_id=0,
-        identity=p2p_pb2.SourceIdentity(model_name=name),
-        mx_client=None,
-        worker_id="demo",
-        adapter=adapter,
-        p2p_enabled=False,
-    )
+    return load_context(model_config, adapter, name=name, p2p_enabled=False)
 
 
 # -- what each load did ----------------------------------------------------------
@@ -404,8 +315,7 @@ def _run_chain(ckpt, role, loader, model_config, vllm_config, server, tap, displ
     outcome.tensors_expected = len(owned)
     label = f"{ckpt.spec.name} {role} with {loader}"
     with display.step(label, total=ckpt.total_bytes) as step:
-        make = lambda: DemoModel(reference, owned, on_tensor=step.advance)  # noqa: E731
-        adapter = _adapter_class()(make, vllm_config)
+        make, adapter = _engine(reference, owned, vllm_config, step.advance)
         tap.take()
         server.proxy.reset()
         started = time.perf_counter()
@@ -454,8 +364,7 @@ def _run_vllm_runai_draft(ckpt, model_config, vllm_config, server, tap, display)
     source = model_config.model_weights or model_config.model
     outcome.source_label, outcome.source = "model", source
     with display.step(f"{ckpt.spec.name} draft with {loader}", total=ckpt.total_bytes) as step:
-        make = lambda: DemoModel(reference, owned, on_tensor=step.advance)  # noqa: E731
-        adapter = _adapter_class()(make, vllm_config)
+        make, adapter = _engine(reference, owned, vllm_config, step.advance)
         server.proxy.reset()
         started = time.perf_counter()
         model = make()

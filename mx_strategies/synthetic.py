@@ -119,7 +119,7 @@ def mtp_checkpoint(
         else:
             prefix = f"model.layers.{num_hidden_layers + i}"
         draft.update(_block(prefix, hidden, generator, dtype))
-        draft[f"{prefix}.enorm.weight" if style == "deepseek" else f"mtp.pre_fc_norm_embedding.weight"] = torch.randn(
+        draft[f"{prefix}.enorm.weight" if style == "deepseek" else "mtp.pre_fc_norm_embedding.weight"] = torch.randn(
             hidden, generator=generator
         ).to(dtype)
         if style == "deepseek":

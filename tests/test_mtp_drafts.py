@@ -18,21 +18,19 @@ import pytest
 import torch
 from modelexpress.adapter import StrategyFailed
 from modelexpress.load_strategy import LoadResult, LoadStrategyChain
-from safetensors.torch import load_file
-from support import CountingAdapter, RecordingModel, make_context, model_config, run_chain, vllm_config
+from support import (
+    CountingAdapter,
+    RecordingModel,
+    make_context,
+    model_config,
+    reference_tensors,
+    run_chain,
+    vllm_config,
+)
 
 from mx_strategies.checkpoint import INDEX_NAME
 from mx_strategies.robust import RobustModelStreamerStrategy
 from mx_strategies.synthetic import config_only_copy, mtp_checkpoint, write_shards
-
-
-def reference_tensors(path: str) -> dict[str, torch.Tensor]:
-    """What safetensors itself loads from every shard of ``path``."""
-    tensors: dict[str, torch.Tensor] = {}
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors"):
-            tensors.update(load_file(os.path.join(path, name)))
-    return tensors
 
 
 def assert_loaded(model: RecordingModel, expected_names: set[str], reference: dict[str, torch.Tensor]) -> None:

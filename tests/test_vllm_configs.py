@@ -70,8 +70,7 @@ import torch  # noqa: E402
 from modelexpress.engines.vllm import adapter as vllm_adapter_module  # noqa: E402
 from modelexpress.engines.vllm.adapter import VllmAdapter, _is_speculative_draft, build_vllm_load_context  # noqa: E402
 from modelexpress.load_strategy import LoadStrategyChain  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
-from support import RecordingModel  # noqa: E402
+from support import RecordingModel, reference_tensors  # noqa: E402
 from vllm.config import (  # noqa: E402
     LoadConfig,
     ModelConfig,
@@ -81,7 +80,6 @@ from vllm.config import (  # noqa: E402
     set_current_vllm_config,
 )
 
-from mx_strategies import activation  # noqa: E402
 from mx_strategies.engine import engine_view  # noqa: E402
 from mx_strategies.synthetic import mtp_checkpoint  # noqa: E402
 
@@ -138,15 +136,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def reference_tensors(path: str) -> dict[str, torch.Tensor]:
-    """What safetensors itself loads from every shard of ``path``."""
-    tensors: dict[str, torch.Tensor] = {}
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors"):
-            tensors.update(load_file(os.path.join(path, name)))
-    return tensors
 
 
 # -- fixtures ----------------------------------------------------------------

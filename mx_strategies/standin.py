@@ -1,0 +1,147 @@
+"""A stand-in for the engine side of ModelExpress: the demo's, the benchmark's, the tests'.
+
+vLLM cannot build and run a model on a CPU, so these take the place of its
+model and adapter while everything else stays real (ModelExpress's chain,
+runai-model-streamer, the storage protocol, the safetensors files):
+
+- :class:`StandInModel` holds preallocated weights and a ``load_weights``
+  that copies into them, recording what it was given. ``strict`` models
+  refuse a tensor they do not own (a test sees a stray tensor at once); the
+  others skip it, as vLLM's target and MTP models skip each other's layers.
+- :class:`StandInAdapter` is a real ``EngineAdapter`` subclass doing what
+  vLLM's adapter does: weights go through ``model.load_weights``, the native
+  ModelStreamer path lists and streams every shard like vLLM's runai loader,
+  and ``reinit_for_retry`` builds a fresh model (and counts it).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+
+import torch
+from modelexpress import p2p_pb2
+from modelexpress.adapter import EngineAdapter
+from modelexpress.load_strategy import LoadContext, LoadResult
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+class StandInModel(torch.nn.Module):
+    """Preallocated weights shaped like ``reference``; ``owned`` names which."""
+
+    def __init__(
+        self,
+        reference: Mapping[str, torch.Tensor],
+        owned: Optional[Iterable[str]] = None,
+        *,
+        strict: bool = True,
+        on_tensor: Optional[Callable[[int], None]] = None,
+    ) -> None:
+        super().__init__()
+        names = sorted(reference) if owned is None else sorted(owned)
+        self.weights = {name: torch.zeros_like(reference[name]) for name in names}
+        self.strict = strict
+        self.on_tensor = on_tensor
+        self.loaded: list[str] = []  # in delivery order
+        self.skipped: list[str] = []
+        self.received_bytes = 0
+
+    @property
+    def order(self) -> list[str]:
+        return self.loaded
+
+    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> set[str]:
+        for name, tensor in weights:
+            self.received_bytes += nbytes(tensor)
+            if self.on_tensor is not None:
+                self.on_tensor(nbytes(tensor))
+            if name not in self.weights:
+                if self.strict:
+                    raise KeyError(f"model has no parameter {name!r}")
+                self.skipped.append(name)
+                continue
+            self.weights[name].copy_(tensor)
+            self.loaded.append(name)
+        return set(self.loaded)
+
+    def matching(self, reference: Mapping[str, torch.Tensor]) -> int:
+        """How many owned weights hold exactly the checkpoint's values."""
+        return sum(1 for name, value in self.weights.items() if torch.equal(value, reference[name]))
+
+
+class StandInAdapter(EngineAdapter):
+    """Applies weights like vLLM's adapter; counts post-load passes and rebuilds."""
+
+    def __init__(
+        self,
+        make_model: Callable[[], StandInModel],
+        vllm_config: Any = None,
+        *,
+        require_all_loaded: bool = False,
+    ) -> None:
+        self.make_model = make_model
+        self.vllm_config = vllm_config
+        self.require_all_loaded = require_all_loaded
+        self.reinit_calls = 0
+        self.after_load_calls = 0
+        self.last_result: Optional[LoadResult] = None
+
+    def apply_weight_iter(self, result: LoadResult, weights_iter) -> LoadResult:
+        result.model.load_weights(weights_iter)
+        return result
+
+    def after_weight_iter_load(self, result: LoadResult) -> LoadResult:
+        self.after_load_calls += 1
+        if self.require_all_loaded:
+            # vLLM's loader refuses a model whose weights were not all loaded.
+            missing = sorted(set(result.model.weights) - set(result.model.loaded))
+            if missing:
+                raise ValueError(f"Following weights were not initialized from checkpoint: {set(missing[:5])}")
+        self.last_result = result
+        return result
+
+    def build_model_streamer_weight_iter(self, model_uri: str, model=None):
+        # vLLM's RunaiModelStreamerLoader: list the folder (not recursive, not
+        # sorted), stream every file, clone each tensor.
+        from runai_model_streamer import SafetensorsStreamer, list_safetensors
+
+        files = list_safetensors(model_uri)
+        if not files:
+            raise RuntimeError(f"Cannot find any safetensors model weights with `{model_uri}`")
+        with SafetensorsStreamer() as streamer:
+            streamer.stream_files(files)
+            for name, tensor in streamer.get_tensors():
+                yield name, tensor.clone()
+
+    def reinit_for_retry(self, result: LoadResult) -> LoadResult:
+        self.reinit_calls += 1
+        fresh = self.make_model()
+        return LoadResult(value=fresh, model=fresh, publishable=result.publishable)
+
+
+def load_context(
+    model_config: Any,
+    adapter: EngineAdapter,
+    *,
+    name: str = "stand-in",
+    p2p_enabled: bool = True,
+    device: str = "cpu",
+) -> LoadContext:
+    """A LoadContext for one worker of rank 0, as vLLM's loader builds it."""
+    return LoadContext(
+        model_config=model_config,
+        load_config=SimpleNamespace(),
+        target_device=torch.device(device),
+        global_rank=0,
+        worker_rank=0,
+        local_rank=0,
+        device_id=0,
+        identity=p2p_pb2.SourceIdentity(model_name=name),
+        mx_client=None,
+        worker_id=name,
+        adapter=adapter,
+        p2p_enabled=p2p_enabled,
+    )
