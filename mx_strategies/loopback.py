@@ -29,34 +29,34 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class CountingProxy:
-    """Forwards TCP connections to ``target_port`` and counts bytes each way.
+class LoopbackListener:
+    """Accepts TCP connections on 127.0.0.1 and serves each in a thread.
 
-    ``to_client`` is what the server served: a load's real read volume.
+    Subclasses say what serving a connection means (``_serve``): forwarding
+    and counting here, fault injection in the tests.
     """
+
+    thread_name = "loopback-listener"
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.port = 0
-        self.to_client = 0
-        self.to_server = 0
-        self.connections = 0
         self._lock = threading.Lock()
         self._sock: Optional[socket.socket] = None
         self._stop = threading.Event()
 
-    def reset(self) -> None:
-        with self._lock:
-            self.to_client = self.to_server = self.connections = 0
+    @property
+    def endpoint(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
 
-    def start(self) -> "CountingProxy":
+    def start(self):
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((LOOPBACK, 0))
         self._sock.listen(128)
         self._sock.settimeout(0.2)
         self.port = self._sock.getsockname()[1]
-        threading.Thread(target=self._accept, name="counting-proxy", daemon=True).start()
+        threading.Thread(target=self._accept, name=self.thread_name, daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -72,17 +72,42 @@ class CountingProxy:
                 continue
             except OSError:
                 return
-            try:
-                upstream = socket.create_connection((LOOPBACK, self.target_port), timeout=10)
-            except OSError:
-                client.close()
-                continue
-            upstream.settimeout(None)
-            client.settimeout(None)
-            with self._lock:
-                self.connections += 1
-            threading.Thread(target=self._pipe, args=(client, upstream, "to_server"), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, "to_client"), daemon=True).start()
+            threading.Thread(target=self._serve, args=(client,), name=f"{self.thread_name}-conn", daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class CountingProxy(LoopbackListener):
+    """Forwards TCP connections to ``target_port`` and counts bytes each way.
+
+    ``to_client`` is what the server served: a load's real read volume.
+    """
+
+    thread_name = "counting-proxy"
+
+    def __init__(self, target_port: int) -> None:
+        super().__init__(target_port)
+        self.to_client = 0
+        self.to_server = 0
+        self.connections = 0
+
+    def reset(self) -> None:
+        with self._lock:
+            self.to_client = self.to_server = self.connections = 0
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection((LOOPBACK, self.target_port), timeout=10)
+        except OSError:
+            client.close()
+            return
+        upstream.settimeout(None)
+        client.settimeout(None)
+        with self._lock:
+            self.connections += 1
+        threading.Thread(target=self._pipe, args=(client, upstream, "to_server"), daemon=True).start()
+        self._pipe(upstream, client, "to_client")
 
     def _pipe(self, src: socket.socket, dst: socket.socket, counter: str) -> None:
         try:

@@ -21,12 +21,12 @@ import http.client
 import re
 import socket
 import struct
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-LOOPBACK = "127.0.0.1"
+from mx_strategies.loopback import LOOPBACK, LoopbackListener
+
 SOCKET_TIMEOUT_S = 30.0
 
 SLOWDOWN_XML = (
@@ -176,44 +176,23 @@ class _Response:
         return None
 
 
-class FaultProxy:
+class FaultProxy(LoopbackListener):
     """HTTP proxy on 127.0.0.1 in front of ``target_port``, injecting faults.
 
     ``add(rule)`` arms a fault; ``clear()`` disarms all and forgets events.
     ``requests`` counts every request seen, by client ("probe"/"streamer").
     """
 
+    thread_name = "fault-proxy"
+
     def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = 0
+        super().__init__(target_port)
         self.rules: list[Rule] = []
         self.events: list[Event] = []
         self.requests: dict[str, int] = {"probe": 0, "streamer": 0}
         self.log: list[tuple[str, str, str, Optional[tuple[int, Optional[int]]]]] = []
-        self._lock = threading.Lock()
-        self._sock: Optional[socket.socket] = None
-        self._stop = threading.Event()
 
     # -- control ---------------------------------------------------------------
-
-    def start(self) -> "FaultProxy":
-        self._sock = socket.socket()
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((LOOPBACK, 0))
-        self._sock.listen(128)
-        self._sock.settimeout(0.2)
-        self.port = self._sock.getsockname()[1]
-        threading.Thread(target=self._accept, name="fault-proxy", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._sock is not None:
-            self._sock.close()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
 
     def add(self, rule: Rule) -> Rule:
         with self._lock:
@@ -232,16 +211,6 @@ class FaultProxy:
             return [e for e in self.events if kind is None or e.kind == kind]
 
     # -- serving ---------------------------------------------------------------
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                client, _ = self._sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), name="fault-proxy-conn", daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         client.settimeout(SOCKET_TIMEOUT_S)
