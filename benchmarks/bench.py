@@ -20,6 +20,8 @@ Loaders, all timed in ONE process, interleaved (rotating order) over
 - ``robust``: ``mx_strategies.robust`` through ModelExpress's real
   ``LoadStrategyChain.run``, the adapter's ``apply_weight_iter`` calling
   ``model.load_weights`` which copies into preallocated tensors;
+- ``robust_unordered``: the same with plan-order delivery (``InOrder``)
+  switched off, a diagnostic: the difference is what the ordering costs;
 - ``upstream``: ModelExpress's own ``ModelStreamerStrategy`` the same way,
   its adapter iterator built like vLLM's runai path (``list_safetensors``,
   stream everything, clone each tensor);
@@ -62,17 +64,17 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 import torch
 
-LOADERS = ("runai_raw", "runai_copy", "robust", "upstream", "safetensors", "draft")
-TARGET_LOADERS = ("runai_raw", "runai_copy", "robust", "upstream", "safetensors")
+LOADERS = ("runai_raw", "runai_copy", "robust", "robust_unordered", "upstream", "safetensors", "draft")
 LOCAL_ONLY = ("safetensors",)
 LABELS = {
     "runai_raw": "runai raw (iterate only)",
     "runai_copy": "runai + copy into model",
     "robust": "robust (MX chain)",
+    "robust_unordered": "robust, in-order delivery off",
     "upstream": "upstream ModelStreamer (MX chain)",
     "safetensors": "safetensors load_file",
     "draft": "robust MTP draft",
@@ -243,8 +245,14 @@ class Site:
         return Site(**data)
 
 
-def describe_site(name: str, uri: str, workdir: str, reference: Optional[str]) -> Site:
-    """Read the checkpoint's listing and headers (never tensor data) to plan the loads."""
+def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], generated: bool = False) -> Site:
+    """Read the checkpoint's listing and headers (never tensor data) to plan the loads.
+
+    ``reference``: a local folder with the same files, for value checks.
+    ``generated``: ours, so the draft is exactly its ``mtp.*`` tensors;
+    otherwise the draft is what mx_strategies' selector picks (said so in
+    ``draft_names_source``).
+    """
     from mx_strategies.checkpoint import inspect
     from mx_strategies.draft import layer_layout, select_draft_tensors
     from mx_strategies.settings import load_settings
@@ -264,7 +272,7 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str]) -
         draft_source = "mx_strategies.draft.select_draft_tensors (default conventions)"
     except Exception:  # no MTP head: no draft load
         draft, draft_source = [], "none found"
-    if reference is not None:
+    if generated:
         # Our generated head: every mtp.* tensor, independent of the selector.
         draft = sorted(n for n in tensors if n.startswith("mtp."))
         draft_source = "generated: every mtp.* tensor"
@@ -297,83 +305,54 @@ def _config_only_copy(store, listing: dict, dest: str, root_key: str) -> None:
     os.makedirs(dest)
     for key, obj in listing.items():
         if key.endswith(".json") and posixpath.dirname(key) == root_key:
-            with open(os.path.join(dest, key), "wb") as handle:
+            with open(os.path.join(dest, posixpath.basename(key)), "wb") as handle:
                 handle.write(store.read(obj, 0, obj.size))
 
 
 # -- the engine side ------------------------------------------------------------
 
 
-class PreallocatedModel(torch.nn.Module):
-    """Stands in for an engine's model: weights allocated and touched up front.
+class _Shapes(Mapping):
+    """Tensor specs as the ``reference`` mapping ``StandInModel`` allocates from.
 
-    ``load_weights`` copies each delivered tensor into its preallocated
-    parameter, as vLLM's default weight loader does; ``strict`` refuses a
-    name the model lacks (a target), otherwise it is skipped (a draft module
-    ignores the target's tensors, as vLLM's MTP modules do).
+    ``StandInModel`` zero-fills a copy of each reference tensor; this hands
+    it one empty tensor of the right shape at a time, so a 2 GB model is
+    allocated once, not twice.
     """
 
-    def __init__(self, specs: dict[str, tuple[str, list[int]]], names: list[str], strict: bool = True) -> None:
-        super().__init__()
-        self.weights = {n: torch.zeros(specs[n][1], dtype=DTYPES[specs[n][0]]) for n in names}
-        self.strict = strict
-        self.delivered: list[str] = []
+    def __init__(self, specs: dict[str, tuple[str, list[int]]]) -> None:
+        self._specs = specs
 
-    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> set[str]:
-        for name, tensor in weights:
-            target = self.weights.get(name)
-            if target is None:
-                if self.strict:
-                    raise KeyError(f"model has no parameter {name!r}")
-                continue
-            target.copy_(tensor)
-            self.delivered.append(name)
-        return set(self.delivered)
+    def __getitem__(self, name: str) -> torch.Tensor:
+        dtype, shape = self._specs[name]
+        return torch.empty(shape, dtype=DTYPES[dtype])
 
-    def clear(self) -> None:
-        for tensor in self.weights.values():
-            tensor.zero_()
-        self.delivered = []
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
 
 
-def _make_adapter_class():
-    from modelexpress.adapter import EngineAdapter
+def make_model(specs: dict[str, tuple[str, list[int]]], names: list[str], *, strict: bool):
+    """The project's stand-in engine model: preallocated, zero-filled weights.
 
-    class BenchAdapter(EngineAdapter):
-        """A real EngineAdapter applying weights like vLLM's (``model.load_weights``).
+    Its ``load_weights`` copies each delivered tensor into them, as vLLM's
+    default weight loader does; ``strict`` refuses a name the model lacks (a
+    target), otherwise it is skipped (vLLM's MTP module skips the target's).
+    """
+    from mx_strategies.standin import StandInModel
 
-        ``build_model_streamer_weight_iter`` is vLLM's runai path, as
-        ModelExpress's upstream strategy calls it: list the folder (not
-        recursive, unsorted), stream every file, clone each tensor.
-        """
+    return StandInModel(_Shapes(specs), names, strict=strict)
 
-        def __init__(self, vllm_config) -> None:
-            self.vllm_config = vllm_config
-            self.upstream_iterators = 0
 
-        def apply_weight_iter(self, result, weights_iter):
-            result.model.load_weights(weights_iter)
-            return result
-
-        def after_weight_iter_load(self, result):
-            return result
-
-        def build_model_streamer_weight_iter(self, model_uri: str, model=None):
-            from runai_model_streamer import SafetensorsStreamer, list_safetensors
-
-            self.upstream_iterators += 1
-            files = list_safetensors(model_uri)
-            if not files:
-                raise RuntimeError(f"Cannot find any safetensors model weights with `{model_uri}`")
-            with SafetensorsStreamer() as streamer:
-                streamer.stream_files(files)
-                for name, tensor in streamer.get_tensors():
-                    yield name, tensor.clone()
-
-        def reinit_for_retry(self, result):
-            raise BenchError("a strategy failed after touching the model; see the warning above")
-
-    return BenchAdapter
+def clear_model(model) -> None:
+    """Zero the weights and forget what was delivered, so a value check starts from scratch."""
+    for tensor in model.weights.values():
+        tensor.zero_()
+    model.loaded.clear()
+    model.skipped.clear()
+    model.received_bytes = 0
 
 
 class ChainWatcher(logging.Handler):
@@ -403,15 +382,16 @@ class Phases:
     ``sources.resolve`` (listing, headers, index, config: inspection), the
     plan builders, and the delivery checks (``DeliveryLedger`` construction
     and ``check_in``, ``VerifiedStream.settle``, ``ContentCheck.check`` when
-    content verification is on, and ``InOrder``, which hands tensors to the
-    model in plan order). Only what exists in the installed version is
-    wrapped; ``instrumented`` lists it.
+    content verification is on). Only what exists in the installed version
+    is wrapped; ``instrumented`` lists it. ``InOrder`` (plan-order delivery)
+    is deliberately not wrapped: wrapping its generators changed when
+    released tensors were freed, and so the timings; its cost is measured
+    by the ``robust_unordered`` loader instead.
     """
 
     def __init__(self) -> None:
         self.seconds = {"inspection": 0.0, "planning": 0.0, "verification": 0.0}
         self.store_calls = {"list": 0, "read": 0}
-        self.max_held_bytes = 0  # the most InOrder held back at once
         self.instrumented: list[str] = []
 
     def reset(self) -> None:
@@ -419,7 +399,6 @@ class Phases:
             self.seconds[key] = 0.0
         for key in self.store_calls:
             self.store_calls[key] = 0
-        self.max_held_bytes = 0
 
     def _replace(self, owner, attribute: str, make: Callable[[Callable], Callable]) -> None:
         original = getattr(owner, attribute, None)
@@ -453,32 +432,6 @@ class Phases:
 
         return make
 
-    def timed_generator(self, phase: str) -> Callable[[Callable], Callable]:
-        """For InOrder.push/drain: time the bookkeeping, not the consumer's work between items.
-
-        The items a call releases are taken out first, then handed on; they
-        were held (and counted in memory) until then either way.
-        """
-
-        def make(function: Callable) -> Callable:
-            def timed(holder, *args, **kwargs):
-                started = time.perf_counter()
-                before = getattr(holder, "_held_bytes", 0)
-                released = list(function(holder, *args, **kwargs))
-                after = getattr(holder, "_held_bytes", 0)
-                if len(args) == 2 and isinstance(args[1], torch.Tensor):  # push(name, tensor)
-                    passed_straight = before == after == 0 and len(released) == 1 and released[0][1] is args[1]
-                    if not passed_straight:  # it was held, on top of what already was
-                        self.max_held_bytes = max(self.max_held_bytes, before + args[1].numel() * args[1].element_size())
-                else:
-                    self.max_held_bytes = max(self.max_held_bytes, before)
-                self.seconds[phase] += time.perf_counter() - started
-                yield from released
-
-            return timed
-
-        return make
-
     def install(self) -> None:
         import mx_strategies.robust as robust_module
         from mx_strategies import storage, streaming
@@ -492,10 +445,6 @@ class Phases:
         self._replace(streaming.DeliveryLedger, "__init__", self.timed("verification"))
         self._replace(streaming.DeliveryLedger, "check_in", self.timed("verification"))
         self._replace(streaming.VerifiedStream, "settle", self.timed("verification"))
-        in_order = getattr(streaming, "InOrder", None)
-        if in_order is not None:
-            self._replace(in_order, "push", self.timed_generator("verification"))
-            self._replace(in_order, "drain", self.timed_generator("verification"))
         try:
             from mx_strategies import content_check
         except ImportError:
@@ -521,6 +470,34 @@ def instrumentation() -> tuple[ChainWatcher, Phases]:
     return _INSTRUMENTS
 
 
+@contextmanager
+def arrival_order() -> Iterator[None]:
+    """Diagnostic: the robust strategy with ``InOrder`` passing tensors on as they arrive.
+
+    Everything else (probe, plan, ledger, checks) is unchanged, so the
+    difference to ``robust`` is what plan-order delivery costs.
+    """
+    from mx_strategies import streaming
+
+    in_order = getattr(streaming, "InOrder", None)
+    if in_order is None:
+        yield
+        return
+
+    def push(self, name, tensor):
+        yield name, tensor
+
+    def drain(self):
+        return iter(())
+
+    saved = in_order.push, in_order.drain
+    in_order.push, in_order.drain = push, drain
+    try:
+        yield
+    finally:
+        in_order.push, in_order.drain = saved
+
+
 class Harness:
     """Runs each loader once on a site, as an engine would, and checks what arrived."""
 
@@ -529,27 +506,26 @@ class Harness:
 
         self.site = site
         self.chain = LoadStrategyChain
-        self.adapter_class = _make_adapter_class()
         self.watcher, self.phases = instrumentation()
-        self._target_model: Optional[PreallocatedModel] = None
-        self._draft_model: Optional[PreallocatedModel] = None
+        self._target_model = None  # StandInModel, allocated on first use
+        self._draft_model = None
 
     # models are allocated once per site and reused, like an engine's
-    def target_model(self) -> PreallocatedModel:
+    def target_model(self):
         if self._target_model is None:
-            self._target_model = PreallocatedModel(self.site.tensors, list(self.site.tensors))
+            self._target_model = make_model(self.site.tensors, list(self.site.tensors), strict=True)
         return self._target_model
 
-    def draft_model(self) -> PreallocatedModel:
+    def draft_model(self):
         if self._draft_model is None:
-            self._draft_model = PreallocatedModel(self.site.tensors, self.site.draft_names, strict=False)
+            self._draft_model = make_model(self.site.tensors, self.site.draft_names, strict=False)
         return self._draft_model
 
     def release(self) -> None:
         self._target_model = self._draft_model = None
         gc.collect()
 
-    def model_for(self, loader: str) -> Optional[PreallocatedModel]:
+    def model_for(self, loader: str):
         if loader == "runai_raw":
             return None
         return self.draft_model() if loader == "draft" else self.target_model()
@@ -558,7 +534,7 @@ class Harness:
         """Load once; return the number of tensors the model (or iterator) received."""
         model = self.model_for(loader)
         if model is not None:
-            model.delivered = []
+            model.loaded.clear()
         if loader == "runai_raw":
             return self._runai(copy_into=None)
         if loader == "runai_copy":
@@ -567,9 +543,9 @@ class Harness:
             self._safetensors(model)
         else:
             self._chain(loader, model)
-        return len(model.delivered)
+        return len(model.loaded)
 
-    def _runai(self, copy_into: Optional[PreallocatedModel]) -> int:
+    def _runai(self, copy_into) -> int:
         from runai_model_streamer import SafetensorsStreamer
 
         count = 0
@@ -582,21 +558,22 @@ class Harness:
                     count += 1
         return count
 
-    def _safetensors(self, model: PreallocatedModel) -> None:
+    def _safetensors(self, model) -> None:
         from safetensors.torch import load_file
 
         for path in self.site.shard_uris:
             model.load_weights(iter(load_file(path).items()))
 
-    def _chain(self, loader: str, model: PreallocatedModel) -> None:
-        from modelexpress import p2p_pb2
-        from modelexpress.load_strategy import LoadContext
-
+    def _chain(self, loader: str, model) -> None:
         from mx_strategies import activation
+        from mx_strategies.standin import StandInAdapter, load_context
 
         if loader == "upstream":
             activation.uninstall()
             expected = "model_streamer"
+        elif loader == "robust_unordered":
+            with arrival_order():
+                return self._chain("robust", model)
         else:
             activation.activate("mx_strategies.robust")
             expected = "robust_model_streamer"
@@ -610,23 +587,17 @@ class Harness:
             speculative = SimpleNamespace(method="mtp", target_model_config=target_config)
         else:
             model_config, speculative = target_config, None
-        adapter = self.adapter_class(SimpleNamespace(speculative_config=speculative, parallel_config=parallel))
-        context = LoadContext(
-            model_config=model_config,
-            load_config=SimpleNamespace(),
-            target_device=torch.device("cpu"),
-            global_rank=0,
-            worker_rank=0,
-            local_rank=0,
-            device_id=0,
-            identity=p2p_pb2.SourceIdentity(model_name="bench"),
-            mx_client=None,
-            worker_id="bench",
-            adapter=adapter,
+        # The project's stand-in adapter: a real EngineAdapter applying weights
+        # through model.load_weights, and for upstream, vLLM's runai path (list,
+        # stream every file, clone each tensor). A rebuild for a retry is a
+        # failed load here: the watcher below turns it into an error.
+        adapter = StandInAdapter(
+            lambda: model, vllm_config=SimpleNamespace(speculative_config=speculative, parallel_config=parallel)
         )
+        context = load_context(model_config, adapter, name="bench", p2p_enabled=loader != "draft")
         self.watcher.reset()
         self.chain.run(model, context)
-        if self.watcher.failures or not self.watcher.tried or self.watcher.tried[-1] != expected:
+        if adapter.reinit_calls or self.watcher.failures or not self.watcher.tried or self.watcher.tried[-1] != expected:
             raise BenchError(
                 f"{loader}: expected {expected} to load, the chain tried {self.watcher.tried}: {self.watcher.failures}"
             )
@@ -639,7 +610,7 @@ class Harness:
         model = self.model_for(loader)
         if model is None:
             return
-        if sorted(model.delivered) != sorted(expected):
+        if sorted(model.loaded) != sorted(expected):
             raise BenchError(f"{loader}: delivered the wrong set of tensors")
         if self.site.reference is None:
             return
@@ -741,7 +712,7 @@ def measure_site(
             model = harness.model_for(loader)
             verify = loader not in checked
             if verify and model is not None:
-                model.clear()  # so a value check cannot pass on a previous loader's copy
+                clear_model(model)  # so a value check cannot pass on a previous loader's copy
             gc.collect()
             harness.phases.reset()
             counter.start()
@@ -772,8 +743,7 @@ def measure_site(
                 result.bytes_read.append(read)
                 if loader in ("robust", "draft"):
                     result.phases.append({**harness.phases.seconds, **{
-                        f"store_{k}s": v for k, v in harness.phases.store_calls.items()},
-                        "max_held_bytes": harness.phases.max_held_bytes})  # fmt: skip
+                        f"store_{k}s": v for k, v in harness.phases.store_calls.items()}})  # fmt: skip
     harness.release()
     return results
 
@@ -838,6 +808,8 @@ def measure_peaks(site: Site, loaders: list[str], workdir: str, reps: int = 3) -
     One child's peak varies by tens of MiB with how far runai's ring ran
     ahead of the consumer, so a single sample cannot carry a 10% comparison.
     """
+    if not loaders:
+        return {}
     samples: dict[str, list[dict]] = {l: [] for l in loaders}
     failures: dict[str, list[str]] = {}
     spec_paths = {}
@@ -925,8 +897,6 @@ def summarise_site(site: Site, results: dict[str, LoaderResult], reps: int, warm
         if result.phases:
             phases = {k: statistics.median(p[k] for p in result.phases) for k in result.phases[0]}
             row["store_requests"] = {"list": phases.pop("store_lists"), "read": phases.pop("store_reads")}
-            row["reorder_held_bytes_max"] = max(p["max_held_bytes"] for p in result.phases)
-            phases.pop("max_held_bytes")
             row["phases_median_s"] = phases
             overhead = phases["inspection"] + phases["verification"]
             row["inspection_verification_s"] = overhead
@@ -1033,8 +1003,6 @@ def render_tables(report: dict) -> str:
                 + (f"; the probe listed {robust['store_requests']['list']:.0f}x and made "
                    f"{robust['store_requests']['read']:.0f} reads ({human(site['metadata_bytes'])} of headers, index, config)"
                    if "store_requests" in robust else "")
-                + (f"; in-order delivery held back at most {human(robust['reorder_held_bytes_max'])}"
-                   if robust.get("reorder_held_bytes_max") else "")
             )
         draft = summary["loaders"].get("draft")
         if draft:
@@ -1200,17 +1168,21 @@ def _memory_loaders(spec: str, loaders: list[str]) -> list[str]:
     return chosen
 
 
-def run_site(name: str, uri: str, reference: Optional[str], args, wanted: tuple[str, ...], counter: ByteCounter) -> dict:
+def run_site(
+    name: str, uri: str, reference: Optional[str], args, wanted: tuple[str, ...], counter: ByteCounter, generated: bool
+) -> dict:
     """One site's measurements; a failure is reported in its place, not lost with the other site's."""
     try:
-        return _run_site(name, uri, reference, args, wanted, counter)
+        return _run_site(name, uri, reference, args, wanted, counter, generated)
     except Exception as exc:
         print(f"[{name}] FAILED: {type(exc).__name__}: {exc}", flush=True)
         return {"error": traceback.format_exc()}
 
 
-def _run_site(name: str, uri: str, reference: Optional[str], args, wanted: tuple[str, ...], counter: ByteCounter) -> dict:
-    site = describe_site(name, uri, args.workdir, reference)
+def _run_site(
+    name: str, uri: str, reference: Optional[str], args, wanted: tuple[str, ...], counter: ByteCounter, generated: bool
+) -> dict:
+    site = describe_site(name, uri, args.workdir, reference, generated)
     site.bytes_counter = counter.method
     loaders = loaders_for(site, wanted)
     print(f"\n[{name}] {uri}: {human(site.data_bytes)}, {len(site.tensors)} tensors, loaders {', '.join(loaders)}", flush=True)
@@ -1298,9 +1270,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             local_uri = cached_checkpoint(args.workdir, args.size)
             generated.append(local_uri)
         if local_uri and not args.no_local:
-            report["sites"]["local"] = run_site("local", local_uri, local_uri, args, wanted, ByteCounter())
+            report["sites"]["local"] = run_site("local", local_uri, local_uri, args, wanted, ByteCounter(), generated=not args.uri)
         if args.uri and "://" in args.uri:
-            report["sites"]["s3"] = run_site("s3", args.uri, None, args, wanted, ByteCounter(enabled=False))
+            report["sites"]["s3"] = run_site("s3", args.uri, None, args, wanted, ByteCounter(enabled=False), generated=False)
         elif not args.uri and args.s3_size > 0:
             s3_source = cached_checkpoint(args.workdir, args.s3_size)
             generated.append(s3_source)
@@ -1310,7 +1282,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 started = time.perf_counter()
                 uri = s3.upload(s3_source, "bench", "model")
                 print(f"uploaded {s3_source} to {uri} in {time.perf_counter() - started:.1f}s", flush=True)
-                report["sites"]["s3"] = run_site("s3", uri, s3_source, args, wanted, ByteCounter(s3))
+                report["sites"]["s3"] = run_site("s3", uri, s3_source, args, wanted, ByteCounter(s3), generated=True)
                 report["sites"]["s3"]["runai_chunk_bytesize"] = args.s3_chunk_bytes
     finally:
         if args.clean:

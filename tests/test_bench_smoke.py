@@ -49,8 +49,8 @@ def test_bench_runs_tiny_local_and_s3_and_reports_without_matplotlib(tmp_path):
     report = json.loads(report_path.read_text())
     assert set(report["sites"]) == {"local", "s3"}
     local, s3 = report["sites"]["local"], report["sites"]["s3"]
-    assert set(local["loaders"]) == {"runai_raw", "runai_copy", "robust", "upstream", "safetensors", "draft"}
-    assert set(s3["loaders"]) == {"runai_raw", "runai_copy", "robust", "upstream", "draft"}  # load_file is local only
+    assert set(local["loaders"]) == {"runai_raw", "runai_copy", "robust", "robust_unordered", "upstream", "safetensors", "draft"}
+    assert set(s3["loaders"]) == {"runai_raw", "runai_copy", "robust", "robust_unordered", "upstream", "draft"}  # load_file is local only
     for summary in (local, s3):
         site = summary["site"]
         assert site["shard_files"] == 8 and site["empty_shards"] == 1
