@@ -14,7 +14,6 @@ trail of why the others were passed over.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from .checkpoint import INDEX_NAME, Checkpoint, NoCheckpoint, inspect
 from .settings import RobustSettings
@@ -119,6 +118,3 @@ def resolve(cands: list[Candidate], settings: RobustSettings) -> Resolution:
         return Resolution(candidate, checkpoint, rejected)
     raise NoStreamableSource(rejected)
 
-
-def first_uri(cands: list[Candidate]) -> Optional[str]:
-    return cands[0].uri if cands else None

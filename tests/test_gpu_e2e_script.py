@@ -124,7 +124,7 @@ def test_draft_with_the_wrong_tensor_count_fails():
 def test_reinitialized_model_fails():
     log = (
         HEAD
-        + f"(VllmWorker-0 pid=11066) WARNING 11-30 01:19:10 [__init__.py:132] [Worker 0] Strategy robust_model_streamer "
+        + "(VllmWorker-0 pid=11066) WARNING 11-30 01:19:10 [__init__.py:132] [Worker 0] Strategy robust_model_streamer "
         "failed, trying next: stream broke after 12 tensors\n"
         + f"{W} [adapter.py:398] [Worker 0] Re-initializing vLLM model after failed strategy\n"
         + TAIL
