@@ -130,26 +130,33 @@ class CountingProxy(LoopbackListener):
 
 
 class LoopbackS3:
-    """moto on 127.0.0.1 behind a counting proxy, with the environment set.
+    """moto on 127.0.0.1 behind a proxy (``proxy_class``), with the environment set.
 
-    Use as a context manager; ``upload(folder, bucket, prefix)`` returns the
-    ``s3://`` URI of the uploaded folder.
+    Clients under test (boto3 for the probe, runai for streaming) reach moto
+    through the proxy, whose counters (or faults) therefore see only them;
+    setting up (``create_bucket``, ``upload``) goes to moto directly. Use as a
+    context manager; ``upload(folder, bucket, prefix)`` returns the ``s3://``
+    URI of the uploaded folder.
     """
+
+    proxy_class: type = CountingProxy
 
     def __init__(self) -> None:
         self.server = None
-        self.proxy: Optional[CountingProxy] = None
-        self.endpoint = ""
+        self.proxy = None
+        self.endpoint = ""  # the proxy, as clients under test see it
+        self.direct = ""  # moto itself
         self._saved_env: dict[str, Optional[str]] = {}
 
-    def __enter__(self) -> "LoopbackS3":
+    def __enter__(self):
         from moto.server import ThreadedMotoServer
 
         port = free_port()
         self.server = ThreadedMotoServer(ip_address=LOOPBACK, port=port, verbose=False)
         self.server.start()
-        self.proxy = CountingProxy(port).start()
-        self.endpoint = f"http://{LOOPBACK}:{self.proxy.port}"
+        self.direct = f"http://{LOOPBACK}:{port}"
+        self.proxy = self.proxy_class(port).start()
+        self.endpoint = self.proxy.endpoint
         env = dict(S3_ENV, AWS_ENDPOINT_URL=self.endpoint)
         for key, value in env.items():
             self._saved_env[key] = os.environ.get(key)
@@ -168,9 +175,10 @@ class LoopbackS3:
             self.server.stop()
 
     def client(self):
+        """A boto3 client talking to moto directly (for setting up)."""
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
+        return boto3.client("s3", endpoint_url=self.direct, region_name="us-east-1")
 
     def create_bucket(self, bucket: str) -> None:
         client = self.client()

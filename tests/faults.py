@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from mx_strategies.loopback import LOOPBACK, LoopbackListener
+from mx_strategies.loopback import LOOPBACK, LoopbackListener, LoopbackS3
 
 SOCKET_TIMEOUT_S = 30.0
 
@@ -370,16 +370,7 @@ def _flip(response: _Response, corrupt_start: int, corrupt_end: int) -> bytes:
     return bytes(body)
 
 
-S3_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_EC2_METADATA_DISABLED": "true",
-    "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
-}
-
-
-class FaultyS3:
+class FaultyS3(LoopbackS3):
     """moto on 127.0.0.1 behind a :class:`FaultProxy`, with the environment set.
 
     Clients under test (boto3 for the probe, runai for streaming) reach moto
@@ -387,59 +378,7 @@ class FaultyS3:
     a test is never disturbed by the faults it arms.
     """
 
-    def __init__(self) -> None:
-        self.server = None
-        self.proxy: Optional[FaultProxy] = None
-        self.direct = ""
-        self._saved: dict[str, Optional[str]] = {}
-
-    def __enter__(self) -> "FaultyS3":
-        import os
-
-        from moto.server import ThreadedMotoServer
-
-        from mx_strategies.loopback import free_port
-
-        port = free_port()
-        self.server = ThreadedMotoServer(ip_address=LOOPBACK, port=port, verbose=False)
-        self.server.start()
-        self.direct = f"http://{LOOPBACK}:{port}"
-        self.proxy = FaultProxy(port).start()
-        for key, value in dict(S3_ENV, AWS_ENDPOINT_URL=self.proxy.endpoint).items():
-            self._saved[key] = os.environ.get(key)
-            os.environ[key] = value
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import os
-
-        for key, value in self._saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        if self.proxy is not None:
-            self.proxy.stop()
-        if self.server is not None:
-            self.server.stop()
-
-    def upload(self, folder: str, bucket: str, prefix: str) -> str:
-        """Upload every file under ``folder`` to ``s3://bucket/prefix/`` (bypassing faults)."""
-        import os
-
-        import boto3
-
-        client = boto3.client("s3", endpoint_url=self.direct, region_name="us-east-1")
-        try:
-            client.create_bucket(Bucket=bucket)
-        except client.exceptions.BucketAlreadyOwnedByYou:
-            pass
-        for dirpath, _, filenames in os.walk(folder):
-            for name in sorted(filenames):
-                path = os.path.join(dirpath, name)
-                rel = os.path.relpath(path, folder).replace(os.sep, "/")
-                client.upload_file(path, bucket, f"{prefix}/{rel}")
-        return f"s3://{bucket}/{prefix}"
+    proxy_class = FaultProxy
 
 
 # -- the fault table in docs/faults.md -------------------------------------------------------
