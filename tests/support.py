@@ -8,7 +8,9 @@ counts ``reinit_for_retry`` calls. Everything else in the chain is real.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from types import SimpleNamespace
 
 import torch
@@ -21,6 +23,7 @@ from mx_strategies.standin import load_context
 
 __all__ = [
     "CountingAdapter",
+    "load_gpu_e2e",
     "RecordingModel",
     "make_context",
     "model_config",
@@ -61,3 +64,15 @@ def run_chain(mc, reference, names=None, *, vcfg=None, draft=False):
     adapter = CountingAdapter(make, vllm_config=vcfg)
     model = LoadStrategyChain.run(make(), make_context(mc, adapter, draft=draft))
     return model, adapter
+
+
+def load_gpu_e2e():
+    """scripts/gpu_e2e.py as the module ``gpu_e2e`` (scripts/ is not a package)."""
+    if "gpu_e2e" in sys.modules:
+        return sys.modules["gpu_e2e"]
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("gpu_e2e", os.path.join(repo, "scripts", "gpu_e2e.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_e2e"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module

@@ -11,7 +11,6 @@ tests/test_vllm_configs.py, which loads its output into vLLM's model classes.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ import sys
 import time
 
 import pytest
+from support import load_gpu_e2e
 
 from mx_strategies.synthetic import mtp_checkpoint
 
@@ -27,19 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "gpu-e2e.sh")
 HELPER = os.path.join(REPO, "scripts", "gpu_e2e.py")
 
-
-def _load_helper():
-    """scripts/gpu_e2e.py as the module ``gpu_e2e`` (scripts/ is not a package)."""
-    if "gpu_e2e" in sys.modules:
-        return sys.modules["gpu_e2e"]
-    spec = importlib.util.spec_from_file_location("gpu_e2e", os.path.join(REPO, "scripts", "gpu_e2e.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_e2e"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_e2e = _load_helper()
+gpu_e2e = load_gpu_e2e()
 
 URI = "s3://mx-e2e/tiny-mtp"
 CACHE = "/tmp/mx-gpu-e2e.x1/vllm-assets/model_streamer/d2d17456"

@@ -93,6 +93,17 @@ def shards_with_empty(count: int = 4, empty: tuple[int, ...] = (1,)) -> list[dic
     return shards
 
 
+def _stop(proc: Optional[subprocess.Popen]) -> None:
+    """Stop an emulator; in-memory, it has nothing to flush, and keep-alive clients can hold it open."""
+    if proc is None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(2)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 @dataclass
 class Written:
     path: str
@@ -234,12 +245,7 @@ class FakeGcs:
     def __exit__(self, *exc) -> None:
         if self.proxy is not None:
             self.proxy.stop()
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(2)  # in-memory: nothing to flush; keep-alive clients can hold it open
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        _stop(self.proc)
 
     @property
     def env(self) -> dict[str, str]:
@@ -467,12 +473,7 @@ class Azurite:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(2)  # in-memory: nothing to flush; keep-alive clients can hold it open
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        _stop(self.proc)
 
     @property
     def connection_string(self) -> str:

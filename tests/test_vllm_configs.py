@@ -49,7 +49,6 @@ import json
 import logging
 import os
 import socket
-import sys
 
 import pytest
 
@@ -70,7 +69,7 @@ import torch  # noqa: E402
 from modelexpress.engines.vllm import adapter as vllm_adapter_module  # noqa: E402
 from modelexpress.engines.vllm.adapter import VllmAdapter, _is_speculative_draft, build_vllm_load_context  # noqa: E402
 from modelexpress.load_strategy import LoadStrategyChain  # noqa: E402
-from support import RecordingModel, reference_tensors  # noqa: E402
+from support import RecordingModel, load_gpu_e2e, reference_tensors  # noqa: E402
 from vllm.config import (  # noqa: E402
     LoadConfig,
     ModelConfig,
@@ -119,17 +118,6 @@ DRAFT_PROBE = {
     "deepseek_v3": ("model.layers.2.eh_proj.weight", "model.layers.2.eh_proj.weight"),
     "qwen3_next": ("mtp.fc.weight", "model.fc.weight"),
 }
-
-
-def _load_gpu_e2e():
-    """scripts/gpu_e2e.py as the module ``gpu_e2e`` (scripts/ is not a package)."""
-    if "gpu_e2e" in sys.modules:
-        return sys.modules["gpu_e2e"]
-    spec = importlib.util.spec_from_file_location("gpu_e2e", os.path.join(REPO, "scripts", "gpu_e2e.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_e2e"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def _free_port() -> int:
@@ -373,7 +361,7 @@ def observe_load_weights(model: torch.nn.Module):
 @pytest.fixture(scope="module")
 def real_shape_checkpoints(tmp_path_factory):
     """The GPU check's tiny models (vLLM's real tensor shapes), one per architecture (transformers: a vLLM dependency)."""
-    gpu_e2e = _load_gpu_e2e()
+    gpu_e2e = load_gpu_e2e()
     made = {}
     for name in ARCH_CONFIGS:
         folder = tmp_path_factory.mktemp(f"real-{name}")
