@@ -162,10 +162,10 @@ def _block(prefix: str, hidden: int, generator: torch.Generator) -> dict[str, to
 def generate_checkpoint(path: str, size: int) -> None:
     """bf16 weights in 8 shards (one empty) with an ``mtp.*`` head, + config.json.
 
-    Written with ``mx_strategies.synthetic.write_shards`` (and its index); a
+    Written with ``mx_strategies.testing.synthetic.write_shards`` (and its index); a
     ``.complete`` marker written last lets later runs reuse the folder.
     """
-    from mx_strategies.synthetic import write_shards
+    from mx_strategies.testing.synthetic import write_shards
 
     layout = Layout.for_size(size)
     generator = torch.Generator().manual_seed(1234)
@@ -341,7 +341,7 @@ def make_model(specs: dict[str, tuple[str, list[int]]], names: list[str], *, str
     default weight loader does; ``strict`` refuses a name the model lacks (a
     target), otherwise it is skipped (vLLM's MTP module skips the target's).
     """
-    from mx_strategies.standin import StandInModel
+    from mx_strategies.testing.standin import StandInModel
 
     return StandInModel(_Shapes(specs), names, strict=strict)
 
@@ -566,7 +566,7 @@ class Harness:
 
     def _chain(self, loader: str, model) -> None:
         from mx_strategies import activation
-        from mx_strategies.standin import StandInAdapter, load_context
+        from mx_strategies.testing.standin import StandInAdapter, load_context
 
         if loader == "upstream":
             activation.uninstall()
@@ -1276,7 +1276,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         elif not args.uri and args.s3_size > 0:
             s3_source = cached_checkpoint(args.workdir, args.s3_size)
             generated.append(s3_source)
-            from mx_strategies.loopback import LoopbackS3
+            from mx_strategies.testing.loopback import LoopbackS3
 
             with LoopbackS3() as s3, s3_chunking(args.s3_chunk_bytes):
                 started = time.perf_counter()

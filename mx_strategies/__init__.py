@@ -5,9 +5,18 @@ Switch on with ``MX_STRATEGY=mx_strategies.robust`` (vLLM loads our
 without vLLM plugins.
 """
 
-from .activation import ActivationError, activate
-from .settings import RobustSettings, SettingsError, load_settings
+from .activation import activate
+from .errors import ActivationError, ConfigurationError, MxStrategiesError
+from .settings import RobustSettings, load_settings
 
 __version__ = "0.1.0"
 
-__all__ = ["ActivationError", "RobustSettings", "SettingsError", "activate", "load_settings", "__version__"]
+__all__ = [
+    "ActivationError",
+    "ConfigurationError",
+    "MxStrategiesError",
+    "RobustSettings",
+    "activate",
+    "load_settings",
+    "__version__",
+]

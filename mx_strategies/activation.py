@@ -18,16 +18,15 @@ import importlib
 import inspect
 import logging
 import os
+import sys
 from typing import Optional
+
+from .errors import ActivationError
 
 logger = logging.getLogger("modelexpress.mx_strategies")
 
 STRATEGY_ENV = "MX_STRATEGY"
 _WRAPPED_MARK = "__mx_strategies_original__"
-
-
-class ActivationError(RuntimeError):
-    """``MX_STRATEGY`` names nothing usable; the message names the value."""
 
 
 def resolve_strategy_class(spec: str) -> type:
@@ -79,14 +78,39 @@ def installed_strategy() -> Optional[type]:
     return getattr(chain_module.execute_load_strategies, "__mx_strategies_class__", None)
 
 
+def _original(function):
+    return getattr(function, _WRAPPED_MARK, function)
+
+
+def _rebind_aliases(old_functions: set, new) -> None:
+    """Point every loaded module's name for the chain executor at ``new``.
+
+    Other chains import the executor by name (ModelExpress's RL chain does
+    ``from modelexpress.load_strategy import execute_load_strategies``). A
+    module imported before activation holds the old function; rebinding
+    those aliases makes the substitution independent of import order. A
+    module imported afterwards gets ``new`` from the package itself.
+    """
+    for module in list(sys.modules.values()):
+        try:
+            current = getattr(module, "execute_load_strategies", None)
+        except Exception:  # lazy modules may raise on attribute access
+            continue
+        if current is not None and current is not new and any(current is f for f in old_functions):
+            try:
+                setattr(module, "execute_load_strategies", new)
+            except Exception:
+                continue
+
+
 def install(cls: type) -> bool:
-    """Make ModelExpress's chain use ``cls``; False when it already does."""
+    """Make ModelExpress's chains use ``cls``; False when they already do."""
     import modelexpress.load_strategy as chain_module
 
     current = chain_module.execute_load_strategies
     if getattr(current, "__mx_strategies_class__", None) is cls:
         return False
-    original = getattr(current, _WRAPPED_MARK, current)
+    original = _original(current)
 
     @functools.wraps(original)
     def execute_load_strategies(model, ctx, strategies):
@@ -94,7 +118,7 @@ def install(cls: type) -> bool:
 
     setattr(execute_load_strategies, _WRAPPED_MARK, original)
     execute_load_strategies.__mx_strategies_class__ = cls
-    chain_module.execute_load_strategies = execute_load_strategies
+    _rebind_aliases({current, original}, execute_load_strategies)
     return True
 
 
@@ -102,9 +126,10 @@ def uninstall() -> None:
     """Give ModelExpress back its own chain (for tests and scripts)."""
     import modelexpress.load_strategy as chain_module
 
-    original = getattr(chain_module.execute_load_strategies, _WRAPPED_MARK, None)
+    current = chain_module.execute_load_strategies
+    original = getattr(current, _WRAPPED_MARK, None)
     if original is not None:
-        chain_module.execute_load_strategies = original
+        _rebind_aliases({current}, original)
 
 
 def activate(spec: Optional[str] = None) -> Optional[type]:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Iterable, Optional
 
-from .storage import ObjectInfo, Store, StoreError
+from .errors import NoCheckpoint, StoreError
+from .storage import ObjectInfo, Store
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
@@ -98,6 +99,7 @@ class Checkpoint:
     index: Optional[dict]
     config: Optional[dict]
     problems: list[Problem]
+    outside_index: list[Shard] = field(default_factory=list)  # shards next to an index that it does not name
 
     @property
     def loadable_shards(self) -> list[Shard]:
@@ -131,10 +133,6 @@ class Checkpoint:
 def natural_key(name: str) -> list:
     """Sort key putting ``model-2`` before ``model-10``."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-class NoCheckpoint(Exception):
-    """The source holds no safetensors shard; the message says what it holds."""
 
 
 def locate(objects: Iterable[ObjectInfo]) -> tuple[str, list[ObjectInfo], Optional[ObjectInfo], Optional[ObjectInfo]]:
@@ -284,11 +282,14 @@ def inspect(store: Store, max_depth: int) -> Checkpoint:
     with ThreadPoolExecutor(max_workers=min(HEADER_READ_WORKERS, max(1, len(shard_objs)))) as pool:
         read = list(pool.map(lambda o: read_header(store, o), shard_objs))
     shards = []
+    outside_index = []
     for shard, shard_problems in read:
         if index is None or shard.key in shard_keys:
             shards.append(shard)
             problems.extend(shard_problems)
-        elif shard.empty:
+            continue
+        outside_index.append(shard)
+        if shard.empty:
             problems.append(Problem("empty_shard", WARNING, shard.key, None, f"{shard.uri}: holds no tensor; skipped"))
         else:
             # vLLM, too, loads only the files the index names (e.g. not consolidated.safetensors).
@@ -335,6 +336,7 @@ def inspect(store: Store, max_depth: int) -> Checkpoint:
         index=index,
         config=config,
         problems=problems,
+        outside_index=outside_index,
     )
 
 

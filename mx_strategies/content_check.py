@@ -22,16 +22,13 @@ from typing import Iterable, Optional
 import torch
 
 from .checkpoint import Shard, TensorInfo
+from .errors import ContentMismatch
 from .settings import RobustSettings
 from .storage import ObjectInfo, Store, StoreError, open_store
 
 OFF = "off"
 SAMPLE = "sample"
 ALL = "all"
-
-
-class ContentMismatch(RuntimeError):
-    """A delivered tensor's bytes differ from the stored ones (or could not be compared)."""
 
 
 def tensor_digest(tensor: torch.Tensor) -> str:

@@ -22,15 +22,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from .errors import DraftPlanError
 from .settings import RobustSettings
 
 NEXTN_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "n_predict")
 LAYER_PREFIXES = ("model.layers.", "layers.", "model.language_model.layers.")
 SHARED_WEIGHT_PATTERN = re.compile(r"(^|\.)(embed_tokens\.weight|lm_head\.weight)$")
-
-
-class NoDraftTensors(Exception):
-    """The checkpoint holds nothing the configured conventions call a draft tensor."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +129,7 @@ def select_draft_tensors(
             matched.append(convention)
             selected |= hits
     if not selected:
-        raise NoDraftTensors(
+        raise DraftPlanError(
             f"no draft tensor found among {len(names)} tensors; conventions tried: "
             f"{describe_conventions(settings, layout)}"
         )

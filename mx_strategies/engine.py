@@ -1,42 +1,84 @@
 """What the strategy needs to know about the engine, read defensively.
 
-ModelExpress hands strategies a ``LoadContext`` whose ``model_config`` is the
-engine's own object and whose adapter may carry the engine config (vLLM's
-``VllmAdapter.vllm_config``). SGLang and scripts give less; every reader here
-falls back to "unknown" rather than failing.
+ModelExpress hands strategies a ``LoadContext``: the engine's own
+``model_config``, an adapter (vLLM's ``VllmAdapter`` carries ``vllm_config``
+and ``load_config``; SGLang's its server args) and a ``SourceIdentity`` the
+adapter built, which holds the parallel sizes for every engine. Every reader
+here falls back to "unknown" rather than failing: SGLang and scripts give
+less than vLLM.
+
+This module is the one place that decides what a draft is (the same rule as
+ModelExpress's vLLM adapter: a speculative config is present *and* the
+model runs as the draft) and whether it is an MTP draft.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 MTP_METHODS = ("mtp",)
 
 
 @dataclass(frozen=True)
 class EngineView:
+    """The engine facts a load plan depends on."""
+
     is_draft: bool
     speculative_method: Optional[str]
     target_uris: tuple[str, ...]
     tensor_parallel_size: int
     pipeline_parallel_size: int
     hf_config: Any
+    loader_extra_config: Mapping[str, Any] = None  # vLLM's model_loader_extra_config, {} when none
+
+    @property
+    def role(self) -> str:
+        return "draft" if self.is_draft else "target"
 
     @property
     def is_mtp(self) -> bool:
+        """An MTP draft: its tensors live in the target's checkpoint (vLLM method ``mtp``, ``*_mtp``)."""
         method = (self.speculative_method or "").lower()
         return method in MTP_METHODS or method.endswith("_mtp")
 
+    @property
+    def shares_target_weights(self) -> bool:
+        """Whether the engine gives the draft the target's embedding and head (pipeline parallel 1)."""
+        return self.pipeline_parallel_size == 1
 
-def _int(value: Any, default: int = 1) -> int:
-    return value if isinstance(value, int) and value > 0 else default
+
+def _positive_int(value: Any) -> Optional[int]:
+    if isinstance(value, bool):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number > 0 else None
+
+
+def _parallel_size(ctx: Any, parallel: Any, field: str) -> int:
+    """The adapter-built identity first (every engine), then vLLM's parallel config."""
+    for source in (getattr(ctx, "identity", None), parallel):
+        size = _positive_int(getattr(source, field, None))
+        if size is not None:
+            return size
+    return 1
+
+
+def is_speculative_draft(vllm_config: Any, model_config: Any) -> bool:
+    """The draft pass of a speculative load (ModelExpress's rule: both markers)."""
+    if getattr(vllm_config, "speculative_config", None) is None:
+        return False
+    return getattr(model_config, "runner_type", None) == "draft"
 
 
 def engine_view(ctx: Any) -> EngineView:
-    """Read the draft marker, parallel sizes and the target's sources."""
+    """Read the draft marker, parallel sizes, the target's sources and loader options."""
     model_config = ctx.model_config
-    vllm_config = getattr(getattr(ctx, "adapter", None), "vllm_config", None)
+    adapter = getattr(ctx, "adapter", None)
+    vllm_config = getattr(adapter, "vllm_config", None)
     parallel = getattr(vllm_config, "parallel_config", None)
     speculative = getattr(vllm_config, "speculative_config", None)
     target = getattr(speculative, "target_model_config", None)
@@ -45,12 +87,14 @@ def engine_view(ctx: Any) -> EngineView:
         for uri in (getattr(target, "model_weights", None), getattr(target, "model", None))
         if isinstance(uri, str) and uri
     )
+    load_config = getattr(adapter, "load_config", None) or getattr(vllm_config, "load_config", None)
+    extra = getattr(load_config, "model_loader_extra_config", None)
     return EngineView(
-        # vLLM's marker for the draft pass of a speculative load.
-        is_draft=getattr(model_config, "runner_type", None) == "draft",
+        is_draft=is_speculative_draft(vllm_config, model_config),
         speculative_method=getattr(speculative, "method", None),
         target_uris=target_uris,
-        tensor_parallel_size=_int(getattr(parallel, "tensor_parallel_size", 1)),
-        pipeline_parallel_size=_int(getattr(parallel, "pipeline_parallel_size", 1)),
+        tensor_parallel_size=_parallel_size(ctx, parallel, "tensor_parallel_size"),
+        pipeline_parallel_size=_parallel_size(ctx, parallel, "pipeline_parallel_size"),
         hf_config=getattr(model_config, "hf_config", None),
+        loader_extra_config=dict(extra) if isinstance(extra, Mapping) else {},
     )

@@ -10,50 +10,24 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
-from dataclasses import dataclass
-from typing import ClassVar
+from contextlib import contextmanager
+from typing import ClassVar, Iterator
 
+from modelexpress import envs
 from modelexpress.adapter import EngineAdapter, StrategyFailed
 from modelexpress.load_strategy.base import LoadContext, LoadStrategy, _as_load_result, register_tensors
 from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
-from .checkpoint import Checkpoint
-from .draft import NoDraftTensors, layer_layout, select_draft_tensors
 from .engine import EngineView, engine_view
+from .errors import ConfigurationError, MxStrategiesError
+from .planning import LoadPlan, plan_load
+from .report import METADATA_KEY, LoadFailure, LoadReport, Rejected, record
 from .settings import RobustSettings, load_settings
-from .sources import Candidate, NoStreamableSource, Resolution, candidates, normalize, resolve
-from .content_check import ContentMismatch
-from .streaming import (
-    IncompleteDelivery,
-    LoadPlan,
-    StreamBroken,
-    StreamStartError,
-    VerifiedStream,
-    plan_full,
-    plan_subset,
-)
+from .sources import Candidate, Resolution, candidates
+from .streaming import VerifiedStream
 
 logger = logging.getLogger("modelexpress.strategy_robust_model_streamer")
-
-PROBLEMS_SHOWN = 5
-
-
-@dataclass(frozen=True)
-class LoadReport:
-    """What one load did; kept in ``LoadResult.metadata['robust_model_streamer']``."""
-
-    role: str  # "target" or "draft"
-    source: str
-    source_label: str
-    convention: str | None
-    tensors: int
-    bytes_streamed: int
-    checkpoint_bytes: int
-    seconds: float
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 class RobustModelStreamerStrategy(ModelStreamerStrategy):
@@ -92,22 +66,44 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         return True
 
     def is_available(self, ctx: LoadContext) -> bool:
+        """Eligible like ``model_streamer``; never raises (a bad setting skips the strategy)."""
         if not self.supports_explicit_uri(ctx):
             return False
-        settings = load_settings()
+        try:
+            settings = load_settings()
+        except ConfigurationError as exc:
+            logger.warning(f"[Worker {ctx.global_rank}] {self.name} skipped: {exc}")
+            return False
         if settings.require_model_uri and not settings.model_uri:
             logger.info(f"[Worker {ctx.global_rank}] MX_MODEL_URI not set, skipping {self.name}")
             return False
         return True
 
     def load(self, result: LoadResult, ctx: LoadContext) -> LoadResult:
-        settings = load_settings()
-        return self._load_from(result, ctx, candidates(ctx.model_config, settings), settings)
+        with self._recorded_failure(ctx):
+            settings = self._settings()
+            return self._load_from(result, ctx, candidates(ctx.model_config, settings), settings)
 
     def load_uri(self, result: LoadResult, ctx: LoadContext, model_uri: str) -> LoadResult:
         """Load from an explicit URI (no chain), with the same checks."""
-        settings = load_settings()
-        return self._load_from(result, ctx, [Candidate("explicit", model_uri)], settings)
+        with self._recorded_failure(ctx):
+            return self._load_from(result, ctx, [Candidate("explicit", model_uri)], self._settings())
+
+    @contextmanager
+    def _recorded_failure(self, ctx: LoadContext) -> Iterator[None]:
+        """Keep a failed load in the load reports, as the chain is told of it."""
+        try:
+            yield
+        except StrategyFailed as exc:
+            record(LoadFailure(engine_view(ctx).role, ctx.global_rank, str(exc), exc.mutated))
+            raise
+
+    @staticmethod
+    def _settings() -> RobustSettings:
+        try:
+            return load_settings()
+        except ConfigurationError as exc:
+            raise StrategyFailed(str(exc), mutated=False) from exc
 
     # -- steps ---------------------------------------------------------------
 
@@ -122,95 +118,59 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         result = _as_load_result(result)
         rank = ctx.global_rank
         engine = engine_view(ctx)
-        role = "draft" if engine.is_draft else "target"
-
-        resolution = self._resolve(cands, settings, rank, role)
-        checkpoint = resolution.checkpoint
-        if checkpoint.errors:
-            raise StrategyFailed(self._describe_errors(checkpoint), mutated=False)
-        for problem in checkpoint.problems:
+        try:
+            resolution, plan = plan_load(cands, engine, settings)
+        except MxStrategiesError as exc:
+            logger.warning(f"[Worker {rank}] {self.name} {engine.role} load not started: {exc}")
+            raise StrategyFailed(str(exc), mutated=False) from exc
+        logger.info(f"[Worker {rank}] {engine.role} source: {resolution.trail()}")
+        for problem in resolution.checkpoint.problems:
             logger.info(f"[Worker {rank}] {problem.kind}: {problem.message}")
+        if plan.shared:
+            logger.info(f"[Worker {rank}] draft also streams shared weights: {sorted(plan.shared)}")
+        planned = time.perf_counter()
 
-        plan, convention = self._plan(checkpoint, resolution, engine, settings, rank)
-        result = self._stream(result, ctx, plan, settings, engine)
+        distributed = engine.tensor_parallel_size > 1 and envs.MX_MS_DISTRIBUTED
+        result = self._stream(result, ctx, plan, settings, engine, distributed)
+        streamed = time.perf_counter()
+        try:
+            result = ctx.adapter.after_weight_iter_load(result)
+        except Exception as exc:
+            raise StrategyFailed(f"post-load processing failed: {exc}", mutated=True) from exc
+        finished = time.perf_counter()
 
-        report = LoadReport(
-            role=role,
-            source=resolution.candidate.uri,
-            source_label=resolution.candidate.label,
-            convention=convention,
-            tensors=len(plan.expected),
-            bytes_streamed=plan.bytes,
-            checkpoint_bytes=checkpoint.data_bytes,
-            seconds=time.perf_counter() - started,
-        )
-        result.metadata[self.name] = report.as_dict()
-        self._log_report(rank, report)
+        timings = {
+            "resolve": planned - started,
+            "stream": streamed - planned,
+            "post_load": finished - streamed,
+            "total": finished - started,
+        }
+        report = self._report(rank, resolution, plan, distributed, timings)
+        result.metadata[METADATA_KEY] = record(report)
+        logger.info(f"[Worker {rank}] {report.summary()}")
         register_tensors(result, ctx)
         return result
 
-    def _resolve(self, cands: list[Candidate], settings: RobustSettings, rank: int, role: str) -> Resolution:
-        try:
-            resolution = resolve(cands, settings)
-        except NoStreamableSource as exc:
-            raise StrategyFailed(str(exc), mutated=False) from exc
-        logger.info(f"[Worker {rank}] {role} source: {resolution.trail()}")
-        return resolution
-
     @staticmethod
-    def _describe_errors(checkpoint: Checkpoint) -> str:
-        errors = checkpoint.errors
-        shown = "; ".join(p.message for p in errors[:PROBLEMS_SHOWN])
-        more = f" (and {len(errors) - PROBLEMS_SHOWN} more)" if len(errors) > PROBLEMS_SHOWN else ""
-        return f"checkpoint {checkpoint.uri} is inconsistent, not loading it: {shown}{more}"
-
-    def _plan(
-        self,
-        checkpoint: Checkpoint,
-        resolution: Resolution,
-        engine: EngineView,
-        settings: RobustSettings,
-        rank: int,
-    ) -> tuple[LoadPlan, str | None]:
-        if not engine.is_draft:
-            return plan_full(checkpoint, settings), None
-        is_target_checkpoint = self._is_target_checkpoint(resolution, engine, settings)
-        if not (engine.is_mtp or (engine.speculative_method is None and is_target_checkpoint)):
-            if is_target_checkpoint:
-                # EAGLE and separate draft models have weights of their own.
-                raise StrategyFailed(
-                    f"draft (method {engine.speculative_method}) has a checkpoint of its own, but only the "
-                    f"target's checkpoint {resolution.candidate.uri} holds weights; not feeding it the target's "
-                    f"tensors ({resolution.trail()})",
-                    mutated=False,
-                )
-            return plan_full(checkpoint, settings), None
-        layout = layer_layout(checkpoint.config, engine.hf_config)
-        try:
-            selection = select_draft_tensors(
-                set(checkpoint.tensors()),
-                settings,
-                layout,
-                share_with_target=engine.pipeline_parallel_size == 1,
-            )
-        except NoDraftTensors as exc:
-            raise StrategyFailed(f"draft load from {resolution.candidate.uri}: {exc}", mutated=False) from exc
-        if selection.shared:
-            logger.info(f"[Worker {rank}] draft also streams shared weights: {sorted(selection.shared)}")
-        return plan_subset(checkpoint, selection.names), selection.convention
-
-    @staticmethod
-    def _is_target_checkpoint(resolution: Resolution, engine: EngineView, settings: RobustSettings) -> bool:
-        """Whether the chosen source is the target's checkpoint (MX_MODEL_URI or a target source).
-
-        An MTP draft (vLLM method "mtp", or an unknown method on such a
-        source) takes its own tensors out of it; any other draft has a
-        checkpoint of its own and must not be fed the target's.
-        """
-        shared = {normalize(u) for u in engine.target_uris}
-        if settings.model_uri:
-            shared.add(normalize(settings.model_uri))
-        return normalize(resolution.candidate.uri) in shared
+    def _report(
+        rank: int, resolution: Resolution, plan: LoadPlan, distributed: bool, timings: dict[str, float]
+    ) -> LoadReport:
+        checkpoint = resolution.checkpoint
+        return LoadReport(
+            role=plan.role,
+            rank=rank,
+            source=resolution.candidate.uri,
+            source_label=resolution.candidate.label,
+            rejected=tuple(Rejected(r.candidate.label, r.candidate.uri, r.reason) for r in resolution.rejected),
+            convention=plan.convention,
+            shards=tuple(plan.shard_keys),
+            tensors=len(plan.expected),
+            bytes_streamed=plan.bytes,
+            checkpoint_bytes=checkpoint.data_bytes,
+            metadata_bytes=checkpoint.metadata_bytes,
+            distributed=distributed,
+            timings=timings,
+        )
 
     def _stream(
         self,
@@ -219,42 +179,28 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         plan: LoadPlan,
         settings: RobustSettings,
         engine: EngineView,
+        distributed: bool,
     ) -> LoadResult:
         rank = ctx.global_rank
-        distributed = engine.tensor_parallel_size > 1 and settings.distributed
-        device = str(ctx.target_device) if distributed else "cpu"
         stream = VerifiedStream(
             plan,
             settings,
-            device=device,
+            device=str(ctx.target_device) if distributed else "cpu",
             distributed=distributed,
+            loader_extra_config=engine.loader_extra_config,
             on_warning=lambda message: logger.warning(f"[Worker {rank}] {message}"),
         )
         try:
             with stream:  # entering starts the stream and fetches the first tensor
                 result = ctx.adapter.apply_weight_iter(result, stream.tensors())
                 stream.settle()
-        except StreamStartError as exc:
-            raise StrategyFailed(str(exc), mutated=False) from exc
         except Exception as exc:
-            # The stream failing before it handed out a tensor leaves the model as it was.
-            mutated = not (isinstance(exc, (StreamBroken, ContentMismatch)) and not stream.ledger.delivered)
+            # Our errors know whether the model was touched; the engine's own happen while it is written.
+            mutated = exc.mutated if isinstance(exc, MxStrategiesError) else stream.touched
             touched = "after the model was touched" if mutated else "before any tensor reached the model"
             logger.warning(f"[Worker {rank}] {self.name} failed {touched}: {exc}")
             raise StrategyFailed(str(exc), mutated=mutated) from exc
-        try:
-            return ctx.adapter.after_weight_iter_load(result)
-        except Exception as exc:
-            raise StrategyFailed(f"post-load processing failed: {exc}", mutated=True) from exc
-
-    def _log_report(self, rank: int, report: LoadReport) -> None:
-        share = 100.0 * report.bytes_streamed / report.checkpoint_bytes if report.checkpoint_bytes else 0.0
-        convention = f", convention {report.convention}" if report.convention else ""
-        logger.info(
-            f"[Worker {rank}] {report.role} loaded from {report.source_label}={report.source!r}{convention}: "
-            f"{report.tensors} tensors verified, {report.bytes_streamed} of {report.checkpoint_bytes} "
-            f"checkpoint bytes streamed ({share:.1f}%) in {report.seconds:.2f}s"
-        )
+        return result
 
 
-__all__ = ["RobustModelStreamerStrategy", "IncompleteDelivery"]
+__all__ = ["RobustModelStreamerStrategy"]

@@ -11,7 +11,7 @@ precedence:
    error);
 3. the defaults below.
 
-An invalid value raises :class:`SettingsError` with one message naming the
+An invalid value raises :class:`ConfigurationError` with one message naming the
 variable, the value and what is allowed, so a bad deployment fails at
 activation instead of at the first model load.
 """
@@ -19,10 +19,13 @@ activation instead of at the first model load.
 from __future__ import annotations
 
 import os
+import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, get_args
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
+import annotated_types
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
@@ -31,6 +34,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from .errors import ConfigurationError
 
 CONFIG_FILE_ENV = "MX_STRATEGIES_CONFIG"
 
@@ -51,10 +56,6 @@ OPTIONAL_FIELDS = (
     "streamer_s3_max_retries",
     "streamer_s3_retry_timeout_s",
 )
-
-
-class SettingsError(ValueError):
-    """A setting has a value the strategies cannot use."""
 
 
 def _split_list(value: Any) -> Any:
@@ -243,15 +244,6 @@ class RobustSettings(BaseSettings):
             "persistent fault takes to fail a load. Unset keeps runai's own."
         ),
     )
-    distributed: bool = Field(
-        default=True,
-        validation_alias="MX_MS_DISTRIBUTED",
-        description=(
-            "Use runai's distributed streaming when the engine runs tensor "
-            "parallel > 1 (ModelExpress's own variable, same default)."
-        ),
-    )
-
     @field_validator(*ENUM_LIST_FIELDS, mode="before")
     @classmethod
     def _known_unique_entries(cls, value: Any, info: ValidationInfo) -> Any:
@@ -309,7 +301,7 @@ def _config_file_source(settings_cls: type[BaseSettings], config_file: str) -> P
     path = Path(config_file)
     where = f"{CONFIG_FILE_ENV}={config_file!r} is invalid"
     if not path.is_file():
-        raise SettingsError(f"{where}: no such file (allowed: the path of a .env or .toml file)")
+        raise ConfigurationError(f"{where}: no such file (allowed: the path of a .env or .toml file)")
     names = {str(field.validation_alias) for field in settings_cls.model_fields.values()}
     try:
         if ".toml" in path.suffixes:
@@ -321,10 +313,10 @@ def _config_file_source(settings_cls: type[BaseSettings], config_file: str) -> P
             source = DotEnvSettingsSource(settings_cls, env_file=path)
             keys = {key.upper() for key in dotenv_values(path)}
     except (OSError, ValueError) as exc:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
-        raise SettingsError(f"{where}: cannot read it: {exc}") from None
+        raise ConfigurationError(f"{where}: cannot read it: {exc}") from None
     unknown = sorted(keys - names)
     if unknown:
-        raise SettingsError(f"{where}: {', '.join(unknown)} is not a setting (allowed: {', '.join(sorted(names))})")
+        raise ConfigurationError(f"{where}: {', '.join(unknown)} is not a setting (allowed: {', '.join(sorted(names))})")
     return source
 
 
@@ -344,13 +336,11 @@ def load_settings(**overrides: Any) -> RobustSettings:
             name = str(error["loc"][0]) if error["loc"] else "?"
             value = error.get("input")
             problems.append(f"{name}={value!r} is invalid: {_allowed(name, error)}")
-        raise SettingsError("; ".join(problems)) from None
+        raise ConfigurationError("; ".join(problems)) from None
 
 
 def _allowed(name: str, error: dict[str, Any]) -> str:
     """pydantic's complaint, plus what the variable accepts when it does not say."""
-    from .settings_doc import allowed_for_env  # the field -> text rules live there
-
     message = error["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
@@ -358,3 +348,80 @@ def _allowed(name: str, error: dict[str, Any]) -> str:
         return message  # "Input should be 'fail' or 'warn'" already says it
     allowed = allowed_for_env(name)
     return f"{message} (allowed: {allowed})" if allowed else message
+
+
+# -- field -> text -------------------------------------------------------------
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    """``Optional[X]`` -> ``(X, True)``; anything else -> ``(annotation, False)``."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        members = [arg for arg in get_args(annotation) if arg is not type(None)]
+        if len(members) == 1 and len(members) < len(get_args(annotation)):
+            return members[0], True
+    return annotation, False
+
+
+def _bounds(info: FieldInfo) -> tuple[Optional[str], Optional[str]]:
+    """The lower and upper bound of a numeric field as ``">= 0"``-style text."""
+    lower = upper = None
+    for item in info.metadata:
+        if isinstance(item, annotated_types.Ge):
+            lower = f">= {item.ge}"
+        elif isinstance(item, annotated_types.Gt):
+            lower = f"> {item.gt}"
+        elif isinstance(item, annotated_types.Le):
+            upper = f"<= {item.le}"
+        elif isinstance(item, annotated_types.Lt):
+            upper = f"< {item.lt}"
+    return lower, upper
+
+
+def _number_text(kind: str, info: FieldInfo) -> str:
+    lower, upper = _bounds(info)
+    if lower and upper and lower.startswith(">=") and upper.startswith("<="):
+        return f"{kind} from {lower[3:]} to {upper[3:]}"
+    limits = " and ".join(bound for bound in (lower, upper) if bound)
+    return f"{kind} {limits}" if limits else kind
+
+
+def _choices(values: tuple[Any, ...]) -> str:
+    return ", ".join(str(value) for value in values)
+
+
+def allowed_text(field: str) -> str:
+    """What a field accepts, in words (used in docs and error messages)."""
+    info = RobustSettings.model_fields[field]
+    annotation, optional = _unwrap_optional(info.annotation)
+    origin = get_origin(annotation)
+    if annotation is bool:
+        text = "true or false; 1/0, yes/no, on/off also work"
+    elif origin is Literal:
+        text = f"one of {_choices(get_args(annotation))}"
+    elif origin is list:
+        (item,) = get_args(annotation)
+        if get_origin(item) is Literal:
+            text = f"one or more of {_choices(get_args(item))}"
+            if field in ENUM_LIST_FIELDS:
+                text += ", each at most once"
+        else:
+            text = "a list of strings, possibly empty"
+    elif annotation is int:
+        text = _number_text("an integer", info)
+    elif annotation is float:
+        text = _number_text("a number", info)
+    elif annotation is str:
+        text = "a string"
+    else:  # a new kind of field: say its type rather than guess
+        text = getattr(annotation, "__name__", str(annotation))
+    if optional:
+        text += ", or empty for unset"
+    return text
+
+
+def allowed_for_env(env: str) -> Optional[str]:
+    """:func:`allowed_text` for the field read from ``env`` (None if none is)."""
+    for field, info in RobustSettings.model_fields.items():
+        if str(info.validation_alias) == env:
+            return allowed_text(field)
+    return None

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .checkpoint import INDEX_NAME, Checkpoint, NoCheckpoint, inspect
+from .checkpoint import INDEX_NAME, Checkpoint, inspect
+from .errors import NoCheckpoint, NoStreamableSource, StoreError
 from .settings import RobustSettings
-from .storage import StoreError, open_store
+from .storage import normalize_uri, open_store
 
 
 @dataclass(frozen=True)
@@ -47,16 +48,10 @@ class Resolution:
         return "; ".join(steps)
 
 
-class NoStreamableSource(Exception):
-    """Every candidate was rejected; the message lists each and why."""
-
-    def __init__(self, rejected: list[Rejection]) -> None:
-        self.rejected = rejected
-        if rejected:
-            detail = "; ".join(str(r) for r in rejected)
-        else:
-            detail = "no candidate was set"
-        super().__init__(f"no candidate source holds streamable safetensors: {detail}")
+def no_source(rejected: list[Rejection]) -> NoStreamableSource:
+    """The error for a chain whose every candidate was rejected, listing each and why."""
+    detail = "; ".join(str(r) for r in rejected) if rejected else "no candidate was set"
+    return NoStreamableSource(f"no candidate source holds streamable safetensors: {detail}", rejected)
 
 
 def candidates(model_config: object, settings: RobustSettings) -> list[Candidate]:
@@ -72,15 +67,11 @@ def candidates(model_config: object, settings: RobustSettings) -> list[Candidate
         uri = values.get(label)
         if not uri or not isinstance(uri, str):
             continue
-        if normalize(uri) in seen:
+        if normalize_uri(uri) in seen:
             continue
-        seen.add(normalize(uri))
+        seen.add(normalize_uri(uri))
         result.append(Candidate(label, uri))
     return result
-
-
-def normalize(uri: str) -> str:
-    return uri.rstrip("/")
 
 
 def probe(candidate: Candidate, settings: RobustSettings) -> Checkpoint:
@@ -116,5 +107,5 @@ def resolve(cands: list[Candidate], settings: RobustSettings) -> Resolution:
             rejected.append(Rejection(candidate, str(exc)))
             continue
         return Resolution(candidate, checkpoint, rejected)
-    raise NoStreamableSource(rejected)
+    raise no_source(rejected)
 

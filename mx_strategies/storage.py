@@ -11,17 +11,16 @@ from the same environment variables runai reads.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Protocol
+
+from .errors import StoreError
 
 S3_PREFIX = "s3://"
 GCS_PREFIX = "gs://"
 AZURE_PREFIX = "az://"
 OBJECT_STORE_PREFIXES = (S3_PREFIX, GCS_PREFIX, AZURE_PREFIX)
-
-
-class StoreError(RuntimeError):
-    """Listing or reading a source failed; the message names the URI."""
 
 
 @dataclass(frozen=True)
@@ -43,8 +42,24 @@ class Store(Protocol):
         """``length`` bytes of ``obj`` from ``start`` (one ranged request)."""
 
 
+# "org/name" that is no local folder: a Hugging Face hub id, which we cannot stream.
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
 def is_object_store_uri(uri: str) -> bool:
     return uri.startswith(OBJECT_STORE_PREFIXES)
+
+
+def normalize_uri(uri: str) -> str:
+    """One spelling per location: object-store URIs without a trailing slash, local paths absolute."""
+    if is_object_store_uri(uri) or "://" in uri:
+        return uri.rstrip("/")
+    return os.path.abspath(uri)
+
+
+def looks_like_hub_id(uri: str) -> bool:
+    """``org/name`` with no such local folder: someone passed a Hugging Face hub id."""
+    return bool(HUB_ID.match(uri)) and not uri.startswith((".", "/")) and not os.path.exists(uri)
 
 
 def open_store(uri: str, *, timeout_s: float = 20.0, max_attempts: int = 3) -> Store:
@@ -57,8 +72,10 @@ def open_store(uri: str, *, timeout_s: float = 20.0, max_attempts: int = 3) -> S
         return AzureStore(uri)
     if "://" in uri:
         raise StoreError(f"{uri}: unsupported scheme (expected s3://, gs://, az:// or a local folder)")
+    if looks_like_hub_id(uri):
+        raise StoreError(f"{uri}: no such local folder (it looks like a Hugging Face hub id, which cannot be streamed)")
     if not os.path.exists(uri):
-        raise StoreError(f"{uri}: no such local folder (a hub id or a missing path)")
+        raise StoreError(f"{uri}: no such local folder")
     if not os.path.isdir(uri):
         raise StoreError(f"{uri}: not a folder")
     return LocalStore(uri)
@@ -70,7 +87,7 @@ def _depth(key: str) -> int:
 
 class LocalStore:
     def __init__(self, root: str) -> None:
-        self.root = os.path.abspath(root)
+        self.root = normalize_uri(root)
 
     def list(self, max_depth: int) -> list[ObjectInfo]:
         found: list[ObjectInfo] = []
@@ -119,7 +136,7 @@ class S3Store:
         from botocore import UNSIGNED
         from botocore.config import Config
 
-        self.root = uri.rstrip("/")
+        self.root = normalize_uri(uri)
         self.bucket, self.prefix = _split_bucket(uri, S3_PREFIX)
         if not self.bucket:
             raise StoreError(f"{uri}: no bucket in the URI")
@@ -184,7 +201,7 @@ class GcsStore:
             from runai_model_streamer_gcs.files.files import _create_client
         except ImportError as exc:
             raise StoreError(f"{uri}: install runai-model-streamer[gcs] to read gs:// sources") from exc
-        self.root = uri.rstrip("/")
+        self.root = normalize_uri(uri)
         self.bucket_name, self.prefix = _split_bucket(uri, GCS_PREFIX)
         try:
             self._bucket = _create_client().bucket(self.bucket_name)
@@ -221,7 +238,7 @@ class AzureStore:
             from runai_model_streamer_azure.files.files import _create_client
         except ImportError as exc:
             raise StoreError(f"{uri}: install runai-model-streamer[azure] to read az:// sources") from exc
-        self.root = uri.rstrip("/")
+        self.root = normalize_uri(uri)
         self.container_name, self.prefix = _split_bucket(uri, AZURE_PREFIX)
         try:
             self._container = _create_client().get_container_client(self.container_name)

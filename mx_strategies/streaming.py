@@ -20,14 +20,14 @@ import itertools
 import os
 from collections import Counter, deque
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 
-from .checkpoint import Checkpoint, Shard
 from .content_check import ContentCheck
-from .settings import RobustSettings
+from .errors import ContentMismatch, IncompleteDelivery, StreamBroken, StreamStartError
+from .planning import LoadPlan
+from .settings import RobustSettings, env_name
 
 # Our settings -> the runai variables they set for the duration of a load.
 STREAMER_ENV = {
@@ -37,17 +37,14 @@ STREAMER_ENV = {
     "streamer_s3_max_retries": "RUNAI_STREAMER_S3_MAX_RETRIES",
     "streamer_s3_retry_timeout_s": "RUNAI_STREAMER_S3_TIMEOUT",
 }
+# vLLM's model_loader_extra_config keys for runai -> the variables vLLM sets from them.
+LOADER_EXTRA_CONFIG_ENV = {
+    "concurrency": "RUNAI_STREAMER_CONCURRENCY",
+    "memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
+}
 MISSING_NAMES_SHOWN = 10
 # Held-back bytes when runai cannot say how big its ring is.
 DEFAULT_REORDER_LIMIT_BYTES = 1 << 30
-
-
-class IncompleteDelivery(RuntimeError):
-    """A load delivered fewer, more or other tensors than its plan."""
-
-
-class StreamStartError(RuntimeError):
-    """The streamer failed before the first tensor reached the model."""
 
 
 # runai-model-streamer (0.17.0) loads the object-store plugin (S3, GCS or Azure) of
@@ -77,43 +74,6 @@ def claim_backend(source: str, uris: list[str]) -> None:
             f"first load in a process ({_bound_backend}://) and would read these {wanted}:// files with it; "
             f"load {wanted}:// checkpoints in a process of their own"
         )
-
-
-class StreamBroken(RuntimeError):
-    """The streamer failed part-way; the message names the source and unfinished files."""
-
-
-@dataclass(frozen=True)
-class LoadPlan:
-    """What one load streams: shards in order and the names each delivers."""
-
-    source: str
-    shards: tuple[Shard, ...]
-    names: Optional[frozenset[str]]  # None: every tensor of those shards
-
-    @property
-    def expected(self) -> list[str]:
-        return [n for s in self.shards for n in s.tensors if self.names is None or n in self.names]
-
-    @property
-    def bytes(self) -> int:
-        return sum(t.nbytes for s in self.shards for n, t in s.tensors.items() if self.names is None or n in self.names)
-
-    @property
-    def uris(self) -> list[str]:
-        return [s.uri for s in self.shards]
-
-
-def plan_full(checkpoint: Checkpoint, settings: RobustSettings) -> LoadPlan:
-    """Every tensor of every shard; empty shards left out unless configured."""
-    shards = [s for s in checkpoint.shards if s.readable and (s.tensors or not settings.skip_empty_shards)]
-    return LoadPlan(checkpoint.uri, tuple(shards), None)
-
-
-def plan_subset(checkpoint: Checkpoint, names: set[str]) -> LoadPlan:
-    """Only ``names``, from only the shards that hold them."""
-    shards = [s for s in checkpoint.loadable_shards if any(n in names for n in s.tensors)]
-    return LoadPlan(checkpoint.uri, tuple(shards), frozenset(names))
 
 
 class DeliveryLedger:
@@ -233,16 +193,48 @@ def reorder_limit(streamer) -> int:
     return max(2 * num_buffers * buffer_size, 1)
 
 
+def streamer_variables(
+    settings: RobustSettings,
+    loader_extra_config: Optional[Mapping[str, Any]] = None,
+    on_warning: Optional[Callable[[str], None]] = None,
+) -> dict[str, str]:
+    """The runai variables a load sets: vLLM's ``model_loader_extra_config`` keys, then ours.
+
+    vLLM's runai loader (which ModelExpress's parent strategy uses) turns
+    ``concurrency`` and ``memory_limit`` into runai's variables; we honour
+    them the same way. Where one of our settings names the same variable,
+    ours wins, and ``on_warning`` is told.
+    """
+    variables: dict[str, str] = {}
+    extra = loader_extra_config or {}
+    for key, var in LOADER_EXTRA_CONFIG_ENV.items():
+        if extra.get(key) is not None:
+            variables[var] = str(extra[key])
+    for field, var in STREAMER_ENV.items():
+        value = getattr(settings, field)
+        if value is None:
+            continue
+        if var in variables and variables[var] != str(value) and on_warning is not None:
+            on_warning(
+                f"{env_name(field)}={value} overrides model_loader_extra_config "
+                f"{_extra_key(var)}={variables[var]} ({var})"
+            )
+        variables[var] = str(value)
+    return variables
+
+
+def _extra_key(var: str) -> str:
+    return next(key for key, name in LOADER_EXTRA_CONFIG_ENV.items() if name == var)
+
+
 @contextmanager
-def streamer_environment(settings: RobustSettings) -> Iterator[None]:
-    """Set the runai knobs we were configured with, restoring them afterwards."""
+def streamer_environment(variables: Mapping[str, str]) -> Iterator[None]:
+    """Set runai's variables for the duration of a load, restoring them afterwards."""
     saved = {}
     try:
-        for field, var in STREAMER_ENV.items():
-            value = getattr(settings, field)
-            if value is not None:
-                saved[var] = os.environ.get(var)
-                os.environ[var] = str(value)
+        for var, value in variables.items():
+            saved[var] = os.environ.get(var)
+            os.environ[var] = value
         yield
     finally:
         for var, old in saved.items():
@@ -268,12 +260,14 @@ class VerifiedStream:
         *,
         device: str = "cpu",
         distributed: bool = False,
-        on_warning=None,
+        loader_extra_config: Optional[Mapping[str, Any]] = None,
+        on_warning: Optional[Callable[[str], None]] = None,
     ) -> None:
         self.plan = plan
         self.settings = settings
         self.device = device
         self.distributed = distributed
+        self.variables = streamer_variables(settings, loader_extra_config, on_warning)
         self.ledger = DeliveryLedger(plan.expected)
         self.bytes_delivered = 0
         self.exhausted = False
@@ -298,7 +292,7 @@ class VerifiedStream:
         if self._streamer is not None:
             raise RuntimeError("VerifiedStream is already started")
         claim_backend(self.plan.source, self.plan.uris)
-        self._env = streamer_environment(self.settings)
+        self._env = streamer_environment(self.variables)
         self._env.__enter__()
         try:
             self._streamer = SafetensorsStreamer().__enter__()
@@ -349,7 +343,7 @@ class VerifiedStream:
             try:
                 pending = next(self._iter, None) if self._iter is not None else None
             except Exception as exc:
-                raise StreamBroken(self._broken(exc, arrived)) from exc
+                raise StreamBroken(self._broken(exc, arrived), mutated=self.touched) from exc
 
     def _broken(self, exc: Exception, arrived: set[str]) -> str:
         """runai's error says neither the source nor the file: add both."""
@@ -362,9 +356,18 @@ class VerifiedStream:
             f"arrived (unfinished: {_first(unfinished)}): {type(exc).__name__}: {exc}"
         )
 
+    @property
+    def touched(self) -> bool:
+        """Whether a tensor was handed to the model (so a failure now leaves it changed)."""
+        return bool(self.ledger.delivered)
+
     def _check_in(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
         if self.content is not None:
-            self.content.check(name, tensor)  # ContentMismatch: wrong bytes never reach the model
+            try:
+                self.content.check(name, tensor)  # wrong bytes never reach the model
+            except ContentMismatch as exc:
+                exc.mutated = self.touched
+                raise
         self.ledger.check_in(name)
         self.bytes_delivered += tensor.numel() * tensor.element_size()
         return name, tensor
@@ -380,6 +383,6 @@ class VerifiedStream:
         if not self.exhausted:
             message += " (the engine stopped reading before the stream ended)"
         if self.settings.completeness == "fail":
-            raise IncompleteDelivery(message)
+            raise IncompleteDelivery(message, mutated=self.touched)
         if self._on_warning is not None:
             self._on_warning(message)

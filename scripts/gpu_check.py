@@ -43,7 +43,7 @@ def main() -> int:
     from safetensors.torch import load_file
 
     import mx_strategies
-    from mx_strategies.synthetic import config_only_copy, mtp_checkpoint
+    from mx_strategies.testing.synthetic import config_only_copy, mtp_checkpoint
 
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

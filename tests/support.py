@@ -1,6 +1,6 @@
 """Test helpers for the engine side of ModelExpress, which needs vLLM and a GPU.
 
-The model and adapter are mx_strategies.standin's: a strict model (a tensor
+The model and adapter are mx_strategies.testing.standin's: a strict model (a tensor
 it does not own fails the load) and a real ``EngineAdapter`` subclass that
 applies weights through ``model.load_weights`` as vLLM's adapter does and
 counts ``reinit_for_retry`` calls. Everything else in the chain is real.
@@ -17,9 +17,9 @@ import torch
 from modelexpress.load_strategy import LoadStrategyChain
 from safetensors.torch import load_file
 
-from mx_strategies.standin import StandInAdapter as CountingAdapter
-from mx_strategies.standin import StandInModel as RecordingModel
-from mx_strategies.standin import load_context
+from mx_strategies.testing.standin import StandInAdapter as CountingAdapter
+from mx_strategies.testing.standin import StandInModel as RecordingModel
+from mx_strategies.testing.standin import load_context
 
 __all__ = [
     "CountingAdapter",
@@ -66,13 +66,17 @@ def run_chain(mc, reference, names=None, *, vcfg=None, draft=False):
     return model, adapter
 
 
-def load_gpu_e2e():
-    """scripts/gpu_e2e.py as the module ``gpu_e2e`` (scripts/ is not a package)."""
-    if "gpu_e2e" in sys.modules:
-        return sys.modules["gpu_e2e"]
+def load_script(name: str):
+    """scripts/<name>.py as the module ``name`` (scripts/ is not a package)."""
+    if name in sys.modules:
+        return sys.modules[name]
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("gpu_e2e", os.path.join(repo, "scripts", "gpu_e2e.py"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(repo, "scripts", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_e2e"] = module  # dataclasses look their module up there
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def load_gpu_e2e():
+    return load_script("gpu_e2e")

@@ -22,10 +22,11 @@ from safetensors.torch import load_file
 from support import CountingAdapter, RecordingModel, make_context, model_config
 
 import mx_strategies
-from mx_strategies import activation, synthetic
+from mx_strategies import activation
+from mx_strategies.testing import synthetic
 from mx_strategies.activation import ActivationError
 from mx_strategies.robust import RobustModelStreamerStrategy
-from mx_strategies.settings import SettingsError
+from mx_strategies.errors import ConfigurationError
 
 CHAIN_LOGGER = "modelexpress.load_strategy"
 INSTALLED = "mx-strategies: MX_STRATEGY="
@@ -239,7 +240,7 @@ def test_invalid_setting_fails_at_activation(monkeypatch):
     original = chain_module.execute_load_strategies
     monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
     monkeypatch.setenv("MX_ROBUST_COMPLETENESS", "maybe")
-    with pytest.raises(SettingsError) as caught:
+    with pytest.raises(ConfigurationError) as caught:
         activation.register()
     assert str(caught.value) == "MX_ROBUST_COMPLETENESS='maybe' is invalid: Input should be 'fail' or 'warn'"
     assert chain_module.execute_load_strategies is original
@@ -248,5 +249,5 @@ def test_invalid_setting_fails_at_activation(monkeypatch):
 def test_missing_config_file_fails_at_activation(monkeypatch, tmp_path):
     monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
     monkeypatch.setenv("MX_STRATEGIES_CONFIG", str(tmp_path / "robust.toml"))
-    with pytest.raises(SettingsError, match=r"^MX_STRATEGIES_CONFIG='.*robust\.toml' is invalid: no such file"):
+    with pytest.raises(ConfigurationError, match=r"^MX_STRATEGIES_CONFIG='.*robust\.toml' is invalid: no such file"):
         activation.register()

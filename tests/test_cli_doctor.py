@@ -17,7 +17,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mx_strategies import cli, synthetic
+from mx_strategies import cli
+from mx_strategies.testing import synthetic
 from mx_strategies.checkpoint import INDEX_NAME
 
 TENSOR_SHAPE = (128, 512)  # float32: 256 KiB

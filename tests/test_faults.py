@@ -40,7 +40,7 @@ from mx_strategies import activation
 from mx_strategies.content_check import ContentCheck, select, tensor_digest
 from mx_strategies.robust import RobustModelStreamerStrategy
 from mx_strategies.settings import load_settings
-from mx_strategies.synthetic import write_shards
+from mx_strategies.testing.synthetic import write_shards
 
 SHARDS = 3
 HIDDEN = 16
@@ -458,18 +458,18 @@ def test_sample_is_fixed_per_source_and_spread():
 
 
 def test_verify_settings_are_validated(monkeypatch):
-    from mx_strategies.settings import SettingsError
+    from mx_strategies.errors import ConfigurationError
 
     monkeypatch.setenv("MX_ROBUST_VERIFY_CONTENT", "some")
-    with pytest.raises(SettingsError, match="MX_ROBUST_VERIFY_CONTENT='some' is invalid"):
+    with pytest.raises(ConfigurationError, match="MX_ROBUST_VERIFY_CONTENT='some' is invalid"):
         load_settings()
     monkeypatch.setenv("MX_ROBUST_VERIFY_CONTENT", "sample")
     monkeypatch.setenv("MX_ROBUST_VERIFY_SAMPLE", "0")
-    with pytest.raises(SettingsError, match="MX_ROBUST_VERIFY_SAMPLE='0' is invalid"):
+    with pytest.raises(ConfigurationError, match="MX_ROBUST_VERIFY_SAMPLE='0' is invalid"):
         load_settings()
     monkeypatch.setenv("MX_ROBUST_VERIFY_SAMPLE", "3")
     monkeypatch.setenv("MX_ROBUST_STREAMER_S3_MAX_RETRIES", "0")
-    with pytest.raises(SettingsError, match="MX_ROBUST_STREAMER_S3_MAX_RETRIES='0' is invalid"):
+    with pytest.raises(ConfigurationError, match="MX_ROBUST_STREAMER_S3_MAX_RETRIES='0' is invalid"):
         load_settings()
 
 

@@ -21,7 +21,7 @@ import time
 import pytest
 from support import load_gpu_e2e
 
-from mx_strategies.synthetic import mtp_checkpoint
+from mx_strategies.testing.synthetic import mtp_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "gpu-e2e.sh")

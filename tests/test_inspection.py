@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from mx_strategies.checkpoint import INDEX_NAME, NoCheckpoint, inspect, natural_key
 from mx_strategies.storage import LocalStore, open_store
-from mx_strategies.synthetic import config_only_copy, write_shards
+from mx_strategies.testing.synthetic import config_only_copy, write_shards
 from test_robust_streaming import header_order, tiny_shards, upload, write_checkpoint, write_unpadded
 
 DEPTH = 3

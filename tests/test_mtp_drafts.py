@@ -30,7 +30,7 @@ from support import (
 
 from mx_strategies.checkpoint import INDEX_NAME
 from mx_strategies.robust import RobustModelStreamerStrategy
-from mx_strategies.synthetic import config_only_copy, mtp_checkpoint, write_shards
+from mx_strategies.testing.synthetic import config_only_copy, mtp_checkpoint, write_shards
 
 
 def assert_loaded(model: RecordingModel, expected_names: set[str], reference: dict[str, torch.Tensor]) -> None:

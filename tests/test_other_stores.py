@@ -58,8 +58,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from faults import CORRUPT, STATUS, FaultProxy, Rule  # noqa: E402
 
-from mx_strategies.loopback import LOOPBACK, free_port  # noqa: E402
-from mx_strategies.synthetic import write_shards  # noqa: E402
+from mx_strategies.testing.loopback import LOOPBACK, free_port  # noqa: E402
+from mx_strategies.testing.synthetic import write_shards  # noqa: E402
 
 AZURITE_VERSION = "3.37.0"
 AZURITE_ACCOUNT = "devstoreaccount1"

@@ -32,7 +32,7 @@ from safetensors.torch import load_file
 from support import CountingAdapter, RecordingModel, make_context, model_config
 
 from mx_strategies.robust import RobustModelStreamerStrategy
-from mx_strategies.synthetic import write_shards
+from mx_strategies.testing.synthetic import write_shards
 
 DTYPES = [
     torch.float8_e4m3fn,

@@ -31,12 +31,17 @@ from safetensors.torch import load_file, save_file
 
 from mx_strategies import activation
 from mx_strategies.checkpoint import INDEX_NAME, inspect
-from mx_strategies.loopback import S3_ENV, free_port
+from mx_strategies.testing.loopback import S3_ENV, free_port
 from mx_strategies.robust import RobustModelStreamerStrategy
 from mx_strategies.settings import load_settings
 from mx_strategies.storage import LocalStore
-from mx_strategies.streaming import IncompleteDelivery, InOrder, LoadPlan, VerifiedStream, plan_full
-from mx_strategies.synthetic import config_only_copy, write_shards
+from mx_strategies.errors import IncompleteDelivery
+from mx_strategies.engine import EngineView
+from mx_strategies.planning import LoadPlan, plan_for
+from mx_strategies.streaming import InOrder, VerifiedStream
+from mx_strategies.testing.synthetic import config_only_copy, write_shards
+
+TARGET = EngineView(False, None, (), 1, 1, None, {})
 from support import CountingAdapter, RecordingModel, make_context, model_config, run_chain
 
 STRATEGY_LOGGER = "modelexpress.strategy_robust_model_streamer"
@@ -678,7 +683,7 @@ DROPPED = "model.layers.1.mlp.down_proj.weight"
 def test_verified_stream_reports_a_tensor_that_never_came(tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(4))
     settings = load_settings()
-    plan = plan_full(inspect(LocalStore(ckpt.path), settings.discovery_depth), settings)
+    plan = plan_for(inspect(LocalStore(ckpt.path), settings.discovery_depth), TARGET, settings, source_is_target=True)
     replace_without(_shard(ckpt, 2), DROPPED)  # after inspection, before streaming
 
     delivered = []
@@ -698,7 +703,7 @@ def test_verified_stream_warn_policy_reports_and_returns(monkeypatch, tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3))
     monkeypatch.setenv("MX_ROBUST_COMPLETENESS", "warn")
     settings = load_settings()
-    plan = plan_full(inspect(LocalStore(ckpt.path), settings.discovery_depth), settings)
+    plan = plan_for(inspect(LocalStore(ckpt.path), settings.discovery_depth), TARGET, settings, source_is_target=True)
     replace_without(_shard(ckpt, 2), DROPPED)
     warnings: list[str] = []
     with VerifiedStream(plan, settings, on_warning=warnings.append) as stream:
@@ -719,7 +724,7 @@ def test_verified_stream_reports_duplicates(tmp_path):
     assert [p.kind for p in checkpoint.errors] == ["duplicate_tensor"]  # the strategy would stop here
     names: list[str] = []
     with pytest.raises(IncompleteDelivery, match="1 delivered more than once: model.layers.0.input_layernorm.weight"):
-        with VerifiedStream(plan_full(checkpoint, settings), settings) as stream:
+        with VerifiedStream(plan_for(checkpoint, TARGET, settings, source_is_target=True), settings) as stream:
             names.extend(name for name, _ in stream.tensors())
     assert names.count("model.layers.0.input_layernorm.weight") == 2
     assert len(names) == len(ckpt.reference) + 1
@@ -728,7 +733,7 @@ def test_verified_stream_reports_duplicates(tmp_path):
 def test_verified_stream_reports_a_plan_listing_a_shard_twice(tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
     settings = load_settings()
-    full = plan_full(inspect(LocalStore(ckpt.path), settings.discovery_depth), settings)
+    full = plan_for(inspect(LocalStore(ckpt.path), settings.discovery_depth), TARGET, settings, source_is_target=True)
     twice = LoadPlan(full.source, (full.shards[0], full.shards[1], full.shards[0]), None)
     model = RecordingModel(ckpt.reference)
     with pytest.raises(IncompleteDelivery, match="3 delivered more than once"):
@@ -740,7 +745,7 @@ def test_verified_stream_reports_a_plan_listing_a_shard_twice(tmp_path):
 def test_verified_stream_notices_an_engine_that_stopped_reading(tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3))
     settings = load_settings()
-    plan = plan_full(inspect(LocalStore(ckpt.path), settings.discovery_depth), settings)
+    plan = plan_for(inspect(LocalStore(ckpt.path), settings.discovery_depth), TARGET, settings, source_is_target=True)
     with pytest.raises(IncompleteDelivery, match="the engine stopped reading before the stream ended"):
         with VerifiedStream(plan, settings) as stream:
             tensors = stream.tensors()

@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 from dotenv import dotenv_values
 
-from mx_strategies import settings_doc
-from mx_strategies.settings import RobustSettings, SettingsError, load_settings
+from support import load_script
+
+settings_doc = load_script("settings_doc")
+from mx_strategies.errors import ConfigurationError
+from mx_strategies.settings import RobustSettings, load_settings
 
 try:
     import tomllib
@@ -43,7 +46,6 @@ DEFAULTS = {
     "streamer_chunk_bytesize": None,
     "streamer_s3_max_retries": None,
     "streamer_s3_retry_timeout_s": None,
-    "distributed": True,
 }
 
 # One non-default value per variable, as the environment spells it, and the
@@ -67,7 +69,6 @@ NON_DEFAULTS = {
     "MX_ROBUST_STREAMER_CHUNK_BYTESIZE": ("8388608", 8388608),
     "MX_ROBUST_STREAMER_S3_MAX_RETRIES": ("2", 2),
     "MX_ROBUST_STREAMER_S3_RETRY_TIMEOUT_S": ("0", 0),
-    "MX_MS_DISTRIBUTED": ("no", False),
 }
 
 
@@ -258,15 +259,13 @@ INVALID = [
      "Input should be a valid boolean, unable to interpret input (allowed: true or false; 1/0, yes/no, on/off also work)"),
     ("MX_ROBUST_REQUIRE_MODEL_URI", "2",
      "Input should be a valid boolean, unable to interpret input (allowed: true or false; 1/0, yes/no, on/off also work)"),
-    ("MX_MS_DISTRIBUTED", "nope",
-     "Input should be a valid boolean, unable to interpret input (allowed: true or false; 1/0, yes/no, on/off also work)"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("env, value, reason", INVALID, ids=[f"{env}={value!r}" for env, value, _ in INVALID])
 def test_invalid_value_names_variable_value_and_what_is_allowed(monkeypatch, env, value, reason):
     monkeypatch.setenv(env, value)
-    with pytest.raises(SettingsError) as caught:
+    with pytest.raises(ConfigurationError) as caught:
         load_settings()
     assert str(caught.value) == f"{env}={value!r} is invalid: {reason}"
 
@@ -280,7 +279,7 @@ def test_every_validated_setting_has_an_invalid_value_test():
 def test_several_invalid_values_are_reported_together(monkeypatch):
     monkeypatch.setenv("MX_ROBUST_COMPLETENESS", "maybe")
     monkeypatch.setenv("MX_ROBUST_PROBE_MAX_ATTEMPTS", "0")
-    with pytest.raises(SettingsError) as caught:
+    with pytest.raises(ConfigurationError) as caught:
         load_settings()
     assert str(caught.value) == (
         "MX_ROBUST_PROBE_MAX_ATTEMPTS='0' is invalid: Input should be greater than or equal to 1 "
@@ -291,7 +290,7 @@ def test_several_invalid_values_are_reported_together(monkeypatch):
 
 def test_invalid_value_in_toml_file(monkeypatch, tmp_path):
     _use_config(monkeypatch, tmp_path / "robust.toml", 'MX_ROBUST_SOURCE_ORDER = ["model", "bogus"]\n')
-    with pytest.raises(SettingsError) as caught:
+    with pytest.raises(ConfigurationError) as caught:
         load_settings()
     assert str(caught.value) == (
         "MX_ROBUST_SOURCE_ORDER=['model', 'bogus'] is invalid: unknown entry 'bogus' "
@@ -301,7 +300,7 @@ def test_invalid_value_in_toml_file(monkeypatch, tmp_path):
 
 def test_invalid_value_in_dotenv_file(monkeypatch, tmp_path):
     _use_config(monkeypatch, tmp_path / "robust.env", "MX_ROBUST_PROBE_TIMEOUT_S=-3\n")
-    with pytest.raises(SettingsError) as caught:
+    with pytest.raises(ConfigurationError) as caught:
         load_settings()
     assert str(caught.value) == (
         "MX_ROBUST_PROBE_TIMEOUT_S='-3' is invalid: Input should be greater than 0 (allowed: a number > 0 and <= 600)"
@@ -311,7 +310,7 @@ def test_invalid_value_in_dotenv_file(monkeypatch, tmp_path):
 def test_missing_config_file(monkeypatch, tmp_path):
     missing = tmp_path / "nowhere.toml"
     monkeypatch.setenv("MX_STRATEGIES_CONFIG", str(missing))
-    with pytest.raises(SettingsError) as caught:
+    with pytest.raises(ConfigurationError) as caught:
         load_settings()
     assert str(caught.value) == (
         f"MX_STRATEGIES_CONFIG={str(missing)!r} is invalid: no such file (allowed: the path of a .env or .toml file)"
@@ -320,7 +319,7 @@ def test_missing_config_file(monkeypatch, tmp_path):
 
 def test_config_file_key_that_is_no_setting(monkeypatch, tmp_path):
     path = _use_config(monkeypatch, tmp_path / "robust.toml", 'MX_ROBUST_COMPLETNESS = "warn"\n')
-    with pytest.raises(SettingsError) as caught:
+    with pytest.raises(ConfigurationError) as caught:
         load_settings()
     message = str(caught.value)
     assert message.startswith(
@@ -331,7 +330,7 @@ def test_config_file_key_that_is_no_setting(monkeypatch, tmp_path):
 
 def test_config_file_that_is_not_toml(monkeypatch, tmp_path):
     path = _use_config(monkeypatch, tmp_path / "robust.toml", "MX_ROBUST_COMPLETENESS = warn\n")
-    with pytest.raises(SettingsError) as caught:
+    with pytest.raises(ConfigurationError) as caught:
         load_settings()
     assert str(caught.value).startswith(f"MX_STRATEGIES_CONFIG={str(path)!r} is invalid: cannot read it: ")
 
@@ -344,10 +343,10 @@ ALL_ENVS = {str(info.validation_alias) for info in RobustSettings.model_fields.v
 
 
 def test_generated_files_match_the_model():
-    """The drift test: regenerate with `python -m mx_strategies.settings_doc --write`."""
+    """The drift test: regenerate with `python scripts/settings_doc.py --write`."""
     for relative, text in settings_doc.rendered_files().items():
         on_disk = (REPO / relative).read_text(encoding="utf-8")
-        assert on_disk == text, f"{relative} is stale: run `python -m mx_strategies.settings_doc --write`"
+        assert on_disk == text, f"{relative} is stale: run `python scripts/settings_doc.py --write`"
 
 
 def test_a_changed_field_makes_the_files_stale(monkeypatch):

@@ -12,7 +12,7 @@ loads with ``MX_STRATEGY=mx_strategies.robust`` activated.
 Two kinds of model receive the weights:
 
 * a stand-in module (``tests/support.RecordingModel``) for checkpoints
-  written by ``mx_strategies.synthetic``: their tensors carry the
+  written by ``mx_strategies.testing.synthetic``: their tensors carry the
   architecture's names (DeepSeek's MTP layer ``model.layers.{N}.*``,
   Qwen3-Next's ``mtp.*``) but not vLLM's shapes. ModelConfig reads only
   config.json, and the stand-in takes any shape, so the shapes do not
@@ -80,7 +80,7 @@ from vllm.config import (  # noqa: E402
 )
 
 from mx_strategies.engine import engine_view  # noqa: E402
-from mx_strategies.synthetic import mtp_checkpoint  # noqa: E402
+from mx_strategies.testing.synthetic import mtp_checkpoint  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STRATEGY_LOGGER = "modelexpress.strategy_robust_model_streamer"

@@ -15,7 +15,8 @@ import sys
 from types import ModuleType
 from typing import Optional, Sequence
 
-from . import __version__, demo, doctor
+from .. import __version__
+from . import demo, doctor
 
 COMMANDS: tuple[ModuleType, ...] = (doctor, demo)
 

@@ -5,11 +5,11 @@ are generated from the model's fields (variable, type, range, default,
 description), so they cannot say something the code does not do. After
 changing a field, regenerate them::
 
-    python -m mx_strategies.settings_doc --write
+    python scripts/settings_doc.py --write
 
 ``--check`` exits non-zero when a file differs from what the model renders
 (the test suite does the same). The same field -> "what is allowed" text is
-used in :class:`~mx_strategies.settings.SettingsError` messages.
+used in :class:`~mx_strategies.settings.ConfigurationError` messages.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from typing import Any, Literal, Optional, Union, get_args, get_origin
 import annotated_types
 from pydantic.fields import FieldInfo
 
-from .settings import CONFIG_FILE_ENV, ENUM_LIST_FIELDS, RobustSettings
+from mx_strategies.settings import CONFIG_FILE_ENV, RobustSettings, _unwrap_optional, allowed_text
 
 WIDTH = 79
 ENV_EXAMPLE = Path("configs/robust.env.example")
 TOML_EXAMPLE = Path("configs/robust.toml.example")
 SETTINGS_DOC = Path("docs/settings.md")
-REGENERATE = "python -m mx_strategies.settings_doc --write"
+REGENERATE = "python scripts/settings_doc.py --write"
 
 
 @dataclass(frozen=True)
@@ -77,83 +77,6 @@ class SettingDoc:
         if self.default is None:
             return "unset"
         return self.default_env or "(empty)"
-
-
-# -- field -> text -------------------------------------------------------------
-
-
-def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
-    """``Optional[X]`` -> ``(X, True)``; anything else -> ``(annotation, False)``."""
-    if get_origin(annotation) in (Union, types.UnionType):
-        members = [arg for arg in get_args(annotation) if arg is not type(None)]
-        if len(members) == 1 and len(members) < len(get_args(annotation)):
-            return members[0], True
-    return annotation, False
-
-
-def _bounds(info: FieldInfo) -> tuple[Optional[str], Optional[str]]:
-    """The lower and upper bound of a numeric field as ``">= 0"``-style text."""
-    lower = upper = None
-    for item in info.metadata:
-        if isinstance(item, annotated_types.Ge):
-            lower = f">= {item.ge}"
-        elif isinstance(item, annotated_types.Gt):
-            lower = f"> {item.gt}"
-        elif isinstance(item, annotated_types.Le):
-            upper = f"<= {item.le}"
-        elif isinstance(item, annotated_types.Lt):
-            upper = f"< {item.lt}"
-    return lower, upper
-
-
-def _number_text(kind: str, info: FieldInfo) -> str:
-    lower, upper = _bounds(info)
-    if lower and upper and lower.startswith(">=") and upper.startswith("<="):
-        return f"{kind} from {lower[3:]} to {upper[3:]}"
-    limits = " and ".join(bound for bound in (lower, upper) if bound)
-    return f"{kind} {limits}" if limits else kind
-
-
-def _choices(values: tuple[Any, ...]) -> str:
-    return ", ".join(str(value) for value in values)
-
-
-def allowed_text(field: str) -> str:
-    """What a field accepts, in words (used in docs and error messages)."""
-    info = RobustSettings.model_fields[field]
-    annotation, optional = _unwrap_optional(info.annotation)
-    origin = get_origin(annotation)
-    if annotation is bool:
-        text = "true or false; 1/0, yes/no, on/off also work"
-    elif origin is Literal:
-        text = f"one of {_choices(get_args(annotation))}"
-    elif origin is list:
-        (item,) = get_args(annotation)
-        if get_origin(item) is Literal:
-            text = f"one or more of {_choices(get_args(item))}"
-            if field in ENUM_LIST_FIELDS:
-                text += ", each at most once"
-        else:
-            text = "a list of strings, possibly empty"
-    elif annotation is int:
-        text = _number_text("an integer", info)
-    elif annotation is float:
-        text = _number_text("a number", info)
-    elif annotation is str:
-        text = "a string"
-    else:  # a new kind of field: say its type rather than guess
-        text = getattr(annotation, "__name__", str(annotation))
-    if optional:
-        text += ", or empty for unset"
-    return text
-
-
-def allowed_for_env(env: str) -> Optional[str]:
-    """:func:`allowed_text` for the field read from ``env`` (None if none is)."""
-    for doc in setting_docs():
-        if doc.env == env:
-            return doc.allowed
-    return None
 
 
 def setting_docs() -> list[SettingDoc]:
@@ -307,7 +230,7 @@ def _default_root() -> Path:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mx_strategies.settings_doc", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python scripts/settings_doc.py", description=__doc__.split("\n\n")[0])
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--write", action="store_true", help="regenerate the example files and docs/settings.md")
     action.add_argument("--check", action="store_true", help="exit 1 when a generated file is out of date")

@@ -149,6 +149,9 @@ class LoopbackS3:
         self._saved_env: dict[str, Optional[str]] = {}
 
     def __enter__(self):
+        from . import require_demo_extra
+
+        require_demo_extra("the loopback S3 server")
         from moto.server import ThreadedMotoServer
 
         port = free_port()

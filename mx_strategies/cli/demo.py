@@ -14,7 +14,7 @@ it repeats the draft loads with plain ModelExpress 0.7.0, and the draft load
 that vLLM's own runai loader (and ModelExpress <= 0.4.1) attempts.
 
 The engine side is simulated: vLLM cannot run a model on CPU, so
-:mod:`mx_strategies.standin` stands in for the vLLM model (preallocated
+:mod:`mx_strategies.testing.standin` stands in for the vLLM model (preallocated
 weights, a ``load_weights`` that, like vLLM's target and MTP models, ignores
 the other one's tensors) and its adapter is a real ModelExpress
 ``EngineAdapter`` subclass doing what vLLM's adapter and runai loader do.
@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Optional
 
+from ..report import METADATA_KEY, clear_reports, recent_reports
+
 NAME = "demo"
 HELP = "load an MTP model and its draft from a local S3 server, with and without mx_strategies"
 DESCRIPTION = (
@@ -48,7 +50,6 @@ DESCRIPTION = (
 
 STRATEGY_SPEC = "mx_strategies.robust"
 BUCKET = "mx-demo"
-REPORT_KEY = "robust_model_streamer"
 # Settings a user may have exported that would change the demo's story.
 DEMO_CLEARED_ENV_PREFIXES = ("MX_ROBUST_", "MX_STRATEGIES_CONFIG", "MX_MS_DISTRIBUTED")
 
@@ -74,21 +75,21 @@ EMPTY_SHARDS = (1, 4)  # positions of zero-tensor shards in each checkpoint
 
 
 def _engine(reference: dict, owned: set[str], vllm_config: Any, on_tensor: Callable[[int], None]):
-    """A stand-in vLLM model factory and adapter (mx_strategies.standin).
+    """A stand-in vLLM model factory and adapter (mx_strategies.testing.standin).
 
     Like vLLM's models, the model skips checkpoint tensors that belong to the
     other model (a target skips the MTP layers, an MTP draft the target's),
     and, like vLLM's loader, the adapter refuses a model whose weights were
     not all loaded.
     """
-    from .standin import StandInAdapter, StandInModel
+    from ..testing.standin import StandInAdapter, StandInModel
 
     make = lambda: StandInModel(reference, owned, strict=False, on_tensor=on_tensor)  # noqa: E731
     return make, StandInAdapter(make, vllm_config, require_all_loaded=True)
 
 
 def _context(model_config: Any, adapter: Any, name: str):
-    from .standin import load_context
+    from ..testing.standin import load_context
 
     return load_context(model_config, adapter, name=name, p2p_enabled=False)
 
@@ -119,29 +120,12 @@ class LoadOutcome:
     error: Optional[str] = None
 
 
-class LogTap(logging.Handler):
-    """Keeps ModelExpress's log records so the demo can quote them."""
-
-    def __init__(self) -> None:
-        super().__init__(level=logging.INFO)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def take(self) -> list[str]:
-        messages = [r.getMessage() for r in self.records]
-        self.records.clear()
-        return messages
-
-
 @contextmanager
-def quiet_modelexpress_logs(verbose: bool) -> Iterator[LogTap]:
-    """Route the ``modelexpress`` loggers into a tap (and stderr with --verbose)."""
-    tap = LogTap()
+def quiet_modelexpress_logs(verbose: bool) -> Iterator[None]:
+    """Keep the ``modelexpress`` loggers off the screen (on stderr with --verbose)."""
     logger = logging.getLogger("modelexpress")
     saved = (logger.level, logger.propagate, list(logger.handlers))
-    logger.handlers = [tap]
+    logger.handlers = [logging.NullHandler()]
     if verbose:
         stream = logging.StreamHandler(sys.stderr)
         stream.setFormatter(logging.Formatter("  %(levelname)s %(name)s: %(message)s"))
@@ -149,7 +133,7 @@ def quiet_modelexpress_logs(verbose: bool) -> Iterator[LogTap]:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     try:
-        yield tap
+        yield
     finally:
         logger.setLevel(saved[0])
         logger.propagate = saved[1]
@@ -189,18 +173,9 @@ def quiet_s3_server_logs() -> Iterator[None]:
         logger.setLevel(saved)
 
 
-def _trail(messages: list[str]) -> Optional[str]:
-    for message in messages:
-        marker = " source: "
-        if marker in message:
-            return message.split(marker, 1)[1]
-    return None
-
-
-def _failure(messages: list[str], exc: BaseException) -> str:
-    """The strategy failures the chain logged, then the chain's own error."""
-    reasons = [m.split("failed, trying next: ", 1)[1] for m in messages if "failed, trying next: " in m]
-    reasons += [m.split("raised unexpected error, trying next: ", 1)[1] for m in messages if "unexpected error" in m]
+def _failure(exc: BaseException) -> str:
+    """Why the robust strategy gave up (its load reports), then the chain's own error."""
+    reasons = [r["error"] for r in recent_reports() if r["outcome"] == "failed"]
     return "; ".join(reasons + [str(exc)])
 
 
@@ -305,7 +280,7 @@ def _owned(ckpt: DemoCheckpoint, role: str) -> set[str]:
     return set(synthetic.draft_names) if role == "draft" else set(synthetic.tensors) - set(synthetic.draft_names)
 
 
-def _run_chain(ckpt, role, loader, model_config, vllm_config, server, tap, display) -> LoadOutcome:
+def _run_chain(ckpt, role, loader, model_config, vllm_config, server, display) -> LoadOutcome:
     """One load through ModelExpress's real chain."""
     from modelexpress.load_strategy import LoadStrategyChain
 
@@ -316,7 +291,7 @@ def _run_chain(ckpt, role, loader, model_config, vllm_config, server, tap, displ
     label = f"{ckpt.spec.name} {role} with {loader}"
     with display.step(label, total=ckpt.total_bytes) as step:
         make, adapter = _engine(reference, owned, vllm_config, step.advance)
-        tap.take()
+        clear_reports()
         server.proxy.reset()
         started = time.perf_counter()
         model = None
@@ -324,21 +299,20 @@ def _run_chain(ckpt, role, loader, model_config, vllm_config, server, tap, displ
             model = LoadStrategyChain.run(make(), _context(model_config, adapter, ckpt.spec.name))
             outcome.ok = True
         except Exception as exc:  # the chain's "No loading strategy succeeded"
-            outcome.error = _failure(tap.take(), exc)
+            outcome.error = _failure(exc)
         outcome.seconds = time.perf_counter() - started
         outcome.bytes_served = server.bytes_served
-        messages = tap.take()
         if model is not None:
             outcome.tensors_loaded = len(model.loaded)
             outcome.tensors_skipped = len(model.skipped)
             outcome.tensors_matching = model.matching(reference)
             outcome.bytes_streamed = model.received_bytes
-        report = adapter.last_result.metadata.get(REPORT_KEY) if adapter.last_result is not None else None
+        report = adapter.last_result.metadata.get(METADATA_KEY) if adapter.last_result is not None else None
         if report:
             outcome.source_label, outcome.source = report["source_label"], report["source"]
             outcome.bytes_streamed = report["bytes_streamed"]
             outcome.tensors_verified = report["tensors"]
-            outcome.why = _trail(messages) or f"chose {outcome.source_label}={outcome.source!r}"
+            outcome.why = report["trail"]
         elif outcome.ok:
             outcome.source_label, outcome.source = "MX_MODEL_URI", os.environ.get("MX_MODEL_URI")
             outcome.why = (
@@ -349,7 +323,7 @@ def _run_chain(ckpt, role, loader, model_config, vllm_config, server, tap, displ
     return outcome
 
 
-def _run_vllm_runai_draft(ckpt, model_config, vllm_config, server, tap, display) -> LoadOutcome:
+def _run_vllm_runai_draft(ckpt, model_config, vllm_config, server, display) -> LoadOutcome:
     """The draft load vLLM's runai loader (and ModelExpress <= 0.4.1) attempts:
     stream ``model_weights or model``, i.e. the config-only folder."""
     from modelexpress.adapter import StrategyFailed
@@ -375,7 +349,6 @@ def _run_vllm_runai_draft(ckpt, model_config, vllm_config, server, tap, display)
             outcome.ok = True
         except StrategyFailed as exc:
             outcome.error = str(exc)
-        tap.take()
         outcome.seconds = time.perf_counter() - started
         outcome.bytes_served = server.bytes_served
         outcome.why = "streams the draft's model_weights or model: the config-only model_streamer/<hash> copy"
@@ -412,13 +385,13 @@ def run_demo(console, verbose: bool = False, workdir: Optional[str] = None) -> D
     result = DemoResult()
     with (
         demo_environment(),
-        quiet_modelexpress_logs(verbose) as tap,
+        quiet_modelexpress_logs(verbose),
         quiet_s3_server_logs(),
         Display(console) as display,
     ):
         with tempfile.TemporaryDirectory(prefix="mx-strategies-demo-", dir=workdir) as tmp:
             with display.step("Generating two checkpoints with MTP heads and empty shards") as step:
-                from . import synthetic
+                from ..testing import synthetic
 
                 ckpts = [
                     DemoCheckpoint(
@@ -434,7 +407,7 @@ def run_demo(console, verbose: bool = False, workdir: Optional[str] = None) -> D
                 ]
                 step.detail = ", ".join(f"{c.spec.name} {_human(c.total_bytes)}" for c in ckpts)
 
-            from .loopback import LoopbackS3
+            from ..testing.loopback import LoopbackS3
 
             with display.step("Starting an S3 server on 127.0.0.1 (moto, byte-counting proxy)") as step:
                 server = LoopbackS3().__enter__()
@@ -448,8 +421,8 @@ def run_demo(console, verbose: bool = False, workdir: Optional[str] = None) -> D
                         )
                     step.detail = ", ".join(c.uri for c in ckpts)
                 result.checkpoints = [_checkpoint_row(c) for c in ckpts]
-                _robust_loads(ckpts, server, tap, display, result)
-                _upstream_loads(ckpts, server, tap, display, result)
+                _robust_loads(ckpts, server, display, result)
+                _upstream_loads(ckpts, server, display, result)
             finally:
                 server.__exit__(None, None, None)
     result.seconds = time.perf_counter() - started
@@ -471,8 +444,8 @@ def _checkpoint_row(ckpt: DemoCheckpoint) -> dict:
     }
 
 
-def _robust_loads(ckpts, server, tap, display, result: DemoResult) -> None:
-    from . import activation
+def _robust_loads(ckpts, server, display, result: DemoResult) -> None:
+    from .. import activation
 
     os.environ["MX_STRATEGY"] = STRATEGY_SPEC
     activation.activate()
@@ -482,15 +455,15 @@ def _robust_loads(ckpts, server, tap, display, result: DemoResult) -> None:
             target_config, draft_config, vllm_config = _model_configs(ckpt)
             for role, model_config in (("target", target_config), ("draft", draft_config)):
                 result.loads.append(
-                    _run_chain(ckpt, role, STRATEGY_SPEC, model_config, vllm_config, server, tap, display)
+                    _run_chain(ckpt, role, STRATEGY_SPEC, model_config, vllm_config, server, display)
                 )
     finally:
         activation.uninstall()
         os.environ.pop("MX_STRATEGY", None)
 
 
-def _upstream_loads(ckpts, server, tap, display, result: DemoResult) -> None:
-    from . import activation
+def _upstream_loads(ckpts, server, display, result: DemoResult) -> None:
+    from .. import activation
 
     activation.uninstall()
     os.environ.pop("MX_STRATEGY", None)
@@ -498,9 +471,9 @@ def _upstream_loads(ckpts, server, tap, display, result: DemoResult) -> None:
         os.environ["MX_MODEL_URI"] = ckpt.uri
         _, draft_config, vllm_config = _model_configs(ckpt)
         result.loads.append(
-            _run_chain(ckpt, "draft", "ModelExpress 0.7.0", draft_config, vllm_config, server, tap, display)
+            _run_chain(ckpt, "draft", "ModelExpress 0.7.0", draft_config, vllm_config, server, display)
         )
-        result.loads.append(_run_vllm_runai_draft(ckpt, draft_config, vllm_config, server, tap, display))
+        result.loads.append(_run_vllm_runai_draft(ckpt, draft_config, vllm_config, server, display))
 
 
 # -- output --------------------------------------------------------------------
@@ -615,6 +588,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .doctor import console_for
 
+    from ..testing import MissingDemoExtra, require_demo_extra
+
+    try:
+        require_demo_extra("mx-strategies demo")
+    except MissingDemoExtra as exc:
+        print(f"mx-strategies demo: {exc}", file=sys.stderr)
+        return 2
     console = console_for(sys.stderr) if args.json else console_for(sys.stdout)
     try:
         result = run_demo(console, verbose=args.verbose)

@@ -21,17 +21,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from .checkpoint import ERROR, WARNING, Checkpoint, NoCheckpoint, Problem, inspect, natural_key
-from .draft import NoDraftTensors, describe_conventions, layer_layout, select_draft_tensors
-from .settings import RobustSettings, SettingsError, env_name, load_settings
-from .sources import Candidate, NoStreamableSource, resolve
-from .storage import ObjectInfo, Store, StoreError, is_object_store_uri, open_store
+from ..checkpoint import ERROR, WARNING, Checkpoint, Problem, Shard, inspect, natural_key
+from ..draft import describe_conventions, layer_layout
+from ..engine import EngineView
+from ..errors import (
+    ConfigurationError,
+    DraftPlanError,
+    InconsistentCheckpoint,
+    MxStrategiesError,
+    NoCheckpoint,
+    NoStreamableSource,
+)
+from ..planning import loaded_shards, plan_for
+from ..settings import RobustSettings, env_name, load_settings
+from ..sources import Resolution, candidates, resolve
+from ..storage import ObjectInfo, Store, StoreError, is_object_store_uri, looks_like_hub_id, open_store
 
 NAME = "doctor"
 HELP = "check a checkpoint's shards, index and MTP head from headers only"
@@ -47,13 +56,16 @@ EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
 
-# "org/name" with no such local folder: someone passed a Hugging Face hub id.
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 SCHEMA_VERSION = 1
 
 
-class DoctorUsageError(Exception):
+class DoctorUsageError(MxStrategiesError):
     """A usage or access error: exit 2 with this one-line message."""
+
+
+# What doctor plans for: the engine loading a target, and an MTP draft with pipeline parallel 1.
+TARGET = EngineView(False, None, (), 1, 1, None, {})
+MTP_DRAFT = EngineView(True, "mtp", (), 1, 1, None, {})
 
 
 @dataclass
@@ -66,7 +78,7 @@ class DoctorReport:
     draft: Optional[dict]
     chain: Optional[dict] = None
     settings: dict = field(default_factory=dict)
-    listing: list[ObjectInfo] = field(default_factory=list)
+    loaded: tuple[str, ...] = ()  # shard keys a target load streams, from planning.loaded_shards
 
     @property
     def errors(self) -> list[Problem]:
@@ -88,27 +100,18 @@ class DoctorReport:
         """Every shard in natural order: those loaded numbered, the skipped ones saying why."""
         if self.checkpoint is None:
             return []
+        loaded = set(self.loaded)
         rows = []
         for shard in self.checkpoint.shards:
             if not shard.readable:
                 status = "unreadable"
-            elif not shard.tensors:
-                status = "empty"
-            else:
+            elif shard.key in loaded:
                 status = "load"
-            rows.append(_shard_row(shard.key, shard.uri, shard.size, shard.header_bytes, shard.data_bytes,
-                                   len(shard.tensors), status))  # fmt: skip
-        # Shards the index does not name never enter checkpoint.shards: show them too.
-        listed = {o.key: o for o in self.listing}
-        known = {s.key for s in self.checkpoint.shards}
-        for problem in self.problems:
-            if problem.kind in ("empty_shard", "unindexed_shard") and problem.file not in known:
-                known.add(problem.file)
-                obj = listed.get(problem.file)
-                status = "empty" if problem.kind == "empty_shard" else "not in index"
-                empty = status == "empty"
-                rows.append(_shard_row(problem.file, obj.uri if obj else None, obj.size if obj else None,
-                                       None, 0 if empty else None, 0 if empty else None, status))  # fmt: skip
+            else:
+                status = "empty"
+            rows.append(_shard_row(shard, status))
+        for shard in self.checkpoint.outside_index:
+            rows.append(_shard_row(shard, "empty" if shard.empty else "not in index"))
         rows.sort(key=lambda row: natural_key(row["file"]))
         order = 0
         for row in rows:
@@ -146,15 +149,16 @@ class DoctorReport:
         return result
 
 
-def _shard_row(key, uri, size, header_bytes, tensor_bytes, tensors, status) -> dict:
+def _shard_row(shard: Shard, status: str) -> dict:
+    readable = shard.readable
     return {
         "load_order": None,
-        "file": key,
-        "uri": uri,
-        "file_bytes": size,
-        "header_bytes": header_bytes,
-        "tensor_bytes": tensor_bytes,
-        "tensors": tensors,
+        "file": shard.key,
+        "uri": shard.uri,
+        "file_bytes": shard.size,
+        "header_bytes": shard.header_bytes if readable else None,
+        "tensor_bytes": shard.data_bytes if readable else None,
+        "tensors": len(shard.tensors) if readable else None,
         "status": status,
     }
 
@@ -180,16 +184,14 @@ def _access_error(uri: str, exc: Exception) -> DoctorUsageError:
 
 def check_uri_shape(uri: str) -> None:
     """Reject what cannot be a source before touching the network."""
-    if is_object_store_uri(uri) or os.path.exists(uri):
-        return
-    if HUB_ID.match(uri) and not uri.startswith((".", "/")):
+    if looks_like_hub_id(uri):
         raise DoctorUsageError(
             f"{uri}: looks like a Hugging Face hub id; doctor reads a local folder or an s3://, gs:// or az:// URI "
             f"(download it first, e.g. `huggingface-cli download {uri} --local-dir DIR`, and pass DIR)"
         )
 
 
-def inspect_uri(uri: str, settings: RobustSettings) -> tuple[Optional[Checkpoint], list[Problem], list[ObjectInfo]]:
+def inspect_uri(uri: str, settings: RobustSettings) -> tuple[Optional[Checkpoint], list[Problem]]:
     """Headers-only inspection of one URI; access errors raise DoctorUsageError."""
     check_uri_shape(uri)
     try:
@@ -205,45 +207,41 @@ def inspect_uri(uri: str, settings: RobustSettings) -> tuple[Optional[Checkpoint
     try:
         checkpoint = inspect(ListedStore(store, listing), settings.discovery_depth)
     except NoCheckpoint as exc:
-        return None, [Problem("no_checkpoint", ERROR, None, None, f"{uri}: {exc}")], listing
+        return None, [Problem("no_checkpoint", ERROR, None, None, f"{uri}: {exc}")]
     except StoreError as exc:
         raise _access_error(uri, exc) from exc
-    return checkpoint, list(checkpoint.problems), listing
+    return checkpoint, list(checkpoint.problems)
 
 
 def draft_view(checkpoint: Checkpoint, settings: RobustSettings) -> dict:
     """What an MTP draft would stream from this checkpoint (the engine shares embed/lm_head)."""
     layout = layer_layout(checkpoint.config)
-    names = set(checkpoint.tensors())
     tried = describe_conventions(settings, layout)
     try:
-        selection = select_draft_tensors(names, settings, layout, share_with_target=True)
-    except NoDraftTensors as exc:
+        plan = plan_for(checkpoint, MTP_DRAFT, settings, source_is_target=True)
+    except InconsistentCheckpoint:
+        return {"found": False, "conventions_tried": tried, "message": "the checkpoint has errors (see problems)"}
+    except DraftPlanError as exc:
         return {"found": False, "conventions_tried": tried, "message": str(exc)}
-    infos = checkpoint.tensors()
-    owner = checkpoint.shard_of()
-    shard_order = [s.key for s in checkpoint.loadable_shards]
-    held = {owner[n].key for n in selection.names}
-    draft_bytes = sum(infos[n].nbytes for n in selection.names)
     return {
         "found": True,
-        "convention": selection.convention,
+        "convention": plan.convention,
         "conventions_tried": tried,
         "num_hidden_layers": layout.num_hidden_layers,
         "num_nextn_layers": layout.num_nextn_layers,
-        "tensors": len(selection.names),
-        "bytes": draft_bytes,
+        "tensors": len(plan.expected),
+        "bytes": plan.bytes,
         "checkpoint_bytes": checkpoint.data_bytes,
-        "shards": [key for key in shard_order if key in held],
-        "names": sorted(selection.names),
-        "shared_weights": sorted(selection.shared),
+        "shards": plan.shard_keys,
+        "names": sorted(plan.expected),
+        "shared_weights": sorted(plan.shared),
     }
 
 
-def chain_view(model_weights: Optional[str], model: Optional[str], settings: RobustSettings):
+def chain_view(
+    model_weights: Optional[str], model: Optional[str], settings: RobustSettings
+) -> tuple[dict, Optional[Resolution]]:
     """The robust strategy's source chain for these engine values, and its pick."""
-    from .sources import candidates
-
     model_config = SimpleNamespace(model=model, model_weights=model_weights)
     cands = candidates(model_config, settings)
     view: dict[str, Any] = {
@@ -268,7 +266,7 @@ def chain_view(model_weights: Optional[str], model: Optional[str], settings: Rob
     view["rejected"] = [_rejection(r) for r in resolution.rejected]
     view["chosen"] = {"label": resolution.candidate.label, "uri": resolution.candidate.uri}
     view["trail"] = resolution.trail()
-    return view, resolution.candidate
+    return view, resolution
 
 
 def _rejection(rejection) -> dict:
@@ -291,30 +289,34 @@ def diagnose(
     model: Optional[str] = None,
     settings: Optional[RobustSettings] = None,
 ) -> DoctorReport:
-    """Inspect ``uri`` and/or the source chain; raise DoctorUsageError for exit 2."""
+    """Inspect ``uri`` and/or the source chain; raise DoctorUsageError for exit 2.
+
+    The chain's pick is reported from the probe the chain made (no second
+    inspection); what loads comes from :mod:`mx_strategies.planning`, as in
+    the strategy.
+    """
     if settings is None:
         try:
             settings = load_settings()
-        except SettingsError as exc:
+        except ConfigurationError as exc:
             raise DoctorUsageError(str(exc)) from exc
     want_chain = model_weights is not None or model is not None or uri is None
     chain = None
-    chosen: Optional[Candidate] = None
+    resolution: Optional[Resolution] = None
     if want_chain:
         if uri is None and not (model_weights or model or settings.model_uri):
             raise DoctorUsageError("nothing to inspect: give a URI, --model-weights/--model, or set MX_MODEL_URI")
-        chain, chosen = chain_view(model_weights, model, settings)
+        chain, resolution = chain_view(model_weights, model, settings)
     checkpoint: Optional[Checkpoint] = None
     problems: list[Problem] = []
-    listing: list[ObjectInfo] = []
     source: Optional[dict] = None
     if uri is not None:
         source = {"uri": uri, "label": "argument"}
-    elif chosen is not None:
-        source = {"uri": chosen.uri, "label": chosen.label}
-    if source is not None:
-        # The chain probed its pick already; inspecting again (headers only) keeps one code path.
-        checkpoint, problems, listing = inspect_uri(source["uri"], settings)
+        checkpoint, problems = inspect_uri(uri, settings)
+    elif resolution is not None:
+        source = {"uri": resolution.candidate.uri, "label": resolution.candidate.label}
+        checkpoint = resolution.checkpoint
+        problems = list(checkpoint.problems)
     if checkpoint is not None:
         source.update(
             {
@@ -327,7 +329,8 @@ def diagnose(
     if chain is not None and chain["chosen"] is None:
         problems.insert(0, Problem("no_streamable_source", ERROR, None, None, chain["error"]))
     draft = draft_view(checkpoint, settings) if checkpoint is not None else None
-    return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), listing)
+    loaded = tuple(s.key for s in loaded_shards(checkpoint, settings)) if checkpoint is not None else ()
+    return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), loaded)
 
 
 # -- human output --------------------------------------------------------------

@@ -1,0 +1,110 @@
+"""Every error mx-strategies raises, under one root that knows whether the model was touched.
+
+ModelExpress's chain needs one fact from a failed strategy: was the model
+already written to (``StrategyFailed(mutated=True)``: rebuild it before the
+next strategy) or not (``mutated=False``: try the next one on the same
+module). Each error here carries that fact, decided where the error is
+raised, so the strategy converts it without guessing:
+
+- configuration, source and checkpoint errors happen before a load starts:
+  never mutated;
+- stream errors carry the fact as the stream saw it: a stream that had not
+  handed a tensor to the model when it broke left the model as it was.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+
+class MxStrategiesError(Exception):
+    """Root of the package's errors. ``mutated``: whether the model had been written to."""
+
+    mutated: bool = False
+
+    def __init__(self, message: str, *, mutated: Optional[bool] = None) -> None:
+        super().__init__(message)
+        if mutated is not None:
+            self.mutated = mutated
+
+
+# -- configuration (activation time) -------------------------------------------
+
+
+class ConfigurationError(MxStrategiesError, ValueError):
+    """A setting or ``MX_STRATEGY`` has a value the strategies cannot use; the message names it."""
+
+
+class ActivationError(ConfigurationError):
+    """``MX_STRATEGY`` names nothing usable; the message names the value."""
+
+
+# -- sources and checkpoints (before the model is touched) ---------------------
+
+
+class StoreError(MxStrategiesError):
+    """A storage location could not be listed or read; the message names it."""
+
+
+class NoCheckpoint(MxStrategiesError):
+    """A source holds no loadable safetensors shard; the message says what it holds."""
+
+
+class NoStreamableSource(MxStrategiesError):
+    """Every candidate source was rejected; the message lists each and why (``rejected``)."""
+
+    def __init__(self, message: str, rejected: Sequence[object] = ()) -> None:
+        super().__init__(message)
+        self.rejected = list(rejected)
+
+
+class InconsistentCheckpoint(MxStrategiesError):
+    """The chosen checkpoint has errors (bad header, index mismatch); the message lists them."""
+
+
+class DraftPlanError(MxStrategiesError):
+    """What a draft should load cannot be decided from this source (no draft tensor, a foreign checkpoint)."""
+
+
+# -- streaming ----------------------------------------------------------------
+
+
+class StreamStartError(MxStrategiesError):
+    """The streamer failed before the first tensor reached the model."""
+
+
+class StreamBroken(MxStrategiesError):
+    """The streamer failed part-way; the message names the source and unfinished files."""
+
+
+class ContentMismatch(MxStrategiesError):
+    """A delivered tensor differs from the plan or the stored bytes (or could not be compared)."""
+
+
+class IncompleteDelivery(MxStrategiesError):
+    """A load delivered fewer, more or other tensors than its plan."""
+
+    mutated = True
+
+
+class IncompleteModel(MxStrategiesError):
+    """Parameters the model keeps were not written from the checkpoint."""
+
+    mutated = True
+
+
+__all__ = [
+    "ActivationError",
+    "ConfigurationError",
+    "ContentMismatch",
+    "DraftPlanError",
+    "IncompleteDelivery",
+    "IncompleteModel",
+    "InconsistentCheckpoint",
+    "MxStrategiesError",
+    "NoCheckpoint",
+    "NoStreamableSource",
+    "StoreError",
+    "StreamBroken",
+    "StreamStartError",
+]

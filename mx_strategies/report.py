@@ -1,0 +1,108 @@
+"""The load report: what one load did, as data.
+
+Every successful load of ``robust_model_streamer`` leaves a :class:`LoadReport`
+in ``LoadResult.metadata["robust_model_streamer"]`` (as a dict) and in this
+process's :func:`recent_reports`. The log line, the demo, the benchmark and
+the end-to-end scripts read it; none of them parses log text or patches the
+strategy's internals. In an engine worker, ``recent_reports()`` is what a
+``collective_rpc`` call reads back.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+METADATA_KEY = "robust_model_streamer"
+RECENT_LIMIT = 32  # reports kept per process: a target, a draft and their retries fit many times over
+
+_recent: deque[dict] = deque(maxlen=RECENT_LIMIT)
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A candidate source passed over, and why."""
+
+    label: str
+    uri: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What one load did."""
+
+    role: str  # "target" or "draft"
+    rank: int
+    source: str
+    source_label: str  # "model_weights", "model", "MX_MODEL_URI" or "explicit"
+    rejected: tuple[Rejected, ...]
+    convention: Optional[str]  # the draft naming convention that matched; None for a full load
+    shards: tuple[str, ...]  # shard keys streamed, in plan order
+    tensors: int
+    bytes_streamed: int  # tensor bytes the plan streamed (this rank's share when distributed)
+    checkpoint_bytes: int  # tensor bytes in the whole checkpoint
+    metadata_bytes: int  # header bytes the probe read
+    distributed: bool
+    timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds: resolve, stream, post_load, total
+
+    def as_dict(self) -> dict:
+        return {"outcome": "loaded", **asdict(self), "trail": self.trail()}
+
+    def trail(self) -> str:
+        steps = [f"passed over {r.label}={r.uri!r}: {r.reason}" for r in self.rejected]
+        steps.append(f"chose {self.source_label}={self.source!r}")
+        return "; ".join(steps)
+
+    def summary(self) -> str:
+        """The one log line a load ends with."""
+        share = 100.0 * self.bytes_streamed / self.checkpoint_bytes if self.checkpoint_bytes else 0.0
+        convention = f", convention {self.convention}" if self.convention else ""
+        distributed = ", distributed" if self.distributed else ""
+        return (
+            f"{self.role} loaded from {self.source_label}={self.source!r}{convention}: "
+            f"{self.tensors} tensors verified, {self.bytes_streamed} of {self.checkpoint_bytes} "
+            f"checkpoint bytes streamed ({share:.1f}%){distributed} in {self.timings.get('total', 0.0):.2f}s"
+        )
+
+
+@dataclass(frozen=True)
+class LoadFailure:
+    """A load the strategy gave up, as the chain was told (``StrategyFailed``)."""
+
+    role: str
+    rank: int
+    error: str
+    mutated: bool  # whether the model had been written to (the chain rebuilds it)
+
+    def as_dict(self) -> dict:
+        return {"outcome": "failed", **asdict(self)}
+
+
+def record(report: "LoadReport | LoadFailure") -> dict:
+    """Keep ``report`` in this process's recent reports; return it as a dict."""
+    data = report.as_dict()
+    with _lock:
+        _recent.append(data)
+    return data
+
+
+def recent_reports() -> list[dict]:
+    """This process's latest loads, oldest first (at most RECENT_LIMIT).
+
+    Each is a dict with ``outcome`` "loaded" (a :class:`LoadReport`) or
+    "failed" (a :class:`LoadFailure`).
+    """
+    with _lock:
+        return [dict(r) for r in _recent]
+
+
+def clear_reports() -> None:
+    with _lock:
+        _recent.clear()
+
+
+__all__ = ["LoadFailure", "LoadReport", "METADATA_KEY", "Rejected", "clear_reports", "recent_reports", "record"]
