@@ -66,6 +66,10 @@ class DraftPlanError(MxStrategiesError):
     """What a draft should load cannot be decided from this source (no draft tensor, a foreign checkpoint)."""
 
 
+class RanksDisagree(MxStrategiesError):
+    """A rank could not plan or take part in a distributed load; no rank starts it."""
+
+
 # -- streaming ----------------------------------------------------------------
 
 
@@ -104,6 +108,7 @@ __all__ = [
     "MxStrategiesError",
     "NoCheckpoint",
     "NoStreamableSource",
+    "RanksDisagree",
     "StoreError",
     "StreamBroken",
     "StreamStartError",

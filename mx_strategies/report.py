@@ -47,6 +47,8 @@ class LoadReport:
     checkpoint_bytes: int  # tensor bytes in the whole checkpoint
     metadata_bytes: int  # header bytes the probe read
     distributed: bool
+    delivery_order: str  # "arrival", "plan", or plan until the hold-back bound was passed
+    held_peak_bytes: int  # most tensor bytes held back for plan order (0 in arrival order)
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds: resolve, stream, post_load, total
 
     def as_dict(self) -> dict:

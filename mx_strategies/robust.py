@@ -21,6 +21,7 @@ from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStra
 
 from .engine import EngineView, engine_view
 from .errors import ConfigurationError, MxStrategiesError
+from .distributed import agreed_plan
 from .planning import LoadPlan, plan_load
 from .report import METADATA_KEY, LoadFailure, LoadReport, Rejected, record
 from .settings import RobustSettings, load_settings
@@ -118,8 +119,12 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         result = _as_load_result(result)
         rank = ctx.global_rank
         engine = engine_view(ctx)
+        distributed = engine.tensor_parallel_size > 1 and envs.MX_MS_DISTRIBUTED
         try:
-            resolution, plan = plan_load(cands, engine, settings)
+            if distributed:
+                resolution, plan = agreed_plan(ctx.adapter, rank, lambda: plan_load(cands, engine, settings))
+            else:
+                resolution, plan = plan_load(cands, engine, settings)
         except MxStrategiesError as exc:
             logger.warning(f"[Worker {rank}] {self.name} {engine.role} load not started: {exc}")
             raise StrategyFailed(str(exc), mutated=False) from exc
@@ -130,8 +135,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             logger.info(f"[Worker {rank}] draft also streams shared weights: {sorted(plan.shared)}")
         planned = time.perf_counter()
 
-        distributed = engine.tensor_parallel_size > 1 and envs.MX_MS_DISTRIBUTED
-        result = self._stream(result, ctx, plan, settings, engine, distributed)
+        result, stream = self._stream(result, ctx, plan, settings, engine, distributed)
         streamed = time.perf_counter()
         try:
             result = ctx.adapter.after_weight_iter_load(result)
@@ -145,7 +149,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             "post_load": finished - streamed,
             "total": finished - started,
         }
-        report = self._report(rank, resolution, plan, distributed, timings)
+        report = self._report(rank, resolution, plan, stream, timings)
         result.metadata[METADATA_KEY] = record(report)
         logger.info(f"[Worker {rank}] {report.summary()}")
         register_tensors(result, ctx)
@@ -153,7 +157,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
 
     @staticmethod
     def _report(
-        rank: int, resolution: Resolution, plan: LoadPlan, distributed: bool, timings: dict[str, float]
+        rank: int, resolution: Resolution, plan: LoadPlan, stream: VerifiedStream, timings: dict[str, float]
     ) -> LoadReport:
         checkpoint = resolution.checkpoint
         return LoadReport(
@@ -168,7 +172,9 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             bytes_streamed=plan.bytes,
             checkpoint_bytes=checkpoint.data_bytes,
             metadata_bytes=checkpoint.metadata_bytes,
-            distributed=distributed,
+            distributed=stream.distributed,
+            delivery_order=stream.delivery_order,
+            held_peak_bytes=stream.held_peak_bytes,
             timings=timings,
         )
 
@@ -180,7 +186,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         settings: RobustSettings,
         engine: EngineView,
         distributed: bool,
-    ) -> LoadResult:
+    ) -> tuple[LoadResult, VerifiedStream]:
         rank = ctx.global_rank
         stream = VerifiedStream(
             plan,
@@ -200,7 +206,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             touched = "after the model was touched" if mutated else "before any tensor reached the model"
             logger.warning(f"[Worker {rank}] {self.name} failed {touched}: {exc}")
             raise StrategyFailed(str(exc), mutated=mutated) from exc
-        return result
+        return result, stream
 
 
 __all__ = ["RobustModelStreamerStrategy"]
