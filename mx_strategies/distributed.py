@@ -71,4 +71,21 @@ def agreed_plan(
     return payload
 
 
-__all__ = ["RanksDisagree", "agreed_plan"]
+def sees_same_files(settings) -> Callable[[tuple], Optional[str]]:
+    """The per-rank check: this rank reaches every planned shard, and each is the file rank 0 inspected."""
+    from .streaming import source_changes
+
+    def check(planned: tuple) -> Optional[str]:
+        _, plan = planned
+        changed, unknown = source_changes(plan.source, list(plan.shards), settings)
+        problems = [f"changed since rank 0 inspected it: {c}" for c in changed]
+        problems += [f"cannot read: {u}" for u in unknown]
+        if not problems:
+            return None
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        return "; ".join(problems[:3]) + more
+
+    return check
+
+
+__all__ = ["RanksDisagree", "agreed_plan", "sees_same_files"]

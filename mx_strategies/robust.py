@@ -21,7 +21,7 @@ from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStra
 
 from .engine import EngineView, engine_view
 from .errors import ConfigurationError, MxStrategiesError
-from .distributed import agreed_plan
+from .distributed import agreed_plan, sees_same_files
 from .planning import LoadPlan, plan_load
 from .report import METADATA_KEY, LoadFailure, LoadReport, Rejected, record
 from .settings import RobustSettings, load_settings
@@ -122,7 +122,9 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         distributed = engine.tensor_parallel_size > 1 and envs.MX_MS_DISTRIBUTED
         try:
             if distributed:
-                resolution, plan = agreed_plan(ctx.adapter, rank, lambda: plan_load(cands, engine, settings))
+                resolution, plan = agreed_plan(
+                    ctx.adapter, rank, lambda: plan_load(cands, engine, settings), sees_same_files(settings)
+                )
             else:
                 resolution, plan = plan_load(cands, engine, settings)
         except MxStrategiesError as exc:

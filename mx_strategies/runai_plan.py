@@ -1,0 +1,68 @@
+"""Hand runai-model-streamer the plan, so no shard header is read twice.
+
+runai's ``SafetensorsStreamer.stream_files`` starts by reading every file's
+8-byte header length and JSON header (two ranged reads per shard, its
+``prepare_request``), although our probe read exactly those bytes moments
+before. On an object store that is two round trips per shard, every load
+(163 shards on DeepSeek-V3). The plan already holds each tensor's dtype,
+shape and absolute byte range, validated as strictly as runai validates
+them, so :class:`PlannedStreamer` builds runai's read requests
+(``FileChunks`` of explicit byte ranges) and tensor metadata from it and
+hands them to runai's own distributed file streamer. Tensors come out of
+runai's own ``get_tensors`` (alignment handling included), unchanged.
+
+The price is that runai no longer re-reads the header at streaming time, so
+a file rewritten between probe and stream would be read at the old offsets:
+the stream checks each shard's identity (size and mtime, ETag) against the
+probe's before it starts and after it ends.
+"""
+
+from __future__ import annotations
+
+from timeit import default_timer as timer
+from typing import Optional
+
+from runai_model_streamer import SafetensorsStreamer
+from runai_model_streamer.file_streamer import FileChunks
+from runai_model_streamer.safetensors_streamer.safetensors_pytorch import SafetensorMetadata
+
+from .checkpoint import Shard, TensorInfo
+from .planning import LoadPlan
+
+
+def _metadata(info: TensorInfo, data_start: int) -> SafetensorMetadata:
+    """runai's metadata for one tensor, from the probe's header entry."""
+    start = info.start - data_start
+    return SafetensorMetadata(
+        info.name, {"dtype": info.dtype, "shape": list(info.shape), "data_offsets": [start, start + info.nbytes]}
+    )
+
+
+def shard_request(index: int, shard: Shard, names: Optional[frozenset[str]]) -> tuple[FileChunks, list]:
+    """One shard's read request (its tensors' byte ranges, in file order) and their runai metadata."""
+    infos = [t for t in shard.tensors.values() if names is None or t.name in names]
+    request = FileChunks(index, shard.uri, [t.start for t in infos], [t.nbytes for t in infos])
+    return request, [_metadata(t, shard.header_bytes) for t in infos]
+
+
+class PlannedStreamer(SafetensorsStreamer):
+    """runai's ``SafetensorsStreamer``, started from a :class:`LoadPlan` instead of its files' headers."""
+
+    def stream_plan(self, plan: LoadPlan, *, device: str = "cpu", is_distributed: bool = False) -> None:
+        """Stream exactly the plan's tensors (as ``stream_files`` with ``tensor_names`` would)."""
+        self.files_to_tensors_metadata = {}
+        self.total_size = 0
+        self.device_str = device
+        self.unaligned_copies = 0
+        self.start_time = timer()
+        requests = []
+        for index, shard in enumerate(plan.shards):
+            request, metadata = shard_request(index, shard, plan.names)
+            requests.append(request)
+            self.files_to_tensors_metadata[index] = metadata
+            self.total_size += request.total_size()
+        self.file_streamer.stream_files(requests, credentials=None, device=device, is_distributed=is_distributed, owned=True)
+        self._log_ring()
+
+
+__all__ = ["PlannedStreamer", "shard_request"]
