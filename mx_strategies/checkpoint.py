@@ -10,31 +10,91 @@ about a problem is the caller's job (the strategy fails, ``doctor`` reports).
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from math import prod
-from typing import Iterable, Optional
+from functools import lru_cache
+from typing import Any, Iterable, Mapping, Optional
 
+from .draft import NEXTN_COUNT_KEYS
 from .errors import NoCheckpoint, StoreError
+from .jsonread import JsonRejected, read_json
 from .storage import ObjectInfo, Store
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
 SAFETENSORS_SUFFIX = ".safetensors"
 
-# Largest header we accept; real ones are a few MB at most.
+# Largest header runai-model-streamer accepts (MX_ROBUST_MAX_HEADER_BYTES may lower it).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 HEADER_READ_WORKERS = 16
+# A layer count in config.json above this is no model (draft selection enumerates the layers).
+MAX_LAYER_COUNT = 65_536
+# Names and shapes quoted in a message are cut to this many characters.
+QUOTE_CHARS = 200
 
-DTYPE_SIZES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
+# Every dtype safetensors (0.8) defines, with its size in bits.
+DTYPE_BITS = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32, "C64": 64,
+    "F64": 64, "I64": 64, "U64": 64,
 }  # fmt: skip
+# Whole-byte dtypes, as bytes per element (kept for callers of the old name).
+DTYPE_SIZES = {name: bits // 8 for name, bits in DTYPE_BITS.items() if bits % 8 == 0}
+
+
+@lru_cache(maxsize=1)
+def runai_dtypes() -> Mapping[str, Any]:
+    """safetensors dtype -> the torch dtype runai-model-streamer hands out, for those it can stream.
+
+    runai's own table, less any dtype whose element size differs from the
+    safetensors one (F4: runai reads a byte per element): runai would
+    refuse or misread those files after the load started.
+    """
+    try:
+        from runai_model_streamer.safetensors_streamer.safetensors_pytorch import safetensors_to_torch_dtype
+    except Exception:  # runai not importable (doctor on a machine without it): the common dtypes
+        import torch
+
+        safetensors_to_torch_dtype = {
+            "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+            "U8": torch.uint8, "BOOL": torch.bool, "C64": torch.complex64,
+        }  # fmt: skip
+    result = {}
+    for name, dtype in safetensors_to_torch_dtype.items():
+        bits = DTYPE_BITS.get(name)
+        if bits is not None and dtype.itemsize * 8 == bits:
+            result[name] = dtype
+    return result
+
+
+@dataclass(frozen=True)
+class ProbeLimits:
+    """Size caps for what a probe parses (MX_ROBUST_MAX_*_BYTES)."""
+
+    header_bytes: int = MAX_HEADER_BYTES
+    index_bytes: int = 64 * 1024 * 1024
+    config_bytes: int = 16 * 1024 * 1024
+
+    @classmethod
+    def from_settings(cls, settings) -> "ProbeLimits":
+        return cls(settings.max_header_bytes, settings.max_index_bytes, settings.max_config_bytes)
+
+    @classmethod
+    def current(cls) -> "ProbeLimits":
+        from .settings import current_settings
+
+        return cls.from_settings(current_settings())
+
+
+def _quote(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= QUOTE_CHARS else text[: QUOTE_CHARS - 5] + "...]"
 
 ERROR = "error"
 WARNING = "warning"
@@ -77,6 +137,7 @@ class Shard:
     uri: str
     size: int
     header_bytes: int = 0  # 8 + JSON length, once read
+    identity: Optional[str] = None  # the file's identity when inspected (ObjectInfo.identity)
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     readable: bool = False
 
@@ -169,13 +230,39 @@ def locate(objects: Iterable[ObjectInfo]) -> tuple[str, list[ObjectInfo], Option
     return root, objects, index, config
 
 
-def read_header(store: Store, obj: ObjectInfo) -> tuple[Shard, list[Problem]]:
-    """Read one shard's header (8 bytes, then the JSON) and validate it."""
-    shard = Shard(key=obj.key, uri=obj.uri, size=obj.size)
+def _numel(shape: list[int], ceiling: int) -> int:
+    """The product of ``shape``, or ``ceiling + 1`` once it passes ``ceiling`` (no huge integers)."""
+    if 0 in shape:
+        return 0
+    count = 1
+    for dim in shape:
+        count *= dim
+        if count > ceiling:
+            return ceiling + 1
+    return count
 
-    def corrupt(message: str, kind: str = "corrupt_header") -> tuple[Shard, list[Problem]]:
-        return shard, [Problem(kind, ERROR, obj.key, None, f"{obj.uri}: {message}")]
 
+def read_header(store: Store, obj: ObjectInfo, limits: Optional[ProbeLimits] = None) -> tuple[Shard, list[Problem]]:
+    """Read one shard's header (8 bytes, then the JSON) and validate it as strictly as safetensors does.
+
+    Refused, each as a named problem: a header that is no JSON object or
+    breaks the JSON reader's rules (duplicate_key for a tensor named twice),
+    an unknown dtype (unknown_dtype) or one runai cannot stream
+    (unsupported_dtype), a shape that is not a list of non-negative
+    integers (bad_shape), offsets that are not two ordered non-negative
+    integers (bad_offsets), a byte range that does not fit dtype and shape,
+    data past the end of the file (truncated_shard), gaps (offset_gap) or
+    overlaps (offset_overlap) between tensors, the first tensor not at 0,
+    and bytes after the last tensor (trailing_bytes).
+    """
+    limits = limits or ProbeLimits.current()
+    shard = Shard(key=obj.key, uri=obj.uri, size=obj.size, identity=obj.identity)
+
+    def corrupt(message: str, kind: str = "corrupt_header", tensor: Optional[str] = None) -> tuple[Shard, list[Problem]]:
+        return shard, [Problem(kind, ERROR, obj.key, tensor, f"{obj.uri}: {message}")]
+
+    if not obj.regular:
+        return corrupt(f"is a {obj.kind}, not a regular file; not opened", kind="not_regular_file")
     if obj.size < 8:
         return corrupt(f"file is {obj.size} bytes, shorter than the 8-byte safetensors header length")
     prefix = store.read(obj, 0, 8)
@@ -186,67 +273,189 @@ def read_header(store: Store, obj: ObjectInfo) -> tuple[Shard, list[Problem]]:
         return corrupt(
             f"header length {header_len} exceeds the file size {obj.size} (truncated, or not a safetensors file?)"
         )
-    if header_len > MAX_HEADER_BYTES:
-        return corrupt(f"header length {header_len} is implausible (not a safetensors file?)")
+    if header_len > limits.header_bytes:
+        return corrupt(
+            f"header length {header_len} is implausible: over MX_ROBUST_MAX_HEADER_BYTES={limits.header_bytes} "
+            "(not a safetensors file?)"
+        )
     raw = store.read(obj, 8, header_len)
     if len(raw) != header_len:
         return corrupt(f"read {len(raw)} of {header_len} header bytes")
     shard.header_bytes = 8 + header_len
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return corrupt(f"header is not valid JSON ({exc}); not a safetensors file?")
-    if not isinstance(header, dict):
-        return corrupt("header is not a JSON object; not a safetensors file?")
+        header = read_json(raw, max_bytes=limits.header_bytes, cap_name="MX_ROBUST_MAX_HEADER_BYTES")
+    except JsonRejected as exc:
+        if exc.reason == "duplicate_key":
+            return corrupt(f"header names tensor {_quote(exc.key)} twice", kind="duplicate_key", tensor=exc.key)
+        return corrupt(f"header: {exc}; not a safetensors file?")
 
     data_size = obj.size - 8 - header_len
+    metadata = header.get("__metadata__")
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        return corrupt("__metadata__ is not an object of strings")
     located: list[tuple[int, TensorInfo]] = []
+    unsupported: Optional[tuple[str, str]] = None
+    streamable = runai_dtypes()
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype = entry["dtype"]
-            shape = tuple(int(d) for d in entry["shape"])
-            start, end = (int(x) for x in entry["data_offsets"])
-            itemsize = DTYPE_SIZES[dtype]
-        except (KeyError, TypeError, ValueError):
-            return corrupt(f"tensor {name!r} has a malformed header entry: {entry!r}")
-        if end - start != prod(shape) * itemsize or start < 0:
-            return corrupt(f"tensor {name!r}: byte range {start}-{end} does not match {dtype}{list(shape)}")
+        quoted = _quote(name)
+        if not isinstance(entry, dict):
+            return corrupt(f"tensor {quoted}: entry is not an object: {_quote(entry)}", tensor=name)
+        absent = [key for key in ("dtype", "shape", "data_offsets") if key not in entry]
+        if absent:
+            return corrupt(f"tensor {quoted}: entry has no {', '.join(absent)}: {_quote(entry)}", tensor=name)
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+            return corrupt(
+                f"tensor {quoted}: unknown dtype {_quote(dtype)} (safetensors knows {', '.join(DTYPE_BITS)})",
+                kind="unknown_dtype", tensor=name,
+            )  # fmt: skip
+        # bool is an int in Python, not in JSON's sense (safetensors refuses true/false here).
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            return corrupt(f"tensor {quoted}: shape {_quote(shape)} is not a list of non-negative integers",
+                           kind="bad_shape", tensor=name)  # fmt: skip
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(x) is int and x >= 0 for x in offsets)
+            and offsets[0] <= offsets[1]
+        ):
+            return corrupt(
+                f"tensor {quoted}: data_offsets {_quote(offsets)} are not two ordered non-negative integers",
+                kind="bad_offsets", tensor=name,
+            )  # fmt: skip
+        start, end = offsets
+        bits = _numel(shape, 8 * max(data_size, end)) * DTYPE_BITS[dtype]
+        if bits % 8:
+            return corrupt(f"tensor {quoted}: {dtype}{_quote(shape)} is {bits} bits, not whole bytes",
+                           kind="bad_shape", tensor=name)  # fmt: skip
+        if end - start != bits // 8:
+            return corrupt(
+                f"tensor {quoted}: byte range {start}-{end} does not match {dtype}{_quote(shape)}", tensor=name
+            )
         if end > data_size:
             return corrupt(
-                f"truncated: tensor {name!r} ends at byte {end} of the data, which holds only {data_size}",
-                kind="truncated_shard",
-            )
-        located.append((start, TensorInfo(name, dtype, shape, end - start, start=8 + header_len + start)))
+                f"truncated: tensor {quoted} ends at byte {end} of the data, which holds only {data_size}",
+                kind="truncated_shard", tensor=None,
+            )  # fmt: skip
+        if unsupported is None and dtype not in streamable:
+            unsupported = (name, dtype)
+        located.append((start, TensorInfo(name, dtype, tuple(shape), end - start, start=8 + header_len + start)))
     # In file order (as runai reads them: by offset, then size), not the header's key order.
     located.sort(key=lambda item: (item[0], item[1].nbytes))
+    covered = 0
+    for start, info in located:
+        if start > covered:
+            where = "the data section starts" if covered == 0 else f"the tensor before it ends at byte {covered}"
+            return corrupt(
+                f"tensor {_quote(info.name)} starts at byte {start} of the data, but {where}: a gap of "
+                f"{start - covered} bytes, which safetensors and runai-model-streamer refuse",
+                kind="offset_gap", tensor=info.name,
+            )  # fmt: skip
+        if start < covered:
+            return corrupt(
+                f"tensor {_quote(info.name)} starts at byte {start} of the data, inside the tensor before it "
+                f"(which ends at byte {covered}): overlapping data",
+                kind="offset_overlap", tensor=info.name,
+            )  # fmt: skip
+        covered = start + info.nbytes
+    if covered != data_size:
+        return corrupt(
+            f"{data_size - covered} bytes after the last tensor's data (it ends at byte {covered} of "
+            f"{data_size}); safetensors refuses a file its header does not cover",
+            kind="trailing_bytes",
+        )  # fmt: skip
+    if unsupported is not None:
+        name, dtype = unsupported
+        return corrupt(
+            f"tensor {_quote(name)}: dtype {dtype} is valid safetensors, but runai-model-streamer cannot stream "
+            f"it with this torch (it streams {', '.join(streamable)})",
+            kind="unsupported_dtype", tensor=name,
+        )  # fmt: skip
     shard.tensors = {info.name: info for _, info in located}
     shard.readable = True
     return shard, []
 
 
-def _read_json(store: Store, obj: ObjectInfo, problems: list[Problem], kind: str) -> Optional[dict]:
+def _read_json(
+    store: Store, obj: ObjectInfo, problems: list[Problem], kind: str, cap: int, cap_name: str
+) -> Optional[dict]:
+    """The index or config.json through the guarded reader; a failure is a ``kind`` problem (or duplicate_key)."""
+    if not obj.regular:
+        problems.append(
+            Problem("not_regular_file", ERROR, obj.key, None, f"{obj.uri}: is a {obj.kind}, not a regular file; not opened")
+        )
+        return None
+    if obj.size > cap:
+        problems.append(Problem(kind, ERROR, obj.key, None, f"{obj.uri}: {obj.size} bytes, over {cap_name}={cap}; not read"))
+        return None
+    raw = store.read(obj, 0, obj.size)
     try:
-        data = json.loads(store.read(obj, 0, obj.size).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        problems.append(Problem(kind, ERROR, obj.key, None, f"{obj.uri}: not valid JSON ({exc})"))
+        return read_json(raw, max_bytes=cap, cap_name=cap_name)
+    except JsonRejected as exc:
+        problem_kind = "duplicate_key" if exc.reason == "duplicate_key" else kind
+        problems.append(Problem(problem_kind, ERROR, obj.key, None, f"{obj.uri}: {exc}"))
         return None
-    if not isinstance(data, dict):
-        problems.append(Problem(kind, ERROR, obj.key, None, f"{obj.uri}: not a JSON object"))
-        return None
-    return data
 
 
-def inspect(store: Store, max_depth: int) -> Checkpoint:
+def _check_config(config: dict, obj: ObjectInfo, problems: list[Problem]) -> Optional[dict]:
+    """Layer counts draft selection relies on must be plausible integers; else a corrupt_config problem."""
+    scopes = [config]
+    if isinstance(config.get("text_config"), dict):
+        scopes.append(config["text_config"])
+    for scope in scopes:
+        for key in ("num_hidden_layers", *NEXTN_COUNT_KEYS):
+            value = scope.get(key)
+            if isinstance(value, (int, float)) and not (type(value) is int and 0 <= value <= MAX_LAYER_COUNT):
+                problems.append(
+                    Problem(
+                        "corrupt_config", ERROR, obj.key, None,
+                        f"{obj.uri}: {key}={_quote(value)} is not a layer count (an integer from 0 to {MAX_LAYER_COUNT})",
+                    )
+                )  # fmt: skip
+                return None
+    return config
+
+
+def _why_missing(key: str, max_depth: int, unreadable: Mapping[str, str]) -> str:
+    """Why a listed checkpoint lacks ``key``, when the listing can tell."""
+    depth = key.count("/")
+    if not depth:
+        return ""
+    folder = key
+    while unreadable and "/" in folder:
+        folder = folder.rsplit("/", 1)[0]
+        if folder in unreadable:
+            return f"; its folder {folder} could not be listed ({unreadable[folder]})"
+    if depth > max_depth:
+        return f"; it lies {depth} folder levels down, beyond MX_ROBUST_DISCOVERY_DEPTH={max_depth}"
+    return ""
+
+
+def inspect(store: Store, max_depth: int, limits: Optional[ProbeLimits] = None) -> Checkpoint:
     """List ``store`` and read every header; raise NoCheckpoint if it has no shard.
 
     StoreError (listing, access) propagates: the caller names the candidate.
+    Linear in the number of files, index entries and tensors.
     """
+    limits = limits or ProbeLimits.current()
     root, objects, index_obj, config_obj = locate(store.list(max_depth))
     problems: list[Problem] = []
-    index = _read_json(store, index_obj, problems, "corrupt_index") if index_obj else None
-    config = _read_json(store, config_obj, [], "corrupt_config") if config_obj else None
+    index = (
+        _read_json(store, index_obj, problems, "corrupt_index", limits.index_bytes, "MX_ROBUST_MAX_INDEX_BYTES")
+        if index_obj
+        else None
+    )
+    config = (
+        _read_json(store, config_obj, problems, "corrupt_config", limits.config_bytes, "MX_ROBUST_MAX_CONFIG_BYTES")
+        if config_obj
+        else None
+    )
+    if config is not None:
+        config = _check_config(config, config_obj, problems)
 
     def in_root(key: str) -> bool:
         return posixpath.dirname(key) == root
@@ -258,19 +467,35 @@ def inspect(store: Store, max_depth: int) -> Checkpoint:
         if not isinstance(raw_map, dict):
             problems.append(Problem("corrupt_index", ERROR, index_obj.key, None, f"{index_obj.uri}: no weight_map"))
         else:
-            weight_map = {t: posixpath.normpath(posixpath.join(root, f)) for t, f in raw_map.items()}
+            bad = next(((t, f) for t, f in raw_map.items() if not isinstance(f, str) or not f), None)
+            if bad is not None:
+                problems.append(
+                    Problem(
+                        "corrupt_index", ERROR, index_obj.key, bad[0],
+                        f"{index_obj.uri}: weight_map names {_quote(bad[1])} as the file of tensor {_quote(bad[0])}, "
+                        "not a file name",
+                    )
+                )  # fmt: skip
+            else:
+                resolved: dict[str, str] = {}  # most files hold many tensors: resolve each name once
+                for f in raw_map.values():
+                    if f not in resolved:
+                        resolved[f] = posixpath.normpath(posixpath.join(root, f))
+                weight_map = {t: resolved[f] for t, f in raw_map.items()}
         shard_keys = set(weight_map.values())
         if shard_keys and not any(k in by_key for k in shard_keys):
             raise NoCheckpoint(
                 f"holds {INDEX_NAME} but none of the {len(shard_keys)} shard(s) it names (a config-only copy?)"
             )
+        counts = Counter(weight_map.values())
+        unreadable = getattr(store, "unreadable", None) or {}
         for key in sorted(shard_keys):
             if key not in by_key:
-                count = sum(1 for f in weight_map.values() if f == key)
                 problems.append(
                     Problem(
                         "missing_shard", ERROR, key, None,
-                        f"{store.root}/{key}: named by {INDEX_NAME} for {count} tensor(s) but not found",
+                        f"{store.root}/{key}: named by {INDEX_NAME} for {counts[key]} tensor(s) but not found"
+                        f"{_why_missing(key, max_depth, unreadable)}",
                     )
                 )  # fmt: skip
     else:
@@ -280,7 +505,7 @@ def inspect(store: Store, max_depth: int) -> Checkpoint:
         (by_key[k] for k in (shard_keys | local_shards) if k in by_key), key=lambda o: natural_key(o.key)
     )
     with ThreadPoolExecutor(max_workers=min(HEADER_READ_WORKERS, max(1, len(shard_objs)))) as pool:
-        read = list(pool.map(lambda o: read_header(store, o), shard_objs))
+        read = list(pool.map(lambda o: read_header(store, o, limits), shard_objs))
     shards = []
     outside_index = []
     for shard, shard_problems in read:
@@ -342,11 +567,14 @@ def inspect(store: Store, max_depth: int) -> Checkpoint:
 
 __all__ = [
     "Checkpoint",
+    "DTYPE_BITS",
     "NoCheckpoint",
     "Problem",
+    "ProbeLimits",
     "Shard",
     "StoreError",
     "TensorInfo",
     "inspect",
     "natural_key",
+    "runai_dtypes",
 ]

@@ -18,7 +18,9 @@ activation instead of at the first model load.
 
 from __future__ import annotations
 
+import difflib
 import os
+import resource
 import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
@@ -42,6 +44,18 @@ CONFIG_FILE_ENV = "MX_STRATEGIES_CONFIG"
 SourceName = Literal["model_weights", "model", "MX_MODEL_URI"]
 DraftConvention = Literal["mtp", "nextn_layers", "mtp_layers"]
 
+# Every variable of ours starts with this; one that is no setting is a typo.
+OUR_PREFIX = "MX_ROBUST_"
+# MX_MODEL_URI: an object-store URI with one of these schemes, or a local path.
+MODEL_URI_SCHEMES = ("s3", "gs", "az")
+# runai-model-streamer 0.17.0 reads RUNAI_STREAMER_CHUNK_BYTESIZE as a size_t: 2**64 and above
+# fail every load with "Invalid request parameters", naming no variable.
+RUNAI_MAX_SIZE_T = 2**64 - 1
+RUNAI_MAX_INT64 = 2**63 - 1
+MIB = 1024 * 1024
+# runai-model-streamer refuses a shard header over 100 MiB (its MAX_HEADER_SIZE).
+RUNAI_MAX_HEADER_BYTES = 100 * MIB
+
 DEFAULT_SOURCE_ORDER: tuple[SourceName, ...] = ("model_weights", "model", "MX_MODEL_URI")
 DEFAULT_DRAFT_CONVENTIONS: tuple[DraftConvention, ...] = ("mtp", "nextn_layers", "mtp_layers")
 
@@ -49,7 +63,6 @@ DEFAULT_DRAFT_CONVENTIONS: tuple[DraftConvention, ...] = ("mtp", "nextn_layers",
 ENUM_LIST_FIELDS = ("source_order", "draft_conventions")
 # Optional fields where an empty value means unset.
 OPTIONAL_FIELDS = (
-    "model_uri",
     "streamer_concurrency",
     "streamer_memory_limit",
     "streamer_chunk_bytesize",
@@ -125,6 +138,49 @@ class RobustSettings(BaseSettings):
             "prefix and reading shard headers."
         ),
     )
+    max_discovery_entries: int = Field(
+        default=100_000,
+        ge=1,
+        le=10_000_000,
+        validation_alias="MX_ROBUST_MAX_DISCOVERY_ENTRIES",
+        description=(
+            "Most folder entries a local candidate's discovery walk looks at "
+            "(symlinks followed, each real folder once). A walk that meets more "
+            "fails with a message naming the folder, instead of running for "
+            "minutes over a wrong path such as / or a whole cache."
+        ),
+    )
+    max_header_bytes: int = Field(
+        default=RUNAI_MAX_HEADER_BYTES,
+        ge=64,
+        le=RUNAI_MAX_HEADER_BYTES,
+        validation_alias="MX_ROBUST_MAX_HEADER_BYTES",
+        description=(
+            "Largest safetensors shard header (the JSON after the 8-byte length) "
+            "a probe reads; a longer one is a corrupt_header problem. At most "
+            "100 MiB, runai-model-streamer's own limit."
+        ),
+    )
+    max_index_bytes: int = Field(
+        default=64 * MIB,
+        ge=64,
+        le=1024 * MIB,
+        validation_alias="MX_ROBUST_MAX_INDEX_BYTES",
+        description=(
+            "Largest model.safetensors.index.json a probe reads (DeepSeek-V3's is "
+            "about 9 MB); a larger one is a corrupt_index problem, not read."
+        ),
+    )
+    max_config_bytes: int = Field(
+        default=16 * MIB,
+        ge=64,
+        le=1024 * MIB,
+        validation_alias="MX_ROBUST_MAX_CONFIG_BYTES",
+        description=(
+            "Largest config.json a probe reads; a larger one is a corrupt_config "
+            "problem, not read."
+        ),
+    )
     probe_max_attempts: int = Field(
         default=3,
         ge=1,
@@ -150,6 +206,18 @@ class RobustSettings(BaseSettings):
             "not delivered exactly once: fail (the chain falls back) or warn."
         ),
     )
+    model_completeness: Literal["fail", "warn"] = Field(
+        default="fail",
+        validation_alias="MX_ROBUST_MODEL_COMPLETENESS",
+        description=(
+            "What a load does when a parameter or persistent buffer of the model "
+            "was not written from the checkpoint (the names the model's "
+            "load_weights reports, like vLLM's default loader), apart from those "
+            "the engine fills afterwards (an MTP draft's shared embedding and "
+            "head): fail, naming the parameters (the chain rebuilds the model and "
+            "falls back), or warn. A model that reports no names is not checked."
+        ),
+    )
 
     verify_content: Literal["off", "sample", "all"] = Field(
         default="off",
@@ -170,6 +238,29 @@ class RobustSettings(BaseSettings):
         description=(
             "How many tensors MX_ROBUST_VERIFY_CONTENT=sample checks per load, "
             "spread over the shards; the same ones on every load of a checkpoint."
+        ),
+    )
+    delivery_order: Literal["arrival", "plan"] = Field(
+        default="arrival",
+        validation_alias="MX_ROBUST_DELIVERY_ORDER",
+        description=(
+            "Order in which tensors reach the model: arrival (as runai's reads "
+            "complete, like vLLM's own runai loader; no host memory held) or plan "
+            "(shards in natural order, tensors by file offset, the same on every "
+            "load; early arrivals are held in host memory, at most "
+            "MX_ROBUST_PLAN_ORDER_HOLD_BYTES). The ledger checks every tensor off "
+            "either way, and the load report lists the shards in plan order."
+        ),
+    )
+    plan_order_hold_bytes: int = Field(
+        default=1 << 30,
+        ge=0,
+        le=1 << 40,
+        validation_alias="MX_ROBUST_PLAN_ORDER_HOLD_BYTES",
+        description=(
+            "With MX_ROBUST_DELIVERY_ORDER=plan: the most tensor bytes held back "
+            "waiting for their turn (also capped at twice runai's ring). Past it "
+            "the rest of the load is delivered in arrival order, with a warning."
         ),
     )
 
@@ -204,17 +295,23 @@ class RobustSettings(BaseSettings):
         ge=1,
         le=1024,
         validation_alias="MX_ROBUST_STREAMER_CONCURRENCY",
-        description="RUNAI_STREAMER_CONCURRENCY for our loads; unset keeps runai's own.",
+        description=(
+            "RUNAI_STREAMER_CONCURRENCY for our loads; unset keeps runai's own. "
+            "Also at most the process's hard open-file limit (ulimit -Hn): runai "
+            "keeps a file open per concurrent read."
+        ),
     )
     streamer_memory_limit: Optional[int] = Field(
         default=None,
         ge=-1,
+        le=RUNAI_MAX_INT64,
         validation_alias="MX_ROBUST_STREAMER_MEMORY_LIMIT",
         description="RUNAI_STREAMER_MEMORY_LIMIT in bytes (-1 unlimited, 0 minimal); unset keeps runai's own.",
     )
     streamer_chunk_bytesize: Optional[int] = Field(
         default=None,
         ge=1,
+        le=RUNAI_MAX_SIZE_T,
         validation_alias="MX_ROBUST_STREAMER_CHUNK_BYTESIZE",
         description="RUNAI_STREAMER_CHUNK_BYTESIZE for our loads; unset keeps runai's own.",
     )
@@ -262,6 +359,37 @@ class RobustSettings(BaseSettings):
             raise ValueError("names no entry")
         return entries
 
+    @field_validator("model_uri", mode="before")
+    @classmethod
+    def _model_uri_shape(cls, value: Any) -> Any:
+        """Empty is unset (upstream's gate); blank, a foreign scheme or a bucket-less URI is refused."""
+        if not isinstance(value, str):
+            return value  # pydantic reports the type
+        if value == "":
+            return None
+        if not value.strip():
+            raise ValueError("is blank (unset it, or name a checkpoint)")
+        if value != value.strip():
+            raise ValueError("has leading or trailing whitespace")
+        if "://" in value:
+            scheme, _, rest = value.partition("://")
+            if scheme not in MODEL_URI_SCHEMES:
+                raise ValueError(f"unsupported scheme {scheme}://")
+            if not rest.split("/", 1)[0]:
+                raise ValueError(f"names no bucket or container after {scheme}://")
+        return value
+
+    @field_validator("streamer_concurrency")
+    @classmethod
+    def _within_fd_limit(cls, value: Optional[int]) -> Optional[int]:
+        """runai opens a file per concurrent read and cannot raise the limit past the hard one."""
+        if value is None:
+            return value
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and value > hard:
+            raise ValueError(f"above this process's hard open-file limit ({hard}; ulimit -Hn)")
+        return value
+
     @field_validator("draft_extra_prefixes", mode="before")
     @classmethod
     def _lists_from_commas(cls, value: Any) -> Any:
@@ -302,7 +430,7 @@ def _config_file_source(settings_cls: type[BaseSettings], config_file: str) -> P
     where = f"{CONFIG_FILE_ENV}={config_file!r} is invalid"
     if not path.is_file():
         raise ConfigurationError(f"{where}: no such file (allowed: the path of a .env or .toml file)")
-    names = {str(field.validation_alias) for field in settings_cls.model_fields.values()}
+    names = setting_names()
     try:
         if ".toml" in path.suffixes:
             source: PydanticBaseSettingsSource = TomlConfigSettingsSource(settings_cls, toml_file=path)
@@ -326,8 +454,35 @@ def env_name(field_name: str) -> str:
     return str(alias)
 
 
+def setting_names() -> set[str]:
+    """Every variable a setting is read from."""
+    return {str(info.validation_alias) for info in RobustSettings.model_fields.values()}
+
+
+def unknown_variables(environ: Optional[Any] = None) -> list[str]:
+    """``MX_ROBUST_*`` variables in the environment that are no setting, each with the nearest valid name."""
+    environ = os.environ if environ is None else environ
+    names = setting_names()
+    problems = []
+    for var in sorted(key for key in environ if key.startswith(OUR_PREFIX) and key not in names):
+        # Compare what follows the shared prefix, or every name looks alike.
+        tails = {name[len(OUR_PREFIX) :]: name for name in names if name.startswith(OUR_PREFIX)}
+        close = difflib.get_close_matches(var[len(OUR_PREFIX) :], sorted(tails), n=1, cutoff=0.6)
+        hint = f"did you mean {tails[close[0]]}?" if close else f"the settings are {', '.join(sorted(names))}"
+        problems.append(f"{var} is not a setting ({hint})")
+    return problems
+
+
 def load_settings(**overrides: Any) -> RobustSettings:
-    """Read the settings, turning a validation error into one clear message."""
+    """Read the settings, turning a validation error into one clear message.
+
+    An ``MX_ROBUST_*`` variable that is no setting is refused too: a typo
+    (``MX_ROBUST_COMPLETNESS=warn``) would otherwise leave the default in
+    force without a word.
+    """
+    unknown = unknown_variables()
+    if unknown:
+        raise ConfigurationError("; ".join(unknown))
     try:
         return RobustSettings(**overrides)
     except ValidationError as exc:
@@ -337,6 +492,19 @@ def load_settings(**overrides: Any) -> RobustSettings:
             value = error.get("input")
             problems.append(f"{name}={value!r} is invalid: {_allowed(name, error)}")
         raise ConfigurationError("; ".join(problems)) from None
+
+
+def current_settings() -> RobustSettings:
+    """The settings in force, for code that was handed none (a store, an inspection).
+
+    An invalid environment was already refused at activation and by the
+    strategy before it probes; here it falls back to the defaults rather
+    than fail a second time.
+    """
+    try:
+        return load_settings()
+    except ConfigurationError:
+        return RobustSettings.model_construct()
 
 
 def _allowed(name: str, error: dict[str, Any]) -> str:
@@ -410,6 +578,8 @@ def allowed_text(field: str) -> str:
         text = _number_text("an integer", info)
     elif annotation is float:
         text = _number_text("a number", info)
+    elif field == "model_uri":
+        text = "an s3://, gs:// or az:// URI or a local path"
     elif annotation is str:
         text = "a string"
     else:  # a new kind of field: say its type rather than guess

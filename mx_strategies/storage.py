@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
-from typing import Protocol
+import stat
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
 
 from .errors import StoreError
 
@@ -21,6 +23,10 @@ S3_PREFIX = "s3://"
 GCS_PREFIX = "gs://"
 AZURE_PREFIX = "az://"
 OBJECT_STORE_PREFIXES = (S3_PREFIX, GCS_PREFIX, AZURE_PREFIX)
+
+# Entries a local discovery walk looks at when the caller does not say (MX_ROBUST_MAX_DISCOVERY_ENTRIES).
+DEFAULT_MAX_ENTRIES = 100_000
+REGULAR = "file"
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,16 @@ class ObjectInfo:
     key: str  # path relative to the root, "/"-separated
     uri: str  # what runai-model-streamer is given to stream it
     size: int
+    # What changes when the file is rewritten: size, mtime and inode locally, the ETag or
+    # generation on object stores. None when the store cannot say.
+    identity: Optional[str] = field(default=None, compare=False)
+    # "file" for a regular file; locally also "FIFO", "socket", "character device", ...
+    # (listed so a checkpoint file that is one is reported, never opened).
+    kind: str = field(default=REGULAR, compare=False)
+
+    @property
+    def regular(self) -> bool:
+        return self.kind == REGULAR
 
 
 class Store(Protocol):
@@ -40,6 +56,33 @@ class Store(Protocol):
 
     def read(self, obj: ObjectInfo, start: int, length: int) -> bytes:
         """``length`` bytes of ``obj`` from ``start`` (one ranged request)."""
+
+    def identity(self, obj: ObjectInfo) -> Optional[str]:
+        """``obj``'s identity now (see :attr:`ObjectInfo.identity`); None when unknown."""
+
+
+class ListingTooLarge(StoreError):
+    """A local discovery walk met more entries than its bound; the message names the folder and the setting."""
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return REGULAR
+    if stat.S_ISDIR(mode):
+        return "folder"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode):
+        return "character device"
+    if stat.S_ISBLK(mode):
+        return "block device"
+    return "special file"
+
+
+def local_identity(st: os.stat_result) -> str:
+    return f"size={st.st_size} mtime_ns={st.st_mtime_ns} inode={st.st_ino}"
 
 
 # "org/name" that is no local folder: a Hugging Face hub id, which we cannot stream.
@@ -62,8 +105,13 @@ def looks_like_hub_id(uri: str) -> bool:
     return bool(HUB_ID.match(uri)) and not uri.startswith((".", "/")) and not os.path.exists(uri)
 
 
-def open_store(uri: str, *, timeout_s: float = 20.0, max_attempts: int = 3) -> Store:
-    """The store holding ``uri``; raises StoreError for what is no source."""
+def open_store(
+    uri: str, *, timeout_s: float = 20.0, max_attempts: int = 3, max_entries: Optional[int] = None
+) -> Store:
+    """The store holding ``uri``; raises StoreError for what is no source.
+
+    ``max_entries`` bounds a local discovery walk (None: MX_ROBUST_MAX_DISCOVERY_ENTRIES).
+    """
     if uri.startswith(S3_PREFIX):
         return S3Store(uri, timeout_s=timeout_s, max_attempts=max_attempts)
     if uri.startswith(GCS_PREFIX):
@@ -78,42 +126,133 @@ def open_store(uri: str, *, timeout_s: float = 20.0, max_attempts: int = 3) -> S
         raise StoreError(f"{uri}: no such local folder")
     if not os.path.isdir(uri):
         raise StoreError(f"{uri}: not a folder")
-    return LocalStore(uri)
+    return LocalStore(uri, max_entries=max_entries)
 
 
 def _depth(key: str) -> int:
     return key.count("/")
 
 
+def _configured_max_entries() -> int:
+    from .settings import current_settings
+
+    return current_settings().max_discovery_entries
+
+
 class LocalStore:
-    def __init__(self, root: str) -> None:
+    """A local folder. Discovery follows symlinks but visits each real folder once.
+
+    Only regular files are ever opened: a FIFO, socket or device is listed
+    with its ``kind`` (so inspection can name it) and refused by
+    :meth:`read`, checked with ``stat`` before any ``open``. Folders that
+    cannot be listed are kept in ``unreadable`` (key -> reason).
+    """
+
+    def __init__(self, root: str, *, max_entries: Optional[int] = None) -> None:
         self.root = normalize_uri(root)
+        self.max_entries = max_entries
+        self.unreadable: dict[str, str] = {}
 
     def list(self, max_depth: int) -> list[ObjectInfo]:
+        limit = self.max_entries if self.max_entries is not None else _configured_max_entries()
         found: list[ObjectInfo] = []
-        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=True):
-            rel_dir = os.path.relpath(dirpath, self.root)
-            depth = 0 if rel_dir == "." else rel_dir.count(os.sep) + 1
-            if depth >= max_depth:
-                dirnames[:] = []
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for name in filenames:
-                path = os.path.join(dirpath, name)
-                key = name if rel_dir == "." else f"{rel_dir.replace(os.sep, '/')}/{name}"
+        self.unreadable = {}
+        try:
+            top = os.stat(self.root)
+        except OSError as exc:
+            raise StoreError(f"{self.root}: {exc.strerror or exc}") from exc
+        visited = {(top.st_dev, top.st_ino)}
+        # Breadth first, names sorted: a folder reachable twice (a symlink and its target) is
+        # listed under its shallowest, then alphabetically first, path.
+        queue: deque[tuple[str, str, int]] = deque([("", self.root, 0)])
+        seen = 0
+        while queue:
+            rel, path, depth = queue.popleft()
+            entries = []
+            try:
+                with os.scandir(path) as listing:
+                    for entry in listing:
+                        seen += 1
+                        if seen > limit:
+                            raise ListingTooLarge(
+                                f"{self.root}: more than {limit} entries within {max_depth} folder level(s) "
+                                f"(stopped in {path}); point the source at the checkpoint folder, or raise "
+                                f"MX_ROBUST_MAX_DISCOVERY_ENTRIES or lower MX_ROBUST_DISCOVERY_DEPTH"
+                            )
+                        entries.append(entry)
+            except OSError as exc:
+                if rel:
+                    self.unreadable[rel] = exc.strerror or str(exc)
+                    continue
+                raise StoreError(f"{self.root}: cannot list it: {exc.strerror or exc}") from exc
+            entries.sort(key=lambda e: e.name)
+            for entry in entries:
+                key = f"{rel}/{entry.name}" if rel else entry.name
                 try:
-                    size = os.stat(path).st_size
+                    st = entry.stat()  # follows symlinks; never opens
                 except OSError:
                     continue  # a dangling symlink is no file
-                found.append(ObjectInfo(key=key, uri=path, size=size))
+                kind = _file_kind(st.st_mode)
+                if kind == "folder":
+                    if entry.name.startswith(".") or depth >= max_depth:
+                        continue
+                    real = (st.st_dev, st.st_ino)
+                    if real in visited:
+                        continue  # a symlink loop, or a second way into a folder already listed
+                    visited.add(real)
+                    queue.append((key, entry.path, depth + 1))
+                elif kind == REGULAR:
+                    found.append(ObjectInfo(key=key, uri=entry.path, size=st.st_size, identity=local_identity(st)))
+                else:
+                    found.append(ObjectInfo(key=key, uri=entry.path, size=0, kind=kind))
         return found
 
-    def read(self, obj: ObjectInfo, start: int, length: int) -> bytes:
+    @staticmethod
+    def _open_regular(path: str) -> int:
+        """A descriptor for ``path`` if it is a regular file; never blocks on a FIFO."""
         try:
-            with open(obj.uri, "rb") as handle:
-                handle.seek(start)
-                return handle.read(length)
+            kind = _file_kind(os.stat(path).st_mode)
+            if kind != REGULAR:
+                raise StoreError(f"{path}: not a regular file (a {kind}); not opened")
+            # O_NONBLOCK: should it have become a FIFO since the stat, open returns at once.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise StoreError(f"{path}: {exc.strerror or exc}") from exc
+        try:
+            kind = _file_kind(os.fstat(fd).st_mode)
+        except OSError as exc:
+            os.close(fd)
+            raise StoreError(f"{path}: {exc.strerror or exc}") from exc
+        if kind != REGULAR:
+            os.close(fd)
+            raise StoreError(f"{path}: not a regular file (a {kind}); not read")
+        return fd
+
+    def read(self, obj: ObjectInfo, start: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        fd = self._open_regular(obj.uri)
+        try:
+            parts = []
+            offset, remaining = start, length
+            while remaining > 0:
+                chunk = os.pread(fd, remaining, offset)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                offset += len(chunk)
+                remaining -= len(chunk)
+            return b"".join(parts)
         except OSError as exc:
             raise StoreError(f"{obj.uri}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)
+
+    def identity(self, obj: ObjectInfo) -> Optional[str]:
+        try:
+            return local_identity(os.stat(obj.uri))
+        except OSError as exc:
+            return f"unreadable ({exc.strerror or exc})"
 
 
 def _split_bucket(uri: str, scheme: str) -> tuple[str, str]:
@@ -165,7 +304,12 @@ class S3Store:
                     if not key or key.endswith("/") or _depth(key) > max_depth:
                         continue
                     found.append(
-                        ObjectInfo(key=key, uri=f"s3://{self.bucket}/{obj['Key']}", size=int(obj["Size"]))
+                        ObjectInfo(
+                            key=key,
+                            uri=f"s3://{self.bucket}/{obj['Key']}",
+                            size=int(obj["Size"]),
+                            identity=_etag(obj.get("ETag")),
+                        )
                     )
         except Exception as exc:  # botocore raises many unrelated types
             raise self._fail(f"{self.root}: listing failed", exc) from exc
@@ -192,6 +336,21 @@ class S3Store:
                 raise self._fail(what, exc) from exc
         raise AssertionError("unreachable")  # the loop returns or raises
 
+    def identity(self, obj: ObjectInfo) -> Optional[str]:
+        key = obj.uri[len(f"s3://{self.bucket}/") :]
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=key)
+        except Exception as exc:
+            response = getattr(exc, "response", None) or {}
+            if response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return "deleted"
+            raise self._fail(f"{obj.uri}: HEAD failed", exc) from exc
+        return _etag(head.get("ETag"))
+
+
+def _etag(value: Optional[str]) -> Optional[str]:
+    return f"etag={value.strip(chr(34))}" if value else None
+
 
 class GcsStore:
     """Google Cloud Storage through the client runai's gcs extra installs."""
@@ -217,7 +376,14 @@ class GcsStore:
         for blob in blobs:
             key = blob.name[len(self.prefix) :]
             if key and not key.endswith("/") and _depth(key) <= max_depth:
-                found.append(ObjectInfo(key=key, uri=f"gs://{self.bucket_name}/{blob.name}", size=int(blob.size)))
+                found.append(
+                    ObjectInfo(
+                        key=key,
+                        uri=f"gs://{self.bucket_name}/{blob.name}",
+                        size=int(blob.size),
+                        identity=_generation(blob),
+                    )
+                )
         return found
 
     def read(self, obj: ObjectInfo, start: int, length: int) -> bytes:
@@ -228,6 +394,22 @@ class GcsStore:
             return self._bucket.blob(name).download_as_bytes(start=start, end=start + length - 1)
         except Exception as exc:
             raise StoreError(f"{obj.uri}: ranged read failed: {type(exc).__name__}: {exc}") from exc
+
+    def identity(self, obj: ObjectInfo) -> Optional[str]:
+        name = obj.uri[len(f"gs://{self.bucket_name}/") :]
+        try:
+            blob = self._bucket.get_blob(name)
+        except Exception as exc:
+            raise StoreError(f"{obj.uri}: metadata read failed: {type(exc).__name__}: {exc}") from exc
+        return "deleted" if blob is None else _generation(blob)
+
+
+def _generation(blob) -> Optional[str]:
+    generation = getattr(blob, "generation", None)
+    if generation is not None:
+        return f"generation={generation}"
+    etag = getattr(blob, "etag", None)
+    return f"etag={etag}" if etag else None
 
 
 class AzureStore:
@@ -254,7 +436,15 @@ class AzureStore:
         for blob in blobs:
             key = blob.name[len(self.prefix) :]
             if key and not key.endswith("/") and _depth(key) <= max_depth:
-                found.append(ObjectInfo(key=key, uri=f"az://{self.container_name}/{blob.name}", size=int(blob.size)))
+                etag = getattr(blob, "etag", None)
+                found.append(
+                    ObjectInfo(
+                        key=key,
+                        uri=f"az://{self.container_name}/{blob.name}",
+                        size=int(blob.size),
+                        identity=f"etag={str(etag).strip(chr(34))}" if etag else None,
+                    )
+                )
         return found
 
     def read(self, obj: ObjectInfo, start: int, length: int) -> bytes:
@@ -265,3 +455,14 @@ class AzureStore:
             return self._container.download_blob(name, offset=start, length=length).readall()
         except Exception as exc:
             raise StoreError(f"{obj.uri}: ranged read failed: {type(exc).__name__}: {exc}") from exc
+
+    def identity(self, obj: ObjectInfo) -> Optional[str]:
+        name = obj.uri[len(f"az://{self.container_name}/") :]
+        try:
+            properties = self._container.get_blob_client(name).get_blob_properties()
+        except Exception as exc:
+            if type(exc).__name__ == "ResourceNotFoundError":
+                return "deleted"
+            raise StoreError(f"{obj.uri}: metadata read failed: {type(exc).__name__}: {exc}") from exc
+        etag = getattr(properties, "etag", None)
+        return f"etag={str(etag).strip(chr(34))}" if etag else None

@@ -1,17 +1,21 @@
 """Streaming with runai-model-streamer, and verification of what arrived.
 
 The plan is fixed before the model is touched: the non-empty shards in
-natural order, and the exact tensor names each must deliver. runai's
-``SafetensorsStreamer`` then streams exactly those (``tensor_names`` when a
-subset is wanted), tensors owned by the caller so nothing is copied twice.
+natural order, and the exact tensor names each must deliver. runai then
+streams exactly those byte ranges (:mod:`.runai_plan`: the probe's headers
+are not read again), tensors owned by the caller so nothing is copied twice.
 A :class:`DeliveryLedger` checks every name off; a shortfall, a duplicate
 or a stranger fails the load instead of serving a model with a weight
 missing (vLLM #38991: 335 of 447 tensors silently dropped).
 
 runai yields tensors in whatever order its reads complete, which differs
-from run to run even for one file list. :class:`InOrder` hands them to the
-model in plan order instead (shards in natural order, tensors by offset), so
-a load is reproducible whatever the listing, upload or completion order.
+from run to run even for one file list. By default they go to the model in
+that order, as vLLM's own runai loader hands them on: ``load_weights`` does
+not need an order, and holding tensors back costs time and host memory.
+With ``MX_ROBUST_DELIVERY_ORDER=plan``, :class:`InOrder` hands them on in
+plan order instead (shards in natural order, tensors by offset), so the
+sequence of ``load_weights`` calls is the same on every load, holding early
+arrivals back up to ``MX_ROBUST_PLAN_ORDER_HOLD_BYTES``.
 """
 
 from __future__ import annotations
@@ -76,6 +80,55 @@ def claim_backend(source: str, uris: list[str]) -> None:
         )
 
 
+def _delivery_mismatch(info, tensor: torch.Tensor) -> Optional[str]:
+    """How ``tensor`` differs from its header entry ``info`` (dtype, shape, bytes), or None."""
+    from .checkpoint import runai_dtypes
+
+    expected = runai_dtypes().get(info.dtype)
+    shape = tuple(tensor.shape)
+    nbytes = tensor.numel() * tensor.element_size()
+    if (expected is None or tensor.dtype == expected) and shape == tuple(info.shape) and nbytes == info.nbytes:
+        return None
+    return f"{tensor.dtype}{list(shape)} ({nbytes} bytes)"
+
+
+IDENTITY_WORKERS = 16
+
+
+def source_changes(source: str, shards, settings: RobustSettings) -> tuple[list[str], list[str]]:
+    """(shards whose identity changed, shards whose identity could not be read), as messages."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .storage import ObjectInfo, StoreError, open_store
+
+    try:
+        store = open_store(source, timeout_s=settings.probe_timeout_s, max_attempts=settings.probe_max_attempts)
+    except StoreError as exc:
+        return [], [f"{source} ({exc})"]
+    identity = getattr(store, "identity", None)
+    if identity is None:
+        return [], []
+
+    def now(shard) -> tuple[object, Optional[str], Optional[str]]:
+        try:
+            return shard, identity(ObjectInfo(key=shard.key, uri=shard.uri, size=shard.size)), None
+        except StoreError as exc:
+            return shard, None, str(exc)
+
+    if len(shards) > 1 and "://" in source:
+        with ThreadPoolExecutor(max_workers=min(IDENTITY_WORKERS, len(shards))) as pool:
+            results = list(pool.map(now, shards))
+    else:
+        results = [now(shard) for shard in shards]
+    changed, unknown = [], []
+    for shard, current, error in results:
+        if error is not None or current is None:
+            unknown.append(f"{shard.uri} ({error or 'no identity'})")
+        elif current != shard.identity:
+            changed.append(f"{shard.uri} (was {shard.identity}, now {current})")
+    return changed, unknown
+
+
 class DeliveryLedger:
     """Checks every expected tensor off exactly once."""
 
@@ -138,6 +191,7 @@ class InOrder:
         self._held_bytes = 0
         self._arrivals = itertools.count()
         self.ordered = True
+        self.peak_bytes = 0  # the most tensor bytes held at once
 
     def push(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """What may go to the model now that ``(name, tensor)`` arrived."""
@@ -152,6 +206,7 @@ class InOrder:
         self._held[number] = (name, tensor)
         self._by_name.setdefault(name, deque()).append(number)
         self._held_bytes += tensor.numel() * tensor.element_size()
+        self.peak_bytes = max(self.peak_bytes, self._held_bytes)
         yield from self._release_due()
         if self._held_bytes > self._limit:
             self.ordered = False
@@ -181,8 +236,12 @@ class InOrder:
         return name, tensor
 
 
-def reorder_limit(streamer) -> int:
-    """Twice runai's ring: the most a complete delivery can run ahead."""
+def reorder_limit(streamer, setting: int) -> int:
+    """The hold-back bound: the setting, and at most twice runai's ring (all a complete delivery can run ahead)."""
+    return min(setting, _twice_the_ring(streamer))
+
+
+def _twice_the_ring(streamer) -> int:
     try:
         ring = streamer.file_streamer.ring_info()
     except Exception:  # an internal of runai; never let it break a load
@@ -197,15 +256,19 @@ def streamer_variables(
     settings: RobustSettings,
     loader_extra_config: Optional[Mapping[str, Any]] = None,
     on_warning: Optional[Callable[[str], None]] = None,
+    *,
+    distributed: bool = False,
 ) -> dict[str, str]:
     """The runai variables a load sets: vLLM's ``model_loader_extra_config`` keys, then ours.
 
     vLLM's runai loader (which ModelExpress's parent strategy uses) turns
     ``concurrency`` and ``memory_limit`` into runai's variables; we honour
     them the same way. Where one of our settings names the same variable,
-    ours wins, and ``on_warning`` is told.
+    ours wins, and ``on_warning`` is told. A distributed load sets
+    ``RUNAI_STREAMER_DIST=1``: runai's default distributes over nccl only, so
+    a gloo engine (vLLM on CPUs) would silently read everything on every rank.
     """
-    variables: dict[str, str] = {}
+    variables: dict[str, str] = {"RUNAI_STREAMER_DIST": "1"} if distributed else {}
     extra = loader_extra_config or {}
     for key, var in LOADER_EXTRA_CONFIG_ENV.items():
         if extra.get(key) is not None:
@@ -267,17 +330,18 @@ class VerifiedStream:
         self.settings = settings
         self.device = device
         self.distributed = distributed
-        self.variables = streamer_variables(settings, loader_extra_config, on_warning)
+        self.variables = streamer_variables(settings, loader_extra_config, on_warning, distributed=distributed)
         self.ledger = DeliveryLedger(plan.expected)
         self.bytes_delivered = 0
         self.exhausted = False
         self._settled = False
         self._on_warning = on_warning
+        self._warned_unordered = False
         self._env = None
         self._streamer = None
         self._iter = None
         self._first = None
-        self._in_order = InOrder(self.ledger.expected, DEFAULT_REORDER_LIMIT_BYTES)
+        self._in_order: Optional[InOrder] = None  # only with MX_ROBUST_DELIVERY_ORDER=plan
         self.content = ContentCheck.for_load(plan.source, plan.shards, plan.expected, settings)
 
     def __enter__(self) -> "VerifiedStream":
@@ -287,26 +351,24 @@ class VerifiedStream:
         twice and leak the first runai streamer, whose late responses break
         the next load in the process.
         """
-        from runai_model_streamer import SafetensorsStreamer
+        from .runai_plan import PlannedStreamer  # imports runai, which a plan-only caller never needs
 
         if self._streamer is not None:
             raise RuntimeError("VerifiedStream is already started")
+        self._check_sources_unchanged("before streaming")
         claim_backend(self.plan.source, self.plan.uris)
         self._env = streamer_environment(self.variables)
         self._env.__enter__()
         try:
-            self._streamer = SafetensorsStreamer().__enter__()
+            self._streamer = PlannedStreamer().__enter__()
             if self.plan.shards:
-                self._streamer.stream_files(
-                    self.plan.uris,
-                    device=self.device,
-                    is_distributed=self.distributed,
-                    tensor_names=self.plan.names,
-                    owned=True,
-                )
+                # The probe's headers, not a second read of them (runai_plan).
+                self._streamer.stream_plan(self.plan, device=self.device, is_distributed=self.distributed)
                 self._iter = self._streamer.get_tensors()
                 self._first = next(self._iter, None)
-                self._in_order = InOrder(self.ledger.expected, reorder_limit(self._streamer))
+                if self.settings.delivery_order == "plan":
+                    limit = reorder_limit(self._streamer, self.settings.plan_order_hold_bytes)
+                    self._in_order = InOrder(self.ledger.expected, limit)
         except Exception as exc:
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise StreamStartError(f"streaming {self.plan.source} did not start: {type(exc).__name__}: {exc}") from exc
@@ -323,14 +385,65 @@ class VerifiedStream:
                 self._env = None
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in itertools.chain.from_iterable(
-            self._in_order.push(name, tensor) for name, tensor in self._arrivals()
-        ):
-            yield self._check_in(name, tensor)
-        for name, tensor in self._in_order.drain():
-            yield self._check_in(name, tensor)
+        """The plan's tensors, checked in, in arrival order or (opt-in) plan order."""
+        if self._in_order is None:
+            for name, tensor in self._arrivals():
+                yield self._check_in(name, tensor)
+        else:
+            for name, tensor in self._arrivals():
+                for item in self._in_order.push(name, tensor):
+                    yield self._check_in(*item)
+                self._warn_if_unordered()
+            for item in self._in_order.drain():
+                yield self._check_in(*item)
+        self._check_sources_unchanged("after streaming")
         self.exhausted = True
         self.settle()
+
+    def _check_sources_unchanged(self, when: str) -> None:
+        """Fail the load when a planned shard's identity differs from the one inspected.
+
+        Size, mtime and inode locally, the ETag (or generation) on object
+        stores: a shard rewritten between inspection and the end of
+        streaming mixes old and new tensors, even with the same names,
+        dtypes and shapes. An identity that cannot be read now is warned
+        about, not failed on (MX_ROBUST_VERIFY_CONTENT covers the bytes).
+        """
+        shards = [s for s in self.plan.shards if getattr(s, "identity", None)]
+        if not shards:
+            return
+        changed, unknown = source_changes(self.plan.source, shards, self.settings)
+        if unknown and self._on_warning is not None:
+            self._on_warning(f"could not re-check {len(unknown)} file(s) of {self.plan.source} {when}: {_first(unknown)}")
+        if not changed:
+            return
+        message = (
+            f"{len(changed)} file(s) of {self.plan.source} changed since they were inspected ({when}), "
+            f"not loading a mix of old and new tensors: {_first(changed)}"
+        )
+        if self._streamer is None and not self.touched:
+            raise StreamStartError(f"streaming {self.plan.source} did not start: {message}", mutated=False)
+        raise ContentMismatch(message, mutated=self.touched)
+
+    @property
+    def delivery_order(self) -> str:
+        """How tensors reached the model: arrival, plan, or plan until the hold-back bound was passed."""
+        if self._in_order is None:
+            return "arrival"
+        return "plan" if self._in_order.ordered else "plan, then arrival (hold-back bound passed)"
+
+    @property
+    def held_peak_bytes(self) -> int:
+        return 0 if self._in_order is None else self._in_order.peak_bytes
+
+    def _warn_if_unordered(self) -> None:
+        if not self._in_order.ordered and not self._warned_unordered:
+            self._warned_unordered = True
+            if self._on_warning is not None:
+                self._on_warning(
+                    f"plan-order delivery from {self.plan.source} held more than {self._in_order._limit} bytes "
+                    f"(MX_ROBUST_PLAN_ORDER_HOLD_BYTES, or twice runai's ring); the rest arrives in arrival order"
+                )
 
     def _arrivals(self) -> Iterator[tuple[str, torch.Tensor]]:
         """runai's tensors in arrival order, starting with the prefetched one."""
@@ -362,6 +475,23 @@ class VerifiedStream:
         return bool(self.ledger.delivered)
 
     def _check_in(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
+        # What arrived must be what the inspected header promised: a file rewritten under the
+        # load with the same names but another dtype or shape never reaches the model.
+        planned = self.__dict__.get("_planned")
+        if planned is None:
+            planned = self.__dict__["_planned"] = {
+                n: (shard, info) for shard in self.plan.shards for n, info in shard.tensors.items()
+            }
+        if name in planned:
+            shard, info = planned[name]
+            wrong = _delivery_mismatch(info, tensor)
+            if wrong:
+                raise ContentMismatch(
+                    f"tensor {name!r} from {shard.uri} arrived as {wrong}, but its header said "
+                    f"{info.dtype}{list(info.shape)} ({info.nbytes} bytes) when inspected: the file changed "
+                    "under the load, or the streamer misread it",
+                    mutated=self.touched,
+                )
         if self.content is not None:
             try:
                 self.content.check(name, tensor)  # wrong bytes never reach the model

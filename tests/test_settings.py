@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 from dotenv import dotenv_values
+from helpers.scripts import load_script
 
-from support import load_script
-
-settings_doc = load_script("settings_doc")
 from mx_strategies.errors import ConfigurationError
 from mx_strategies.settings import RobustSettings, load_settings
+
+settings_doc = load_script("settings_doc")
 
 try:
     import tomllib
@@ -33,11 +33,18 @@ DEFAULTS = {
     "require_model_uri": True,
     "discovery_depth": 3,
     "probe_timeout_s": 20.0,
+    "max_discovery_entries": 100_000,
+    "max_header_bytes": 100 * 1024 * 1024,
+    "max_index_bytes": 64 * 1024 * 1024,
+    "max_config_bytes": 16 * 1024 * 1024,
     "probe_max_attempts": 3,
     "skip_empty_shards": True,
     "completeness": "fail",
+    "model_completeness": "fail",
     "verify_content": "off",
     "verify_sample": 8,
+    "delivery_order": "arrival",
+    "plan_order_hold_bytes": 1 << 30,
     "draft_conventions": ["mtp", "nextn_layers", "mtp_layers"],
     "draft_extra_prefixes": [],
     "draft_shared_weights": "auto",
@@ -56,9 +63,16 @@ NON_DEFAULTS = {
     "MX_ROBUST_REQUIRE_MODEL_URI": ("false", False),
     "MX_ROBUST_DISCOVERY_DEPTH": ("0", 0),
     "MX_ROBUST_PROBE_TIMEOUT_S": ("2.5", 2.5),
+    "MX_ROBUST_MAX_DISCOVERY_ENTRIES": ("5000", 5000),
+    "MX_ROBUST_MAX_HEADER_BYTES": ("1048576", 1048576),
+    "MX_ROBUST_MAX_INDEX_BYTES": ("2097152", 2097152),
+    "MX_ROBUST_MAX_CONFIG_BYTES": ("65536", 65536),
     "MX_ROBUST_PROBE_MAX_ATTEMPTS": ("10", 10),
     "MX_ROBUST_SKIP_EMPTY_SHARDS": ("0", False),
     "MX_ROBUST_COMPLETENESS": ("warn", "warn"),
+    "MX_ROBUST_MODEL_COMPLETENESS": ("warn", "warn"),
+    "MX_ROBUST_DELIVERY_ORDER": ("plan", "plan"),
+    "MX_ROBUST_PLAN_ORDER_HOLD_BYTES": ("0", 0),
     "MX_ROBUST_VERIFY_CONTENT": ("sample", "sample"),
     "MX_ROBUST_VERIFY_SAMPLE": ("64", 64),
     "MX_ROBUST_DRAFT_CONVENTIONS": ("nextn_layers", ["nextn_layers"]),
@@ -186,6 +200,10 @@ def test_environment_wins_over_file_and_file_over_defaults(monkeypatch, tmp_path
 
 
 INVALID = [
+    ("MX_ROBUST_MODEL_COMPLETENESS", "maybe", "Input should be 'fail' or 'warn'"),
+    ("MX_ROBUST_DELIVERY_ORDER", "sorted", "Input should be 'arrival' or 'plan'"),
+    ("MX_ROBUST_PLAN_ORDER_HOLD_BYTES", "-1",
+     "Input should be greater than or equal to 0 (allowed: an integer from 0 to 1099511627776)"),
     # source order: bad entry, duplicate, empty
     ("MX_ROBUST_SOURCE_ORDER", "model,bogus",
      "unknown entry 'bogus' (allowed: one or more of model_weights, model, MX_MODEL_URI, each at most once)"),
@@ -236,13 +254,35 @@ INVALID = [
     ("MX_ROBUST_STREAMER_CONCURRENCY", "1025",
      "Input should be less than or equal to 1024 (allowed: an integer from 1 to 1024, or empty for unset)"),
     ("MX_ROBUST_STREAMER_MEMORY_LIMIT", "-2",
-     "Input should be greater than or equal to -1 (allowed: an integer >= -1, or empty for unset)"),
+     "Input should be greater than or equal to -1 "
+     "(allowed: an integer from -1 to 9223372036854775807, or empty for unset)"),
     ("MX_ROBUST_STREAMER_MEMORY_LIMIT", "1GB",
-     "Input should be a valid integer, unable to parse string as an integer (allowed: an integer >= -1, or empty for unset)"),
+     "Input should be a valid integer, unable to parse string as an integer "
+     "(allowed: an integer from -1 to 9223372036854775807, or empty for unset)"),
     ("MX_ROBUST_STREAMER_CHUNK_BYTESIZE", "0",
-     "Input should be greater than or equal to 1 (allowed: an integer >= 1, or empty for unset)"),
+     "Input should be greater than or equal to 1 "
+     "(allowed: an integer from 1 to 18446744073709551615, or empty for unset)"),
     ("MX_ROBUST_STREAMER_CHUNK_BYTESIZE", "8MiB",
-     "Input should be a valid integer, unable to parse string as an integer (allowed: an integer >= 1, or empty for unset)"),
+     "Input should be a valid integer, unable to parse string as an integer "
+     "(allowed: an integer from 1 to 18446744073709551615, or empty for unset)"),
+    ("MX_ROBUST_STREAMER_CHUNK_BYTESIZE", "18446744073709551616",
+     "Input should be less than or equal to 18446744073709551615 "
+     "(allowed: an integer from 1 to 18446744073709551615, or empty for unset)"),
+    # probe caps (issue 15)
+    ("MX_ROBUST_MAX_DISCOVERY_ENTRIES", "0",
+     "Input should be greater than or equal to 1 (allowed: an integer from 1 to 10000000)"),
+    ("MX_ROBUST_MAX_HEADER_BYTES", "104857601",
+     "Input should be less than or equal to 104857600 (allowed: an integer from 64 to 104857600)"),
+    ("MX_ROBUST_MAX_INDEX_BYTES", "63",
+     "Input should be greater than or equal to 64 (allowed: an integer from 64 to 1073741824)"),
+    ("MX_ROBUST_MAX_CONFIG_BYTES", "1GiB",
+     "Input should be a valid integer, unable to parse string as an integer (allowed: an integer from 64 to 1073741824)"),
+    # MX_MODEL_URI (issue 15)
+    ("MX_MODEL_URI", " ",
+     "is blank (unset it, or name a checkpoint) "
+     "(allowed: an s3://, gs:// or az:// URI or a local path, or empty for unset)"),
+    ("MX_MODEL_URI", "hf://org/name",
+     "unsupported scheme hf:// (allowed: an s3://, gs:// or az:// URI or a local path, or empty for unset)"),
     ("MX_ROBUST_STREAMER_S3_MAX_RETRIES", "0",
      "Input should be greater than or equal to 1 (allowed: an integer from 1 to 100, or empty for unset)"),
     ("MX_ROBUST_STREAMER_S3_MAX_RETRIES", "101",
@@ -272,7 +312,7 @@ def test_invalid_value_names_variable_value_and_what_is_allowed(monkeypatch, env
 
 def test_every_validated_setting_has_an_invalid_value_test():
     tested = {env for env, _, _ in INVALID}
-    free_form = {"MX_MODEL_URI", "MX_ROBUST_DRAFT_EXTRA_PREFIXES"}  # any string is accepted
+    free_form = {"MX_ROBUST_DRAFT_EXTRA_PREFIXES"}  # any string is accepted
     assert tested | free_form == {info.validation_alias for info in RobustSettings.model_fields.values()}
 
 
@@ -288,23 +328,28 @@ def test_several_invalid_values_are_reported_together(monkeypatch):
     )
 
 
-def test_invalid_value_in_toml_file(monkeypatch, tmp_path):
-    _use_config(monkeypatch, tmp_path / "robust.toml", 'MX_ROBUST_SOURCE_ORDER = ["model", "bogus"]\n')
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        (
+            "robust.toml",
+            'MX_ROBUST_SOURCE_ORDER = ["model", "bogus"]\n',
+            "MX_ROBUST_SOURCE_ORDER=['model', 'bogus'] is invalid: unknown entry 'bogus' "
+            "(allowed: one or more of model_weights, model, MX_MODEL_URI, each at most once)",
+        ),
+        (
+            "robust.env",
+            "MX_ROBUST_PROBE_TIMEOUT_S=-3\n",
+            "MX_ROBUST_PROBE_TIMEOUT_S='-3' is invalid: Input should be greater than 0 (allowed: a number > 0 and <= 600)",
+        ),
+    ],
+    ids=["toml", "dotenv"],
+)
+def test_invalid_value_in_a_config_file(monkeypatch, tmp_path, name, text, message):
+    _use_config(monkeypatch, tmp_path / name, text)
     with pytest.raises(ConfigurationError) as caught:
         load_settings()
-    assert str(caught.value) == (
-        "MX_ROBUST_SOURCE_ORDER=['model', 'bogus'] is invalid: unknown entry 'bogus' "
-        "(allowed: one or more of model_weights, model, MX_MODEL_URI, each at most once)"
-    )
-
-
-def test_invalid_value_in_dotenv_file(monkeypatch, tmp_path):
-    _use_config(monkeypatch, tmp_path / "robust.env", "MX_ROBUST_PROBE_TIMEOUT_S=-3\n")
-    with pytest.raises(ConfigurationError) as caught:
-        load_settings()
-    assert str(caught.value) == (
-        "MX_ROBUST_PROBE_TIMEOUT_S='-3' is invalid: Input should be greater than 0 (allowed: a number > 0 and <= 600)"
-    )
+    assert str(caught.value) == message
 
 
 def test_missing_config_file(monkeypatch, tmp_path):

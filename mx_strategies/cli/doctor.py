@@ -22,11 +22,12 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from ..checkpoint import ERROR, WARNING, Checkpoint, Problem, Shard, inspect, natural_key
+from .. import mtp_table
+from ..checkpoint import ERROR, WARNING, Checkpoint, ProbeLimits, Problem, Shard, inspect, natural_key
 from ..draft import describe_conventions, layer_layout
 from ..engine import EngineView
 from ..errors import (
@@ -37,10 +38,18 @@ from ..errors import (
     NoCheckpoint,
     NoStreamableSource,
 )
-from ..planning import loaded_shards, plan_for
+from ..planning import LoadPlan, loaded_shards, plan_for
 from ..settings import RobustSettings, env_name, load_settings
 from ..sources import Resolution, candidates, resolve
-from ..storage import ObjectInfo, Store, StoreError, is_object_store_uri, looks_like_hub_id, open_store
+from ..storage import (
+    ListingTooLarge,
+    ObjectInfo,
+    Store,
+    StoreError,
+    is_object_store_uri,
+    looks_like_hub_id,
+    open_store,
+)
 
 NAME = "doctor"
 HELP = "check a checkpoint's shards, index and MTP head from headers only"
@@ -177,6 +186,11 @@ class ListedStore:
     def read(self, obj: ObjectInfo, start: int, length: int) -> bytes:
         return self._store.read(obj, start, length)
 
+    @property
+    def unreadable(self) -> dict:
+        """Folders the listing could not enter (local stores), for missing_shard's reason."""
+        return getattr(self._store, "unreadable", None) or {}
+
 
 def _access_error(uri: str, exc: Exception) -> DoctorUsageError:
     return DoctorUsageError(str(exc).splitlines()[0] if str(exc) else f"{uri}: {type(exc).__name__}")
@@ -195,8 +209,15 @@ def inspect_uri(uri: str, settings: RobustSettings) -> tuple[Optional[Checkpoint
     """Headers-only inspection of one URI; access errors raise DoctorUsageError."""
     check_uri_shape(uri)
     try:
-        store = open_store(uri, timeout_s=settings.probe_timeout_s, max_attempts=settings.probe_max_attempts)
+        store = open_store(
+            uri,
+            timeout_s=settings.probe_timeout_s,
+            max_attempts=settings.probe_max_attempts,
+            max_entries=settings.max_discovery_entries,
+        )
         listing = store.list(settings.discovery_depth)
+    except ListingTooLarge as exc:
+        return None, [Problem("too_many_entries", ERROR, None, None, str(exc))]
     except StoreError as exc:
         raise _access_error(uri, exc) from exc
     except Exception as exc:  # a cloud client failing to start (no credentials, bad config)
@@ -205,7 +226,7 @@ def inspect_uri(uri: str, settings: RobustSettings) -> tuple[Optional[Checkpoint
         where = "prefix" if is_object_store_uri(uri) else "folder"
         raise DoctorUsageError(f"{uri}: nothing there (empty or missing {where})")
     try:
-        checkpoint = inspect(ListedStore(store, listing), settings.discovery_depth)
+        checkpoint = inspect(ListedStore(store, listing), settings.discovery_depth, ProbeLimits.from_settings(settings))
     except NoCheckpoint as exc:
         return None, [Problem("no_checkpoint", ERROR, None, None, f"{uri}: {exc}")]
     except StoreError as exc:
@@ -213,19 +234,58 @@ def inspect_uri(uri: str, settings: RobustSettings) -> tuple[Optional[Checkpoint
     return checkpoint, list(checkpoint.problems)
 
 
+def draft_engine(checkpoint: Checkpoint) -> tuple[EngineView, Optional[mtp_table.MtpArchitecture]]:
+    """The MTP draft doctor plans for: the mtp_table row vLLM would pick for this config.json, if any."""
+    row = mtp_table.match_target(checkpoint.config)
+    if row is None:
+        return MTP_DRAFT, None
+    engine = replace(
+        MTP_DRAFT,
+        architectures=row.draft_architectures[:1],
+        model_type=row.model_types[0],
+        target_hf_config=checkpoint.config,
+    )
+    return engine, row
+
+
+def architecture_view(row: Optional[mtp_table.MtpArchitecture], plan: Optional[LoadPlan] = None) -> Optional[dict]:
+    if row is None:
+        return None
+    return {
+        "key": row.key,
+        "family": row.family,
+        "draft_architecture": row.draft_architectures[0],
+        "load_weights": row.load_weights,
+        "override": row.override,
+        "own_checkpoint": row.own_checkpoint,
+        "where": mtp_table.describe(row),
+        "skipped": sorted(plan.skipped) if plan is not None else [],
+    }
+
+
 def draft_view(checkpoint: Checkpoint, settings: RobustSettings) -> dict:
-    """What an MTP draft would stream from this checkpoint (the engine shares embed/lm_head)."""
+    """What an MTP draft would stream from this checkpoint (pipeline parallel 1: the engine shares embed/lm_head).
+
+    The draft's architecture is the mtp_table row vLLM's hf_config_override picks for the
+    checkpoint's config.json; without one, the generic conventions apply.
+    """
     layout = layer_layout(checkpoint.config)
     tried = describe_conventions(settings, layout)
+    engine, row = draft_engine(checkpoint)
+    if row is not None:
+        tried = f"{mtp_table.describe(row)} (mtp_table row for this config.json)"
     try:
-        plan = plan_for(checkpoint, MTP_DRAFT, settings, source_is_target=True)
+        # A draft with a checkpoint of its own (Gemma-4's assistant) loads this one whole.
+        own = row is not None and row.own_checkpoint
+        plan = plan_for(checkpoint, engine, settings, source_is_target=not own)
     except InconsistentCheckpoint:
-        return {"found": False, "conventions_tried": tried, "message": "the checkpoint has errors (see problems)"}
+        return {"found": False, "conventions_tried": tried, "message": "the checkpoint has errors (see problems)",
+                "architecture": architecture_view(row)}
     except DraftPlanError as exc:
-        return {"found": False, "conventions_tried": tried, "message": str(exc)}
+        return {"found": False, "conventions_tried": tried, "message": str(exc), "architecture": architecture_view(row)}
     return {
         "found": True,
-        "convention": plan.convention,
+        "convention": plan.convention or (row.key if row is not None else None),
         "conventions_tried": tried,
         "num_hidden_layers": layout.num_hidden_layers,
         "num_nextn_layers": layout.num_nextn_layers,
@@ -235,6 +295,7 @@ def draft_view(checkpoint: Checkpoint, settings: RobustSettings) -> dict:
         "shards": plan.shard_keys,
         "names": sorted(plan.expected),
         "shared_weights": sorted(plan.shared),
+        "architecture": architecture_view(row, plan),
     }
 
 
@@ -345,8 +406,31 @@ def human_bytes(count: int) -> str:
     return f"{count} B"
 
 
+# Past this many problems (or shards), the human output summarises: counts by kind and the first few
+# of each; --json always lists everything.
+PROBLEMS_IN_FULL = 50
+PROBLEMS_PER_KIND = 5
+SHARDS_IN_FULL = 200
+SHARDS_SHOWN = 100
+NAMES_SHOWN = 10
+
+
+def _names(names: list[str]) -> str:
+    from rich.markup import escape
+
+    shown = ", ".join(escape(n) for n in names[:NAMES_SHOWN])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > NAMES_SHOWN else "")
+
+
 def render(report: DoctorReport, console) -> None:
-    """The report as tables a person reads top to bottom."""
+    """The report as tables a person reads top to bottom.
+
+    Every name from the checkpoint or the command line is escaped for rich
+    (a file called ``model-[red].safetensors`` prints as itself). Past
+    :data:`PROBLEMS_IN_FULL` problems the output summarises them by kind,
+    showing the first :data:`PROBLEMS_PER_KIND` of each, so 100,000 problems
+    print in about the time ``--json`` takes, which lists them all.
+    """
     from rich.markup import escape
     from rich.table import Table
 
@@ -366,26 +450,26 @@ def render(report: DoctorReport, console) -> None:
             if label == chosen:
                 verdict = "[green]chosen[/green]"
             elif label in rejected:
-                verdict = f"[yellow]passed over[/yellow]: {rejected[label]}"
+                verdict = f"[yellow]passed over[/yellow]: {escape(rejected[label])}"
             elif label in probed:
                 verdict = "not probed: an earlier candidate was chosen"
             elif value:
                 verdict = "skipped: same URI as an earlier candidate"
             else:
                 verdict = "unset"
-            table.add_row(label, value or "-", verdict)
+            table.add_row(escape(label), escape(value) if value else "-", verdict)
         console.print(table)
         if not chain["eligible"]:
-            console.print(f"[yellow]note[/yellow]: {chain['eligibility']}")
+            console.print(f"[yellow]note[/yellow]: {escape(chain['eligibility'])}")
         console.print()
 
     source = data["source"]
     if source is not None:
         summary = data["summary"]
-        where = f" (chosen by the chain as {source['label']})" if source["label"] != "argument" else ""
-        console.print(f"[bold]Checkpoint[/bold] {source['uri']}{where}")
+        where = f" (chosen by the chain as {escape(source['label'])})" if source["label"] != "argument" else ""
+        console.print(f"[bold]Checkpoint[/bold] {escape(source['uri'])}{where}")
         if source.get("checkpoint_folder"):
-            console.print(f"  shards found below it, in {source['checkpoint_folder']}/")
+            console.print(f"  shards found below it, in {escape(source['checkpoint_folder'])}/")
         if "index" in source:
             console.print(
                 f"  index: {'yes' if source['index'] else 'no'}, config.json: {'yes' if source['config'] else 'no'}; "
@@ -396,44 +480,34 @@ def render(report: DoctorReport, console) -> None:
         console.print()
 
     if data["shards"]:
+        rows = data["shards"]
+        shown = rows if len(rows) <= SHARDS_IN_FULL else rows[:SHARDS_SHOWN]
         table = Table(title="Shards in load order", title_justify="left")
         for column, justify in (("#", "right"), ("file", "left"), ("tensors", "right"), ("tensor bytes", "right"),
                                 ("file bytes", "right"), ("status", "left")):  # fmt: skip
             table.add_column(column, justify=justify, overflow="fold", no_wrap=column == "file")
-        for row in data["shards"]:
-            status = {
-                "load": "load",
-                "empty": "[yellow]skip: empty[/yellow]",
-                "not in index": "[yellow]skip: not in index[/yellow]",
-                "unreadable": "[red]unreadable[/red]",
-            }
+        status = {
+            "load": "load",
+            "empty": "[yellow]skip: empty[/yellow]",
+            "not in index": "[yellow]skip: not in index[/yellow]",
+            "unreadable": "[red]unreadable[/red]",
+        }
+        for row in shown:
             table.add_row(
                 str(row["load_order"] or "-"),
-                row["file"],
+                escape(row["file"]),
                 "-" if row["tensors"] is None else str(row["tensors"]),
                 "-" if row["tensor_bytes"] is None else human_bytes(row["tensor_bytes"]),
                 "-" if row["file_bytes"] is None else human_bytes(row["file_bytes"]),
                 status[row["status"]],
             )
         console.print(table)
+        if len(shown) < len(rows):
+            console.print(f"  ... and {len(rows) - len(shown)} more shards (--json lists all {len(rows)})")
         console.print()
 
     if data["problems"]:
-        table = Table(title="Problems", title_justify="left")
-        table.add_column("severity")
-        table.add_column("kind")
-        table.add_column("file / tensor", overflow="fold")
-        table.add_column("detail", overflow="fold")
-        root = (source or {}).get("root", "")
-        for problem in data["problems"]:
-            colour = "red" if problem["severity"] == ERROR else "yellow"
-            concerns = " / ".join(x for x in (problem["file"], problem["tensor"]) if x) or "-"
-            detail = problem["message"]
-            if problem["file"] and detail.startswith(f"{root}/{problem['file']}: "):
-                detail = detail[len(f"{root}/{problem['file']}: ") :]  # the file is in the previous column
-            table.add_row(f"[{colour}]{problem['severity']}[/{colour}]", problem["kind"], concerns, escape(detail))
-        console.print(table)
-        console.print()
+        _render_problems(data["problems"], (source or {}).get("root", ""), console)
 
     draft = data["draft"]
     if draft is not None:
@@ -441,13 +515,22 @@ def render(report: DoctorReport, console) -> None:
         if draft["found"]:
             share = 100.0 * draft["bytes"] / draft["checkpoint_bytes"] if draft["checkpoint_bytes"] else 0.0
             console.print(
-                f"  convention {draft['convention']}: {draft['tensors']} tensors, {human_bytes(draft['bytes'])} "
-                f"({share:.1f}% of the checkpoint) in {', '.join(draft['shards'])}"
+                f"  convention {escape(draft['convention'])}: {draft['tensors']} tensors, {human_bytes(draft['bytes'])} "
+                f"({share:.1f}% of the checkpoint) in {_names(draft['shards'])}"
             )
             if draft["shared_weights"]:
-                console.print(f"  plus shared weights: {', '.join(draft['shared_weights'])}")
+                console.print(f"  plus shared weights: {_names(draft['shared_weights'])}")
         else:
-            console.print(f"  none found; conventions tried: {draft['conventions_tried']}")
+            console.print(f"  none found; conventions tried: {escape(draft['conventions_tried'])}")
+        arch = draft.get("architecture")
+        if arch:
+            skipped = f"; {len(arch['skipped'])} tensors vLLM skips or replaces not streamed" if arch["skipped"] else ""
+            console.print(
+                f"  architecture row {escape(arch['key'])} ({escape(arch['family'])}): draft "
+                f"{escape(arch['draft_architecture'])}, {escape(arch['load_weights'])}{skipped}"
+            )
+        else:
+            console.print("  architecture: not in mx_strategies.mtp_table; generic conventions")
         console.print()
 
     errors, warnings = len(report.errors), len(report.warnings)
@@ -460,6 +543,50 @@ def render(report: DoctorReport, console) -> None:
             + (f", {warnings} warning{'s' if warnings != 1 else ''}" if warnings else "")
             + ": mx_strategies.robust would refuse this load; other loaders may drop or miss weights."
         )
+
+
+def _render_problems(problems: list[dict], root: str, console) -> None:
+    """The problems table: all of them, or past PROBLEMS_IN_FULL a count per kind and the first few of each."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    summarised = len(problems) > PROBLEMS_IN_FULL
+    if summarised:
+        by_kind: dict[tuple[str, str], list[dict]] = {}
+        for problem in problems:
+            by_kind.setdefault((problem["severity"], problem["kind"]), []).append(problem)
+        table = Table(title=f"Problems by kind ({len(problems)} in all)", title_justify="left")
+        table.add_column("severity")
+        table.add_column("kind")
+        table.add_column("count", justify="right")
+        for (severity, kind), group in sorted(by_kind.items(), key=lambda item: (item[0][0] != ERROR, item[0][1])):
+            colour = "red" if severity == ERROR else "yellow"
+            table.add_row(f"[{colour}]{severity}[/{colour}]", escape(kind), str(len(group)))
+        console.print(table)
+        console.print()
+        shown = [p for group in by_kind.values() for p in group[:PROBLEMS_PER_KIND]]
+        title = f"Problems: the first {PROBLEMS_PER_KIND} of each kind (--json lists all {len(problems)})"
+    else:
+        shown = problems
+        title = "Problems"
+    table = Table(title=title, title_justify="left")
+    table.add_column("severity")
+    table.add_column("kind")
+    table.add_column("file / tensor", overflow="fold")
+    table.add_column("detail", overflow="fold")
+    for problem in shown:
+        colour = "red" if problem["severity"] == ERROR else "yellow"
+        concerns = " / ".join(x for x in (problem["file"], problem["tensor"]) if x) or "-"
+        detail = problem["message"]
+        if problem["file"] and detail.startswith(f"{root}/{problem['file']}: "):
+            detail = detail[len(f"{root}/{problem['file']}: ") :]  # the file is in the previous column
+        table.add_row(
+            f"[{colour}]{problem['severity']}[/{colour}]", escape(problem["kind"]), escape(concerns), escape(detail)
+        )
+    console.print(table)
+    if summarised:
+        console.print(f"  {len(problems) - len(shown)} more not shown; `--json` lists all {len(problems)} problems.")
+    console.print()
 
 
 # -- command line ----------------------------------------------------------------
