@@ -30,6 +30,11 @@ SAFETENSORS_SUFFIX = ".safetensors"
 # Largest header runai-model-streamer accepts (MX_ROBUST_MAX_HEADER_BYTES may lower it).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 HEADER_READ_WORKERS = 16
+# The first ranged read of a shard takes the 8-byte length and, speculatively, what follows: for
+# most real shards (headers of tens of KB in files of GBs) the whole JSON, in one round trip. It
+# reads at most 64 KiB and 1/64 of the file, so a probe's reads stay a sliver of the tensor data.
+HEADER_PREFETCH_BYTES = 64 * 1024
+HEADER_PREFETCH_SHARE = 64
 # A layer count in config.json above this is no model (draft selection enumerates the layers).
 MAX_LAYER_COUNT = 65_536
 # Names and shapes quoted in a message are cut to this many characters.
@@ -242,6 +247,10 @@ def _numel(shape: list[int], ceiling: int) -> int:
     return count
 
 
+def _prefetch_bytes(size: int) -> int:
+    return min(size, max(8, min(HEADER_PREFETCH_BYTES, size // HEADER_PREFETCH_SHARE)))
+
+
 def read_header(store: Store, obj: ObjectInfo, limits: Optional[ProbeLimits] = None) -> tuple[Shard, list[Problem]]:
     """Read one shard's header (8 bytes, then the JSON) and validate it as strictly as safetensors does.
 
@@ -265,10 +274,12 @@ def read_header(store: Store, obj: ObjectInfo, limits: Optional[ProbeLimits] = N
         return corrupt(f"is a {obj.kind}, not a regular file; not opened", kind="not_regular_file")
     if obj.size < 8:
         return corrupt(f"file is {obj.size} bytes, shorter than the 8-byte safetensors header length")
-    prefix = store.read(obj, 0, 8)
-    if len(prefix) != 8:
+    # One ranged read fetches the length and, for all but the largest headers, the JSON too.
+    prefetch = _prefetch_bytes(obj.size)
+    prefix = store.read(obj, 0, prefetch)
+    if len(prefix) < 8:
         return corrupt(f"read {len(prefix)} of the 8 header-length bytes")
-    header_len = int.from_bytes(prefix, "little")
+    header_len = int.from_bytes(prefix[:8], "little")
     if header_len > obj.size - 8:
         return corrupt(
             f"header length {header_len} exceeds the file size {obj.size} (truncated, or not a safetensors file?)"
@@ -278,7 +289,9 @@ def read_header(store: Store, obj: ObjectInfo, limits: Optional[ProbeLimits] = N
             f"header length {header_len} is implausible: over MX_ROBUST_MAX_HEADER_BYTES={limits.header_bytes} "
             "(not a safetensors file?)"
         )
-    raw = store.read(obj, 8, header_len)
+    raw = prefix[8 : 8 + header_len]
+    if len(raw) < header_len and len(prefix) == prefetch:
+        raw += store.read(obj, len(prefix), header_len - len(raw))
     if len(raw) != header_len:
         return corrupt(f"read {len(raw)} of {header_len} header bytes")
     shard.header_bytes = 8 + header_len
@@ -443,23 +456,45 @@ def inspect(store: Store, max_depth: int, limits: Optional[ProbeLimits] = None) 
     """
     limits = limits or ProbeLimits.current()
     root, objects, index_obj, config_obj = locate(store.list(max_depth))
-    problems: list[Problem] = []
-    index = (
-        _read_json(store, index_obj, problems, "corrupt_index", limits.index_bytes, "MX_ROBUST_MAX_INDEX_BYTES")
-        if index_obj
-        else None
-    )
-    config = (
-        _read_json(store, config_obj, problems, "corrupt_config", limits.config_bytes, "MX_ROBUST_MAX_CONFIG_BYTES")
-        if config_obj
-        else None
-    )
-    if config is not None:
-        config = _check_config(config, config_obj, problems)
 
     def in_root(key: str) -> bool:
         return posixpath.dirname(key) == root
 
+    # Index, config and every header beside them are read at once: on an object store each read
+    # is a round trip, and none of them depends on another (the index only adds shards elsewhere).
+    local_shards = {o.key for o in objects if in_root(o.key) and o.key.endswith(SAFETENSORS_SUFFIX)}
+    pool = ThreadPoolExecutor(max_workers=min(HEADER_READ_WORKERS, len(local_shards) + 2))
+    try:
+        index_problems: list[Problem] = []
+        config_problems: list[Problem] = []
+        index_read = (
+            pool.submit(_read_json, store, index_obj, index_problems, "corrupt_index", limits.index_bytes,
+                        "MX_ROBUST_MAX_INDEX_BYTES")
+            if index_obj
+            else None
+        )  # fmt: skip
+        config_read = (
+            pool.submit(_read_json, store, config_obj, config_problems, "corrupt_config", limits.config_bytes,
+                        "MX_ROBUST_MAX_CONFIG_BYTES")
+            if config_obj
+            else None
+        )  # fmt: skip
+        headers = {
+            key: pool.submit(read_header, store, obj, limits)
+            for key, obj in ((o.key, o) for o in objects if o.key in local_shards)
+        }
+        index = index_read.result() if index_read else None
+        config = config_read.result() if config_read else None
+        return _assemble(store, max_depth, limits, root, objects, index_obj, index, config_obj, config,
+                         index_problems + config_problems, headers, pool)  # fmt: skip
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _assemble(store, max_depth, limits, root, objects, index_obj, index, config_obj, config, problems, headers, pool):
+    """Check the index against the headers (read in ``headers``, more submitted to ``pool`` as needed)."""
+    if config is not None:
+        config = _check_config(config, config_obj, problems)
     by_key = {o.key: o for o in objects}
     weight_map: dict[str, str] = {}
     if index is not None:
@@ -500,12 +535,10 @@ def inspect(store: Store, max_depth: int, limits: Optional[ProbeLimits] = None) 
                 )  # fmt: skip
     else:
         shard_keys = set()
-    local_shards = {o.key for o in objects if in_root(o.key) and o.key.endswith(SAFETENSORS_SUFFIX)}
-    shard_objs = sorted(
-        (by_key[k] for k in (shard_keys | local_shards) if k in by_key), key=lambda o: natural_key(o.key)
-    )
-    with ThreadPoolExecutor(max_workers=min(HEADER_READ_WORKERS, max(1, len(shard_objs)))) as pool:
-        read = list(pool.map(lambda o: read_header(store, o, limits), shard_objs))
+    for key in shard_keys:  # shards the index names outside the checkpoint folder
+        if key in by_key and key not in headers:
+            headers[key] = pool.submit(read_header, store, by_key[key], limits)
+    read = [headers[key].result() for key in sorted(headers, key=natural_key)]
     shards = []
     outside_index = []
     for shard, shard_problems in read:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .checkpoint import INDEX_NAME, Checkpoint, inspect
+from .checkpoint import INDEX_NAME, Checkpoint, ProbeLimits, inspect
 from .errors import NoCheckpoint, NoStreamableSource, StoreError
 from .settings import RobustSettings
 from .storage import normalize_uri, open_store
@@ -80,8 +80,9 @@ def probe(candidate: Candidate, settings: RobustSettings) -> Checkpoint:
         candidate.uri,
         timeout_s=settings.probe_timeout_s,
         max_attempts=settings.probe_max_attempts,
+        max_entries=settings.max_discovery_entries,
     )
-    checkpoint = inspect(store, settings.discovery_depth)
+    checkpoint = inspect(store, settings.discovery_depth, ProbeLimits.from_settings(settings))
     if not checkpoint.loadable_shards and not checkpoint.errors:
         # An index never names an empty shard, so count them from the problems, not checkpoint.shards.
         empty = sum(1 for p in checkpoint.problems if p.kind == "empty_shard")
