@@ -67,8 +67,9 @@ def layer_layout(*configs: Any) -> LayerLayout:
     """First config (checkpoint config.json, engine hf_config...) that knows each value."""
     hidden = nextn = None
     for config in configs:
-        if hidden is None and isinstance(_lookup(config, "num_hidden_layers"), int):
-            hidden = _lookup(config, "num_hidden_layers")
+        value = _lookup(config, "num_hidden_layers")
+        if isinstance(value, int) and not isinstance(value, bool) and (hidden is None or hidden == 0 < value):
+            hidden = value  # a later config's real count beats a draft's forced 0
         if nextn is None:
             for key in NEXTN_COUNT_KEYS:
                 value = _lookup(config, key)
@@ -106,8 +107,24 @@ def describe_conventions(settings: RobustSettings, layout: LayerLayout) -> str:
     for name, prefixes in convention_prefixes(settings, layout).items():
         if prefixes:
             parts.append(f"{name} ({', '.join(p + '*' for p in prefixes[:3])}{', ...' if len(prefixes) > 3 else ''})")
+        elif name == "nextn_layers" and layout.num_hidden_layers == 0:
+            parts.append(
+                f"{name} (the draft's config says num_hidden_layers=0, as vLLM sets it for drafts that "
+                "number their MTP layers from 0; the target's layer count is in the checkpoint's "
+                "config.json, which could not be read)"
+            )
+        elif name == "nextn_layers":
+            lacking = [
+                key
+                for key, value in (
+                    ("num_hidden_layers", layout.num_hidden_layers),
+                    ("num_nextn_predict_layers", layout.num_nextn_layers),
+                )
+                if value is None
+            ]
+            parts.append(f"{name} (needs {' and '.join(lacking)}, not found in the config)")
         else:
-            parts.append(f"{name} (needs num_hidden_layers and num_nextn_predict_layers, not found in the config)")
+            parts.append(f"{name} (no prefix configured)")
     return "; ".join(parts)
 
 

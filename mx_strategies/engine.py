@@ -31,6 +31,13 @@ class EngineView:
     pipeline_parallel_size: int
     hf_config: Any
     loader_extra_config: Mapping[str, Any] = None  # vLLM's model_loader_extra_config, {} when none
+    # The draft's own architecture and model type, as vLLM's hf_config_override made them
+    # (e.g. DeepSeekMTPModel / deepseek_mtp): what mtp_table matches a row on.
+    architectures: tuple[str, ...] = ()
+    model_type: Optional[str] = None
+    # The target's hf_config: vLLM builds a draft with the target's VllmConfig
+    # (llm_base_proposer.py:1266), so most MTP classes read N from it.
+    target_hf_config: Any = None
 
     @property
     def role(self) -> str:
@@ -74,6 +81,21 @@ def is_speculative_draft(vllm_config: Any, model_config: Any) -> bool:
     return getattr(model_config, "runner_type", None) == "draft"
 
 
+def model_identity(hf_config: Any) -> tuple[tuple[str, ...], Optional[str]]:
+    """``(architectures, model_type)`` of an hf_config (object or mapping); empty when unknown."""
+    if hf_config is None:
+        return (), None
+    get = hf_config.get if isinstance(hf_config, Mapping) else lambda key: getattr(hf_config, key, None)
+    architectures = get("architectures")
+    model_type = get("model_type")
+    if not isinstance(architectures, (list, tuple)):
+        architectures = ()
+    return (
+        tuple(a for a in architectures if isinstance(a, str)),
+        model_type if isinstance(model_type, str) and model_type else None,
+    )
+
+
 def engine_view(ctx: Any) -> EngineView:
     """Read the draft marker, parallel sizes, the target's sources and loader options."""
     model_config = ctx.model_config
@@ -89,12 +111,20 @@ def engine_view(ctx: Any) -> EngineView:
     )
     load_config = getattr(adapter, "load_config", None) or getattr(vllm_config, "load_config", None)
     extra = getattr(load_config, "model_loader_extra_config", None)
+    hf_config = getattr(model_config, "hf_config", None)
+    architectures, model_type = model_identity(hf_config)
+    target_hf_config = getattr(target, "hf_config", None)
+    if target_hf_config is None and getattr(vllm_config, "model_config", None) is not model_config:
+        target_hf_config = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
     return EngineView(
         is_draft=is_speculative_draft(vllm_config, model_config),
         speculative_method=getattr(speculative, "method", None),
         target_uris=target_uris,
         tensor_parallel_size=_parallel_size(ctx, parallel, "tensor_parallel_size"),
         pipeline_parallel_size=_parallel_size(ctx, parallel, "pipeline_parallel_size"),
-        hf_config=getattr(model_config, "hf_config", None),
+        hf_config=hf_config,
         loader_extra_config=dict(extra) if isinstance(extra, Mapping) else {},
+        architectures=architectures,
+        model_type=model_type,
+        target_hf_config=target_hf_config,
     )

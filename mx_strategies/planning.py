@@ -13,18 +13,23 @@ Rules, each decided here only:
   out unless ``MX_ROBUST_SKIP_EMPTY_SHARDS=false``;
 - a checkpoint with errors (bad header, index mismatch) is not loaded;
 - a target loads every tensor of every loadable shard;
-- an MTP draft on the target's checkpoint loads its own tensors
-  (:mod:`.draft`), only from the shards that hold them;
-- a draft with a checkpoint of its own loads it whole; it is never fed
-  the target's checkpoint.
+- an MTP draft on the target's checkpoint loads its own tensors, only from
+  the shards that hold them: as the row of :mod:`.mtp_table` for its
+  architecture says (less what vLLM skips or replaces for that engine
+  setup), or by the generic conventions of :mod:`.draft` when no row
+  matches;
+- a draft with a checkpoint of its own (EAGLE, a separate draft model,
+  Gemma-4's assistant) loads it whole; it is never fed the target's
+  checkpoint.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from .checkpoint import Checkpoint, Shard
+from . import mtp_table
 from .draft import layer_layout, select_draft_tensors
 from .engine import EngineView
 from .errors import DraftPlanError, InconsistentCheckpoint
@@ -45,6 +50,8 @@ class LoadPlan:
     role: str = "target"
     convention: Optional[str] = None  # the draft naming convention that matched
     shared: frozenset[str] = field(default_factory=frozenset)  # weights a draft streams that the target also has
+    architecture: Optional[str] = None  # the mtp_table row that decided a draft's tensors (its key)
+    skipped: frozenset[str] = field(default_factory=frozenset)  # draft-side names left out: vLLM skips or replaces them
 
     @property
     def expected(self) -> list[str]:
@@ -92,14 +99,25 @@ def plan_for(
     if checkpoint.errors:
         raise InconsistentCheckpoint(describe_errors(checkpoint))
     full = LoadPlan(checkpoint.uri, tuple(loaded_shards(checkpoint, settings)), None, role=engine.role)
-    if not engine.is_draft or not source_is_target:
-        return full  # a target, or a draft with its own checkpoint: all of it
+    if not engine.is_draft:
+        return full
+    row = architecture_row(engine)
+    if not source_is_target:
+        # A draft with a checkpoint of its own (whatever the method): all of it.
+        return full if row is None else replace(full, architecture=row.key)
+    if row is not None and row.own_checkpoint:
+        raise DraftPlanError(
+            f"draft {row.key} ({row.family}) has a checkpoint of its own, but only the target's "
+            f"checkpoint {checkpoint.uri} holds weights; not feeding it the target's tensors"
+        )
     if not (engine.is_mtp or engine.speculative_method is None):
         # EAGLE and separate draft models have weights of their own.
         raise DraftPlanError(
             f"draft (method {engine.speculative_method}) has a checkpoint of its own, but only the "
             f"target's checkpoint {checkpoint.uri} holds weights; not feeding it the target's tensors"
         )
+    if row is not None:
+        return _plan_for_row(checkpoint, engine, settings, row)
     layout = layer_layout(checkpoint.config, engine.hf_config)
     try:
         selection = select_draft_tensors(
@@ -110,16 +128,69 @@ def plan_for(
         )
     except DraftPlanError as exc:
         raise DraftPlanError(f"draft load from {checkpoint.uri}: {exc}") from None
-    names = frozenset(selection.names)
-    shards = tuple(s for s in checkpoint.loadable_shards if any(n in names for n in s.tensors))
-    return LoadPlan(
-        checkpoint.uri,
-        shards,
-        names,
-        role="draft",
-        convention=selection.convention,
-        shared=frozenset(selection.shared),
+    return _draft_plan(checkpoint, frozenset(selection.names), selection.convention, frozenset(selection.shared))
+
+
+def architecture_row(engine: EngineView) -> Optional[mtp_table.MtpArchitecture]:
+    """The mtp_table row for this engine's draft, or None (a target, or an architecture the table lacks)."""
+    if not engine.is_draft:
+        return None
+    return mtp_table.match(engine.architectures, engine.model_type, engine.speculative_method)
+
+
+def row_layout_for(
+    row: mtp_table.MtpArchitecture, checkpoint: Optional[Checkpoint], engine: EngineView
+) -> mtp_table.RowLayout:
+    """N and the MTP layer count for ``row``: the target's config first (the VllmConfig the draft class is
+    built with carries it), then the checkpoint's config.json (the target's too), then the draft's own."""
+    return mtp_table.row_layout(
+        row,
+        ("the target's hf_config", engine.target_hf_config),
+        ("the checkpoint's config.json", getattr(checkpoint, "config", None)),
+        ("the draft's hf_config", engine.hf_config),
     )
+
+
+def _plan_for_row(
+    checkpoint: Checkpoint, engine: EngineView, settings: RobustSettings, row: mtp_table.MtpArchitecture
+) -> LoadPlan:
+    layout = row_layout_for(row, checkpoint, engine)
+    names = set(checkpoint.tensors())
+    if row.layout in ("nextn", "indexed") and not layout.indices(row):
+        missing = []
+        if layout.first is None:
+            missing.append("num_hidden_layers (N)")
+        if layout.count is None:
+            missing.append("/".join(row.count_keys))
+        raise DraftPlanError(
+            f"draft load from {checkpoint.uri}: {mtp_table.describe(row)}: cannot place its MTP layers: "
+            f"{' and '.join(missing)} not in the draft's config nor in the checkpoint's config.json"
+        )
+    selection = mtp_table.select(
+        row,
+        names,
+        layout,
+        shares_target_weights=engine.shares_target_weights,
+        shared_policy=settings.draft_shared_weights,
+    )
+    if not selection.own:
+        raise DraftPlanError(
+            f"draft load from {checkpoint.uri}: no draft tensor found among {len(names)} tensors for "
+            f"{mtp_table.describe(row, layout)} (N {layout.first_from}, {layout.count} MTP layer(s) "
+            f"{layout.count_from})"
+        )
+    return replace(
+        _draft_plan(
+            checkpoint, frozenset(selection.names), mtp_table.convention_name(row), frozenset(selection.shared)
+        ),
+        architecture=row.key,
+        skipped=frozenset(selection.skipped),
+    )
+
+
+def _draft_plan(checkpoint: Checkpoint, names: frozenset[str], convention: str, shared: frozenset[str]) -> LoadPlan:
+    shards = tuple(s for s in checkpoint.loadable_shards if any(n in names for n in s.tensors))
+    return LoadPlan(checkpoint.uri, shards, names, role="draft", convention=convention, shared=shared)
 
 
 def is_target_source(candidate: Candidate, engine: EngineView, settings: RobustSettings) -> bool:
@@ -148,4 +219,13 @@ def plan_load(
     return resolution, plan
 
 
-__all__ = ["LoadPlan", "describe_errors", "is_target_source", "loaded_shards", "plan_for", "plan_load"]
+__all__ = [
+    "LoadPlan",
+    "architecture_row",
+    "describe_errors",
+    "is_target_source",
+    "loaded_shards",
+    "plan_for",
+    "plan_load",
+    "row_layout_for",
+]

@@ -19,6 +19,7 @@ from modelexpress.load_strategy.base import LoadContext, LoadStrategy, _as_load_
 from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
+from . import completeness
 from .engine import EngineView, engine_view
 from .errors import ConfigurationError, MxStrategiesError
 from .distributed import agreed_plan, sees_same_files
@@ -135,6 +136,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             logger.info(f"[Worker {rank}] {problem.kind}: {problem.message}")
         if plan.shared:
             logger.info(f"[Worker {rank}] draft also streams shared weights: {sorted(plan.shared)}")
+        if plan.architecture:
+            logger.info(f"[Worker {rank}] draft architecture {plan.architecture}: {len(plan.skipped)} tensor(s) not streamed")
         planned = time.perf_counter()
 
         result, stream = self._stream(result, ctx, plan, settings, engine, distributed)
@@ -200,8 +203,17 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         )
         try:
             with stream:  # entering starts the stream and fetches the first tensor
-                result = ctx.adapter.apply_weight_iter(result, stream.tensors())
+                with completeness.capture_loaded(result.model) as loaded:
+                    result = ctx.adapter.apply_weight_iter(result, stream.tensors())
                 stream.settle()
+            completeness.check(
+                result.model,
+                loaded,
+                role=engine.role,
+                policy=settings.model_completeness,
+                filled_by_engine=completeness.engine_fills(engine),
+                on_warning=lambda message: logger.warning(f"[Worker {rank}] {message}"),
+            )
         except Exception as exc:
             # Our errors know whether the model was touched; the engine's own happen while it is written.
             mutated = exc.mutated if isinstance(exc, MxStrategiesError) else stream.touched

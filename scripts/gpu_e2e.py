@@ -125,6 +125,14 @@ LOADED_LINE = re.compile(
     r"(?P<streamed>\d+) of (?P<total>\d+) checkpoint bytes streamed"
 )
 REINIT_MARK = "Re-initializing vLLM model after failed strategy"
+# The same report line, with what a tensor-parallel run adds: the share and ", distributed".
+LOAD_SHARE = re.compile(
+    r"\[Worker (?P<rank>\d+)\] (?P<role>target|draft) loaded from [^\n]*? checkpoint bytes streamed "
+    r"\([\d.]+%\)(?P<distributed>, distributed)?"
+)
+# A distributed load reads each byte once per node: S3 serves less than this many times what one
+# rank loads (not distributed, it serves tensor_parallel_size times as much).
+TP_ONCE_FACTOR = 1.5
 STRATEGY_FAILED = re.compile(r"Strategy (?P<name>\S+) failed, trying next: (?P<why>.*)")
 INSTALLED_MARK = "installed 'robust_model_streamer' in place of 'model_streamer'"
 # An exception line: "ValueError: ...", "torch.OutOfMemoryError: ..." (not a bare "Error: ...").
@@ -235,6 +243,9 @@ MTP_BUILDERS: dict[str, Callable[[dict, dict, Any], dict]] = {
     "qwen3_next": qwen3_next_mtp_tensors,
 }
 DRAFT_CONVENTION = {"deepseek_v3": "nextn_layers", "qwen3_next": "mtp"}
+# Draft tensors the strategy does not stream at pipeline parallel 1: the MTP layer's copies of the
+# embedding and head, which vLLM's proposer replaces with the target's (mx_strategies/mtp_table.py).
+DRAFT_REPLACED_AT_PP1 = {"deepseek_v3": (".embed_tokens.weight", ".shared_head.head.weight"), "qwen3_next": ()}
 
 
 def _split_shards(target: dict, draft: dict, arch: str) -> list[dict]:
@@ -319,6 +330,7 @@ def make_model(arch: str, out_dir: str, manifest_path: str, seed: int = 0) -> di
         "tensor_count": len(every),
         "draft_tensor_count": len(draft),
         "draft_tensors": sorted(draft),
+        "draft_streamed_count": sum(1 for n in draft if not n.endswith(DRAFT_REPLACED_AT_PP1[arch] or ("\0",))),
         "draft_convention": DRAFT_CONVENTION[arch],
         "checkpoint_bytes": sum(t.numel() * t.element_size() for t in every.values()),
         "draft_bytes": sum(t.numel() * t.element_size() for t in draft.values()),
@@ -436,7 +448,7 @@ def judge(log: str, completion: Optional[dict], manifest: dict, server_problem: 
         if not entry["source"].startswith("s3://"):
             return Verdict(False, f"{entry['role']} loaded from {entry['source']!r}, not from S3", details)
     draft = drafts[-1]
-    expected = manifest["draft_tensor_count"]
+    expected = manifest.get("draft_streamed_count", manifest["draft_tensor_count"])
     if draft["convention"] != manifest["draft_convention"]:
         return Verdict(
             False,
@@ -465,6 +477,32 @@ def judge(log: str, completion: Optional[dict], manifest: dict, server_problem: 
         f"no re-initialization, completion of {tokens} tokens",
         details,
     )
+
+
+def tp_problem(log: str, manifest: dict, tp: int, stats: Optional[dict]) -> str:
+    """For ``--tp N`` (N > 1): what is wrong with the tensor-parallel load, or "" when nothing is.
+
+    Every rank 0..N-1 logged a target and a draft load, each ``distributed``;
+    and when the S3 server's count is there, it served each byte about once:
+    less than ``TP_ONCE_FACTOR`` times what one rank loads (the checkpoint
+    plus the draft's tensors), where a load that is not distributed serves N
+    times that.
+    """
+    loads = {(int(m["rank"]), m["role"]): bool(m["distributed"]) for m in LOAD_SHARE.finditer(log)}
+    for rank in range(tp):
+        for role in ("target", "draft"):
+            if (rank, role) not in loads:
+                return f"tensor parallel {tp}: no '{role} loaded from' line for rank {rank}"
+            if not loads[(rank, role)]:
+                return f"tensor parallel {tp}: rank {rank}'s {role} load was not distributed (MX_MS_DISTRIBUTED=1?)"
+    if stats and "bytes_served" in stats:
+        once = manifest["checkpoint_bytes"] + manifest["draft_bytes"]
+        if stats["bytes_served"] >= TP_ONCE_FACTOR * once:
+            return (
+                f"tensor parallel {tp}: S3 served {stats['bytes_served']} bytes, {stats['bytes_served'] / once:.2f}x "
+                f"what one rank loads ({once}): the ranks did not share the reads"
+            )
+    return ""
 
 
 def _read(path: Optional[str]) -> str:
@@ -509,6 +547,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--manifest", required=True)
     p.add_argument("--stats-file")
     p.add_argument("--server-problem", default="", help="what went wrong with vllm serve, if anything")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel size of the run (above 1: distributed checks)")
 
     args = parser.parse_args(argv)
     if args.command == "make-model":
@@ -525,8 +564,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     with open(args.manifest) as handle:
         manifest = json.load(handle)
     verdict = judge(_read(args.log), _read_json(args.completion), manifest, args.server_problem)
-    line = verdict.line()
     stats = _read_json(args.stats_file)
+    if verdict.ok and args.tp > 1:
+        problem = tp_problem(_read(args.log), manifest, args.tp, stats)
+        if problem:
+            verdict = Verdict(False, problem, verdict.details)
+        else:
+            verdict.reason += f"; tensor parallel {args.tp}, every rank's loads distributed"
+    line = verdict.line()
     if verdict.ok and stats and "bytes_served" in stats:
         line += f"; S3 served {stats['bytes_served']} bytes for a {manifest['checkpoint_bytes']}-byte checkpoint"
     print(line)

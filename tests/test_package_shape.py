@@ -38,10 +38,13 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
     assert RUNTIME_MODULES == [
         "mx_strategies.activation",
         "mx_strategies.checkpoint",
+        "mx_strategies.completeness",
         "mx_strategies.content_check",
+        "mx_strategies.distributed",
         "mx_strategies.draft",
         "mx_strategies.engine",
         "mx_strategies.errors",
+        "mx_strategies.mtp_table",
         "mx_strategies.planning",
         "mx_strategies.report",
         "mx_strategies.robust",

