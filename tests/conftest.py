@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from mx_strategies import activation  # noqa: E402
-from mx_strategies.testing.loopback import LoopbackS3  # noqa: E402
+from mx_strategies import activation
+from mx_strategies.testing.loopback import LoopbackS3
 
 _bucket_ids = itertools.count()
 
@@ -55,3 +52,12 @@ def robust(monkeypatch):
     activation.register()
     yield
     activation.uninstall()
+
+
+@pytest.fixture
+def plan_order(monkeypatch):
+    """MX_ROBUST_DELIVERY_ORDER=plan, for tests that check the order tensors reach the model in."""
+    from helpers.engine import PLAN_ORDER
+
+    for key, value in PLAN_ORDER.items():
+        monkeypatch.setenv(key, value)

@@ -1,7 +1,7 @@
 """Activation through ModelExpress 0.7.0's real ``LoadStrategyChain.run``.
 
 The chain, runai-model-streamer and the safetensors checkpoint are real; the
-engine side is ``tests/support.py``'s ``RecordingModel`` and an
+engine side is ``helpers.engine``'s ``RecordingModel`` and an
 ``EngineAdapter`` subclass (vLLM needs a GPU). ``NativeAdapter`` adds the
 engine's native loader so ``default`` is eligible too, which gives the
 "Eligible loaders" line an order to check.
@@ -13,22 +13,22 @@ import ast
 import logging
 import os
 import sys
+import types
 
 import modelexpress.load_strategy as chain_module
 import pytest
 import torch
+from helpers.engine import CHAIN_LOGGER, STRATEGY_LOGGER, CountingAdapter, RecordingModel, make_context, messages
+from helpers.engine import model_config
 from modelexpress.load_strategy import LoadResult, LoadStrategyChain
 from safetensors.torch import load_file
-from support import CountingAdapter, RecordingModel, make_context, model_config
 
 import mx_strategies
 from mx_strategies import activation
-from mx_strategies.testing import synthetic
-from mx_strategies.activation import ActivationError
+from mx_strategies.errors import ActivationError, ConfigurationError
 from mx_strategies.robust import RobustModelStreamerStrategy
-from mx_strategies.errors import ConfigurationError
+from mx_strategies.testing import synthetic
 
-CHAIN_LOGGER = "modelexpress.load_strategy"
 INSTALLED = "mx-strategies: MX_STRATEGY="
 
 
@@ -55,15 +55,15 @@ def checkpoint(tmp_path, monkeypatch):
     return ckpt
 
 
-def _load(ckpt: synthetic.SyntheticCheckpoint) -> tuple[RecordingModel, NativeAdapter]:
+def _load(ckpt: synthetic.SyntheticCheckpoint, run=LoadStrategyChain.run) -> tuple[RecordingModel, NativeAdapter]:
     make = lambda: RecordingModel(ckpt.tensors)  # noqa: E731
     adapter = NativeAdapter(make, ckpt)
-    model = LoadStrategyChain.run(make(), make_context(model_config(model=ckpt.path), adapter))
+    model = run(make(), make_context(model_config(model=ckpt.path), adapter))
     return model, adapter
 
 
 def _messages(caplog, logger: str) -> list[str]:
-    return [record.getMessage() for record in caplog.records if record.name == logger]
+    return messages(caplog, logger, level=logging.NOTSET)
 
 
 def _eligible(caplog) -> list[str]:
@@ -163,7 +163,7 @@ def test_unset_leaves_modelexpress_untouched(checkpoint, monkeypatch, caplog, va
     assert _eligible(caplog) == ["model_streamer", "default"]
     assert _tried(caplog) == ["model_streamer"]
     assert _messages(caplog, activation.logger.name) == []
-    assert _messages(caplog, "modelexpress.strategy_robust_model_streamer") == []
+    assert _messages(caplog, STRATEGY_LOGGER) == []
     _assert_weights_from_checkpoint(model, checkpoint)
 
 
@@ -251,3 +251,71 @@ def test_missing_config_file_fails_at_activation(monkeypatch, tmp_path):
     monkeypatch.setenv("MX_STRATEGIES_CONFIG", str(tmp_path / "robust.toml"))
     with pytest.raises(ConfigurationError, match=r"^MX_STRATEGIES_CONFIG='.*robust\.toml' is invalid: no such file"):
         activation.register()
+
+
+# -- substitution independent of import order ------------------------------------------
+
+# A chain that imported the executor by name before activation, as ModelExpress's RL
+# chain (modelexpress_rl.inference.load_strategy) does: ``from modelexpress.load_strategy
+# import execute_load_strategies`` binds the function object of that moment.
+EARLY_CHAIN = """
+from modelexpress.load_strategy import execute_load_strategies
+from modelexpress.load_strategy.default_strategy import DefaultStrategy
+from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
+
+
+def run(model, ctx):
+    return execute_load_strategies(model, ctx, [ModelStreamerStrategy(), DefaultStrategy()])
+"""
+
+
+def _chain_module(monkeypatch, name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    monkeypatch.setitem(sys.modules, name, module)
+    exec(EARLY_CHAIN, module.__dict__)
+    return module
+
+
+def test_a_chain_that_imported_the_executor_before_activation_gets_the_substitution(checkpoint, monkeypatch, caplog):
+    """A stand-in for the RL chain's import (the next test runs the real one where it is installed)."""
+    caplog.set_level(logging.INFO)
+    early = _chain_module(monkeypatch, "early_chain")
+    original = early.execute_load_strategies
+    assert original is chain_module.execute_load_strategies
+
+    assert activation.activate("mx_strategies.robust") is RobustModelStreamerStrategy
+
+    assert early.execute_load_strategies is chain_module.execute_load_strategies is not original
+    model, adapter = _load(checkpoint, run=early.run)
+    assert _eligible(caplog) == ["robust_model_streamer", "default"]
+    assert _tried(caplog) == ["robust_model_streamer"]
+    assert adapter.native_calls == 0
+    _assert_weights_from_checkpoint(model, checkpoint)
+
+    late = _chain_module(monkeypatch, "late_chain")  # imported after activation: the package's wrapper
+    assert late.execute_load_strategies is chain_module.execute_load_strategies
+
+    activation.uninstall()
+    assert early.execute_load_strategies is original and late.execute_load_strategies is original
+
+
+def test_modelexpress_rl_chain_gets_the_substitution(checkpoint, monkeypatch, caplog):
+    """ModelExpress's own RL chain (MX_LOAD_STRATEGY_CHAIN=RL), imported before activation.
+
+    modelexpress_rl ships in the modelexpress wheel here; where it is not
+    installed the stand-in test above covers the import-order case.
+    """
+    rl = pytest.importorskip("modelexpress_rl.inference.load_strategy")
+    from modelexpress.load_strategy import run_load_strategy_chain
+
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv("MX_LOAD_STRATEGY_CHAIN", "RL")
+    monkeypatch.delenv("MX_REFIT_DESIRED_VERSION_UID", raising=False)  # no desired version: ModelStreamer, default
+
+    activation.activate("mx_strategies.robust")
+
+    assert rl.execute_load_strategies is chain_module.execute_load_strategies
+    model, adapter = _load(checkpoint, run=run_load_strategy_chain)
+    assert _eligible(caplog) == ["robust_model_streamer", "default"]
+    assert _tried(caplog) == ["robust_model_streamer"]
+    _assert_weights_from_checkpoint(model, checkpoint)

@@ -1,4 +1,4 @@
-"""The benchmark script runs end to end, as the README tells users to run it.
+"""The benchmark (``python -m benchmarks``) runs end to end, as the README tells users to run it.
 
 Tiny sizes and one repetition keep this quick; nothing here asserts a
 timing (the targets are benchmark figures, not test conditions). What is
@@ -16,19 +16,22 @@ import os
 import subprocess
 import sys
 
+from mx_strategies.settings import RobustSettings
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(REPO, "benchmarks", "bench.py")
+BENCH = ["-m", "benchmarks"]  # run from the repository root
 
-# Runs the script with matplotlib made unimportable (a None entry in sys.modules).
-WITHOUT_MATPLOTLIB = (
+# Runs the benchmark with matplotlib made unimportable (a None entry in sys.modules).
+WITHOUT_MATPLOTLIB = [
+    "-c",
     "import runpy, sys; sys.modules['matplotlib'] = None; "
-    "sys.argv = [sys.argv[1]] + sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-)
+    "sys.argv = ['benchmarks'] + sys.argv[1:]; runpy.run_module('benchmarks', run_name='__main__', alter_sys=True)",
+]
 
 
-def _run(args: list[str], *, prefix: list[str] | None = None) -> subprocess.CompletedProcess:
+def _run(args: list[str], *, command_prefix: list[str] = BENCH) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "AWS_", "RUNAI_"))}
-    command = [sys.executable, *(prefix or []), BENCH, *args]
+    command = [sys.executable, *command_prefix, *args]
     completed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-5000:]
     return completed
@@ -59,6 +62,15 @@ def test_bench_runs_tiny_local_and_s3_and_reports_without_matplotlib(tmp_path):
             assert len(row["samples_s"]) == 1 and not row["failures"], (loader, row["failures"])
         # Peak memory measured in child processes for robust and, for its ratio, raw runai.
         assert {l for l, row in summary["loaders"].items() if "peak_rss" in row} == {"runai_raw", "robust"}
+        # Robust loads' phases and header bytes come from their load reports.
+        for loader in ("robust", "robust_unordered", "draft"):
+            row = summary["loaders"][loader]
+            assert set(row["phases_median_s"]) == {"resolve", "stream", "post_load", "total"}, loader
+            assert 0 < row["metadata_bytes_read"] <= site["metadata_bytes"], loader
+            assert row["resolve_share"] == row["resolve_s"] / row["median_s"]
+        # MX_ROBUST_DELIVERY_ORDER=arrival, where the runtime has that setting (older ones always used plan order).
+        unordered = ["arrival"] if "delivery_order" in RobustSettings.model_fields else ["plan"]
+        assert summary["loaders"]["robust_unordered"]["delivery_order"] == unordered
 
     # Over S3 every byte is counted by the proxy: the draft pulled its head and
     # the metadata, not the checkpoint; a target load pulled at least the data.
@@ -71,7 +83,7 @@ def test_bench_runs_tiny_local_and_s3_and_reports_without_matplotlib(tmp_path):
     assert not workdir.exists() or not any(p.name.startswith("checkpoint-") for p in workdir.iterdir())
 
     # The tables print from the saved report with matplotlib unavailable.
-    again = _run(["--from-json", str(report_path), "--plot", str(tmp_path / "again.png")], prefix=["-c", WITHOUT_MATPLOTLIB])
+    again = _run(["--from-json", str(report_path), "--plot", str(tmp_path / "again.png")], command_prefix=WITHOUT_MATPLOTLIB)
     assert "robust (MX chain)" in again.stdout and "targets:" in again.stdout
     assert "matplotlib is not installed" in again.stdout
     assert not (tmp_path / "again.png").exists()

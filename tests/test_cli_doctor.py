@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 import torch
+from helpers.checkpoints import edit_index
+from helpers.headers import metadata_bytes
 from safetensors.torch import save_file
 
 from mx_strategies import cli
-from mx_strategies.testing import synthetic
 from mx_strategies.checkpoint import INDEX_NAME
+from mx_strategies.testing import synthetic
+from mx_strategies.testing.loopback import free_port
 
 TENSOR_SHAPE = (128, 512)  # float32: 256 KiB
 TENSOR_BYTES = 128 * 512 * 4
@@ -47,15 +49,6 @@ def _write_config(path: str) -> None:
         json.dump({"model_type": "llama", "num_hidden_layers": 2}, handle)
 
 
-def _edit_index(path: str, edit) -> None:
-    index_path = os.path.join(path, INDEX_NAME)
-    with open(index_path) as handle:
-        index = json.load(handle)
-    edit(index["weight_map"])
-    with open(index_path, "w") as handle:
-        json.dump(index, handle)
-
-
 def build_case(kind: str, path: str) -> tuple[int, list[tuple[str, str, str | None]]]:
     """Write a checkpoint with one problem of ``kind``.
 
@@ -70,7 +63,7 @@ def build_case(kind: str, path: str) -> tuple[int, list[tuple[str, str, str | No
         expected = (0, [("empty_shard", _shard(2, 3), None)])
     elif kind == "missing_tensor":
         synthetic.write_shards(path, shards)
-        _edit_index(path, lambda wm: wm.update({"model.layers.9.mlp.weight": _shard(1, 2)}))
+        edit_index(path, lambda wm: wm.update({"model.layers.9.mlp.weight": _shard(1, 2)}))
         expected = (1, [("missing_tensor", _shard(1, 2), "model.layers.9.mlp.weight")])
     elif kind == "missing_shard":
         synthetic.write_shards(path, shards)
@@ -80,7 +73,7 @@ def build_case(kind: str, path: str) -> tuple[int, list[tuple[str, str, str | No
         shards[1]["model.layers.0.mlp.weight"] = _tensor(9)
         synthetic.write_shards(path, shards)
         # The index names the first copy; the header of the second still holds one.
-        _edit_index(path, lambda wm: wm.update({"model.layers.0.mlp.weight": _shard(1, 2)}))
+        edit_index(path, lambda wm: wm.update({"model.layers.0.mlp.weight": _shard(1, 2)}))
         expected = (1, [("duplicate_tensor", _shard(2, 2), "model.layers.0.mlp.weight")])
     elif kind == "corrupt_header":
         synthetic.write_shards(path, shards)
@@ -96,7 +89,7 @@ def build_case(kind: str, path: str) -> tuple[int, list[tuple[str, str, str | No
         expected = (1, [("truncated_shard", _shard(2, 2), None)])
     elif kind == "unindexed_tensor":
         synthetic.write_shards(path, shards)
-        _edit_index(path, lambda wm: wm.pop("lm_head.weight"))
+        edit_index(path, lambda wm: wm.pop("lm_head.weight"))
         expected = (0, [("unindexed_tensor", _shard(2, 2), "lm_head.weight")])
     elif kind == "unindexed_shard":
         synthetic.write_shards(path, shards)
@@ -137,21 +130,6 @@ def run_json(capsys, *args: str) -> tuple[int, dict]:
     code, out, err = run_doctor(capsys, *args, "--json")
     assert err == "", err
     return code, json.loads(out)
-
-
-def metadata_bytes(path: str) -> int:
-    """What a headers-only reader may fetch: each shard's 8 + header bytes, index, config."""
-    total = 0
-    for name in os.listdir(path):
-        full = os.path.join(path, name)
-        if name.endswith(".safetensors"):
-            with open(full, "rb") as handle:
-                prefix = handle.read(8)
-            header_len = int.from_bytes(prefix, "little") if len(prefix) == 8 else 0
-            total += min(8 + header_len, os.path.getsize(full))
-        elif name.endswith(".json"):
-            total += os.path.getsize(full)
-    return total
 
 
 def _problems(report: dict) -> list[tuple[str, str, str | None]]:
@@ -362,12 +340,6 @@ def test_human_output_shows_the_chain(tmp_path, capsys, monkeypatch):
 # -- usage and access errors: exit 2, one line on stderr ---------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def assert_usage_error(capsys, args: list[str], *fragments: str) -> None:
     code, out, err = run_doctor(capsys, *args)
     assert code == 2
@@ -397,7 +369,7 @@ def test_empty_prefix_exits_2(capsys, s3):
 
 
 def test_unreachable_endpoint_exits_2(capsys, monkeypatch):
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")

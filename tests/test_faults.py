@@ -8,7 +8,7 @@ with the wrong bytes, and flipped data bytes. The proxy tells runai's C++
 client ("streamer") from the probe's boto3 ("probe") by User-Agent, so each
 side is faulted on its own. Everything else is real: safetensors files,
 runai-model-streamer 0.17.0, the robust strategy and ModelExpress's chain;
-the model is ``support.RecordingModel`` (a vLLM model needs a GPU).
+the model is ``helpers.engine.RecordingModel`` (a vLLM model needs a GPU).
 
 The contract checked for every fault: the load either delivers every tensor
 equal to ``safetensors.torch.load_file``, or raises ``StrategyFailed`` whose
@@ -23,24 +23,19 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
-import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional
 
 import pytest
 import torch
-from faults import CORRUPT, DELAY, RESET, SHORT, STALL, STATUS, WRONG_RANGE, FaultyS3, Rule
-from modelexpress.adapter import StrategyFailed
-from modelexpress.load_strategy import LoadResult
-from safetensors.torch import load_file, save
-from support import CountingAdapter, RecordingModel, make_context, model_config, run_chain
+from helpers.checkpoints import layer_shards, write_checkpoint
+from helpers.engine import Attempt, direct_load, model_config, run_chain
+from helpers.faults import CORRUPT, DELAY, FAULTS_LAYER, RESET, SHORT, STALL, STATUS, WRONG_RANGE, FaultyS3, Rule
+from safetensors.torch import save
 
 from mx_strategies import activation
 from mx_strategies.content_check import ContentCheck, select, tensor_digest
-from mx_strategies.robust import RobustModelStreamerStrategy
 from mx_strategies.settings import load_settings
-from mx_strategies.testing.synthetic import write_shards
 
 SHARDS = 3
 HIDDEN = 16
@@ -74,71 +69,24 @@ class Loaded:
         return self.offsets[name][0]
 
 
-def _shards() -> list[dict[str, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(7)
-    shards = []
-    for i in range(SHARDS):
-        shards.append(
-            {
-                f"model.layers.{i}.q_proj.weight": torch.randn(HIDDEN, HIDDEN, generator=generator),
-                f"model.layers.{i}.down_proj.weight": torch.randn(HIDDEN, 2 * HIDDEN, generator=generator).to(
-                    torch.bfloat16
-                ),
-                f"model.layers.{i}.norm.weight": torch.randn(HIDDEN, generator=generator),
-            }
-        )
-    return shards
-
-
-def _offsets(path: str, key: str) -> dict[str, tuple[str, int, int]]:
-    import json
-
-    with open(path, "rb") as handle:
-        length = int.from_bytes(handle.read(8), "little")
-        header = json.loads(handle.read(length))
-    header.pop("__metadata__", None)
-    return {n: (key, 8 + length + e["data_offsets"][0], 8 + length + e["data_offsets"][1]) for n, e in header.items()}
-
-
 @pytest.fixture
 def ckpt(faulty, tmp_path, monkeypatch) -> Loaded:
     """A fresh 3-shard checkpoint on the faulty S3, MX_MODEL_URI pointing at it, no fault armed."""
-    names = write_shards(str(tmp_path), _shards())
+    written = write_checkpoint(str(tmp_path), layer_shards(SHARDS, hidden=HIDDEN, seed=7, layer=FAULTS_LAYER))
     uri = faulty.upload(str(tmp_path), f"faults-{next(_buckets)}", "model")
-    reference: dict[str, torch.Tensor] = {}
-    offsets: dict[str, tuple[str, int, int]] = {}
-    for name in names:
-        reference.update(load_file(tmp_path / name))
-        offsets.update(_offsets(str(tmp_path / name), name))
     faulty.proxy.clear()
     monkeypatch.setenv("MX_MODEL_URI", uri)
     monkeypatch.setenv("AWS_ENDPOINT_URL", faulty.proxy.endpoint)  # in case another fixture moved it
-    yield Loaded(uri, names, reference, offsets)
+    yield Loaded(uri, written.names, written.reference, written.offsets)
     faulty.proxy.clear()
 
 
-@dataclass
-class Outcome:
-    model: RecordingModel
-    adapter: CountingAdapter
-    error: Optional[StrategyFailed]
-    seconds: float
-
-
-def load(ckpt: Loaded) -> Outcome:
+def load(ckpt: Loaded) -> Attempt:
     """One direct ``strategy.load`` (the flag and message ModelExpress's chain acts on)."""
-    adapter = CountingAdapter(lambda: RecordingModel(ckpt.reference))
-    model = RecordingModel(ckpt.reference)
-    started = time.perf_counter()
-    error = None
-    try:
-        RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), make_context(model_config(), adapter))
-    except StrategyFailed as exc:
-        error = exc
-    return Outcome(model, adapter, error, time.perf_counter() - started)
+    return direct_load(model_config(), ckpt.reference)
 
 
-def assert_verified(outcome: Outcome, ckpt: Loaded) -> None:
+def assert_verified(outcome: Attempt, ckpt: Loaded) -> None:
     """Loaded, every tensor once and bit-identical to what safetensors reads."""
     assert outcome.error is None, f"load failed: {outcome.error}"
     assert sorted(outcome.model.order) == sorted(ckpt.reference)
@@ -146,7 +94,7 @@ def assert_verified(outcome: Outcome, ckpt: Loaded) -> None:
         assert torch.equal(outcome.model.weights[name].view(torch.uint8), expected.view(torch.uint8)), name
 
 
-def assert_failed(outcome: Outcome, *, mutated: bool, says: tuple[str, ...]) -> str:
+def assert_failed(outcome: Attempt, *, mutated: bool, says: tuple[str, ...]) -> str:
     """Failed with the right flag, the model untouched exactly when unmutated, the message naming ``says``."""
     assert outcome.error is not None, "the load succeeded despite the fault"
     message = str(outcome.error)
@@ -169,6 +117,13 @@ def data_read_of(ckpt: Loaded, shard: int):
     return matches
 
 
+def first_data_read_of(ckpt: Loaded, shard: int):
+    """A predicate for the one ranged read of shard ``shard``'s first tensor (a burst on one request)."""
+    key = ckpt.files[shard]
+    first_data = min(start for k, start, _ in ckpt.offsets.values() if k == key)
+    return lambda r: r.path.endswith(key) and r.range is not None and r.range[0] == first_data
+
+
 def header_read_of(ckpt: Loaded, shard: int):
     key = ckpt.files[shard]
     return lambda r: r.path.endswith(key) and r.range is not None and r.range[0] == 0
@@ -177,7 +132,9 @@ def header_read_of(ckpt: Loaded, shard: int):
 # -- transient faults in the stream: runai's client retries, the load is whole ---------
 
 TRANSIENT = {
-    "503_slowdown_burst_on_header": dict(kind=STATUS, status=503, times=3, target="header"),
+    # runai reads no header since it streams the probe's plan (mx_strategies.runai_plan): the
+    # SlowDown burst that once hit its header read now hits a data read.
+    "503_slowdown_burst_on_data": dict(kind=STATUS, status=503, times=3, target="data"),
     "500_burst_on_data": dict(kind=STATUS, status=500, times=2, target="data"),
     "reset_mid_body": dict(kind=RESET, keep_bytes=300, times=2, target="data"),
     "body_cut_short": dict(kind=SHORT, keep_bytes=300, times=2, target="data"),
@@ -190,7 +147,7 @@ TRANSIENT = {
 def test_transient_stream_fault_is_retried_and_the_load_is_whole(faulty, ckpt, case):
     spec = dict(TRANSIENT[case])
     target = spec.pop("target")
-    when = header_read_of(ckpt, 1) if target == "header" else data_read_of(ckpt, 1)
+    when = data_read_of(ckpt, 1) if target == "data" else None
     faulty.proxy.add(Rule(client="streamer", when=when, **spec))
     outcome = load(ckpt)
     assert_verified(outcome, ckpt)
@@ -206,11 +163,12 @@ def test_transient_probe_throttling_is_retried(faulty, ckpt):
 
 @pytest.mark.parametrize("kind", [RESET, SHORT])
 def test_probe_body_cut_once_is_read_again(faulty, ckpt, kind):
-    """botocore does not retry a body that breaks after the headers; our ranged read does."""
-    key = ckpt.files[2]
-    faulty.proxy.add(
-        Rule(kind, keep_bytes=20, times=1, client="probe", when=lambda r: r.path.endswith(key) and r.range is not None and r.range[0] == 8)
-    )
+    """botocore does not retry a body that breaks after the headers; our ranged read does.
+
+    The probe reads a header with one ranged read from byte 0 where it fits (it once read
+    the 8-byte length, then the JSON from byte 8): the cut hits that read.
+    """
+    faulty.proxy.add(Rule(kind, keep_bytes=20, times=1, client="probe", when=header_read_of(ckpt, 2)))
     outcome = load(ckpt)
     assert_verified(outcome, ckpt)
     assert len(faulty.proxy.fired(kind)) == 1
@@ -219,12 +177,14 @@ def test_probe_body_cut_once_is_read_again(faulty, ckpt, kind):
 # -- persistent faults: bounded failure, the right flag, a message naming source and fault ---
 
 
-def test_persistent_throttling_of_the_stream_fails_unmutated(faulty, ckpt, monkeypatch):
+def test_persistent_throttling_of_the_stream_fails_unmutated(faulty, ckpt, monkeypatch, plan_order):
+    """The first shard's data is throttled for good; in plan order nothing reached the model."""
     monkeypatch.setenv("MX_ROBUST_STREAMER_S3_MAX_RETRIES", FEW_RETRIES)
-    faulty.proxy.add(Rule(STATUS, status=503, times=None, client="streamer", when=header_read_of(ckpt, 0)))
+    faulty.proxy.add(Rule(STATUS, status=503, times=None, client="streamer", when=data_read_of(ckpt, 0)))
     outcome = load(ckpt)
-    assert_failed(outcome, mutated=False, says=(ckpt.uri, "did not start", "File access error"))
-    assert len(faulty.proxy.fired(STATUS)) == int(FEW_RETRIES) + 1  # the setting reached runai's client
+    assert_failed(outcome, mutated=False, says=(ckpt.uri, "File access error"))
+    attempts = Counter(event.range for event in faulty.proxy.fired(STATUS))
+    assert attempts and set(attempts.values()) == {int(FEW_RETRIES) + 1}, attempts  # the setting reached runai's client
 
 
 @pytest.mark.parametrize("kind", [RESET, SHORT, STATUS])
@@ -257,7 +217,7 @@ def test_persistent_data_fault_through_the_chain_rebuilds_the_model(faulty, ckpt
     assert faulty.proxy.fired(RESET)
 
 
-def test_server_that_stops_answering_fails_in_bounded_time(faulty, ckpt, monkeypatch):
+def test_server_that_stops_answering_fails_in_bounded_time(faulty, ckpt, monkeypatch, plan_order):
     """runai abandons a request that sends nothing for about 5 s, then retries; it never hangs."""
     monkeypatch.setenv("MX_ROBUST_STREAMER_S3_MAX_RETRIES", FEW_RETRIES)
     faulty.proxy.add(Rule(DELAY, delay_s=60.0, times=None, client="streamer", when=data_read_of(ckpt, 0)))
@@ -282,12 +242,14 @@ def test_persistent_probe_throttling_fails_unmutated_naming_slowdown(faulty, ckp
 # -- wrong bytes ------------------------------------------------------------------------
 
 
-def test_stream_header_read_answered_with_other_bytes_fails_unmutated(faulty, ckpt):
-    """``Range: bytes=0-7`` answered with bytes 8-15: runai reads an absurd header length."""
+def test_the_stream_reads_no_header_so_a_wrong_header_answer_cannot_mislead_it(faulty, ckpt):
+    """``Range: bytes=0-7`` answered with bytes 8-15 once made runai read an absurd header length
+    (and fail, unmutated). runai now streams the probe's plan (mx_strategies.runai_plan) and asks
+    for no header: the rule never fires and the load is whole."""
     faulty.proxy.add(Rule(WRONG_RANGE, shift=8, times=None, client="streamer", when=header_read_of(ckpt, 0)))
     outcome = load(ckpt)
-    assert_failed(outcome, mutated=False, says=(f"{ckpt.uri}/{ckpt.files[0]}", "Corrupted File", "Header size"))
-    assert faulty.proxy.fired(WRONG_RANGE)
+    assert_verified(outcome, ckpt)
+    assert faulty.proxy.fired(WRONG_RANGE) == []
 
 
 def test_probe_header_read_answered_with_other_bytes_is_refused(faulty, ckpt):
@@ -327,7 +289,7 @@ def test_flipped_data_bytes_are_served_silently_without_verification(faulty, ckp
             assert torch.equal(outcome.model.weights[name], expected), name
 
 
-def test_flipped_data_bytes_are_caught_by_verify_all(faulty, ckpt, monkeypatch):
+def test_flipped_data_bytes_are_caught_by_verify_all(faulty, ckpt, monkeypatch, plan_order):
     monkeypatch.setenv("MX_ROBUST_VERIFY_CONTENT", "all")
     _corrupt_one_tensor(faulty, ckpt, CORRUPTED)
     outcome = load(ckpt)
@@ -340,8 +302,11 @@ def test_flipped_data_bytes_are_caught_by_verify_all(faulty, ckpt, monkeypatch):
     assert CORRUPTED not in outcome.model.order  # the wrong bytes never reached the model
 
 
-def test_off_by_n_data_range_is_caught_by_verify_all(faulty, ckpt, monkeypatch):
-    """A data read answered with the bytes 4 further on (the last 4 missing): runai accepts it."""
+def test_off_by_n_data_range_is_caught_by_verify_all(faulty, ckpt, monkeypatch, plan_order):
+    """A data read answered with the bytes 4 further on (the last 4 missing): runai accepts it.
+
+    In plan order the earlier shards' tensors reach the model first, so the failure is mutated.
+    """
     monkeypatch.setenv("MX_ROBUST_VERIFY_CONTENT", "all")
     faulty.proxy.add(Rule(WRONG_RANGE, shift=4, times=None, client="streamer", when=data_read_of(ckpt, 2)))
     outcome = load(ckpt)
@@ -375,7 +340,7 @@ def test_verify_sample_catches_corruption_in_a_sampled_tensor(faulty, ckpt, monk
     assert outcome.error is not None and repr(victim) in str(outcome.error)
 
 
-def test_verification_read_that_fails_fails_the_load(faulty, ckpt, monkeypatch):
+def test_verification_read_that_fails_fails_the_load(faulty, ckpt, monkeypatch, plan_order):
     """The check's own read broken for good: no silent pass."""
     monkeypatch.setenv("MX_ROBUST_VERIFY_CONTENT", "all")
     monkeypatch.setenv("MX_ROBUST_PROBE_MAX_ATTEMPTS", "1")
@@ -387,31 +352,30 @@ def test_verification_read_that_fails_fails_the_load(faulty, ckpt, monkeypatch):
 # -- retry settings reach runai on every load ----------------------------------------------
 
 
-def test_retry_setting_changes_between_loads_in_one_process(faulty, ckpt, monkeypatch):
-    """runai builds its S3 clients per load, so a changed setting applies to the next load."""
-    burst = dict(kind=STATUS, status=503, times=3, client="streamer", when=header_read_of(ckpt, 0))
+def _fails_then_outlasts(faulty, ckpt, monkeypatch, burst: dict, more_patience: dict[str, str]) -> None:
+    """``burst`` fails a load with one retry per request; with ``more_patience`` set, the next load outlasts it."""
     monkeypatch.setenv("MX_ROBUST_STREAMER_S3_MAX_RETRIES", "1")
     faulty.proxy.add(Rule(**burst))
     assert_failed(load(ckpt), mutated=False, says=(ckpt.uri,))
 
-    monkeypatch.setenv("MX_ROBUST_STREAMER_S3_MAX_RETRIES", "5")
+    for key, value in more_patience.items():
+        monkeypatch.setenv(key, value)
     faulty.proxy.clear()
     faulty.proxy.add(Rule(**burst))
     assert_verified(load(ckpt), ckpt)
+
+
+def test_retry_setting_changes_between_loads_in_one_process(faulty, ckpt, monkeypatch, plan_order):
+    """runai builds its S3 clients per load, so a changed setting applies to the next load."""
+    burst = dict(kind=STATUS, status=503, times=3, client="streamer", when=first_data_read_of(ckpt, 0))
+    _fails_then_outlasts(faulty, ckpt, monkeypatch, burst, {"MX_ROBUST_STREAMER_S3_MAX_RETRIES": "5"})
     assert len(faulty.proxy.fired(STATUS)) == 3
 
 
-def test_retry_timeout_setting_lets_runai_outlast_a_longer_burst(faulty, ckpt, monkeypatch):
+def test_retry_timeout_setting_lets_runai_outlast_a_longer_burst(faulty, ckpt, monkeypatch, plan_order):
     """RUNAI_STREAMER_S3_TIMEOUT: application-level retries after the client gave up."""
-    burst = dict(kind=STATUS, status=503, times=4, client="streamer", when=header_read_of(ckpt, 0))
-    monkeypatch.setenv("MX_ROBUST_STREAMER_S3_MAX_RETRIES", "1")
-    faulty.proxy.add(Rule(**burst))
-    assert_failed(load(ckpt), mutated=False, says=(ckpt.uri,))
-
-    monkeypatch.setenv("MX_ROBUST_STREAMER_S3_RETRY_TIMEOUT_S", "10")
-    faulty.proxy.clear()
-    faulty.proxy.add(Rule(**burst))
-    assert_verified(load(ckpt), ckpt)
+    burst = dict(kind=STATUS, status=503, times=4, client="streamer", when=first_data_read_of(ckpt, 0))
+    _fails_then_outlasts(faulty, ckpt, monkeypatch, burst, {"MX_ROBUST_STREAMER_S3_RETRY_TIMEOUT_S": "10"})
 
 
 def test_retry_settings_are_restored_after_the_load(faulty, ckpt, monkeypatch):

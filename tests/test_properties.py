@@ -16,7 +16,6 @@ Examples are few (the suite runs on 2 shared cores) and the data tiny.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import shutil
 import tempfile
@@ -24,15 +23,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers.checkpoints import Written, write_checkpoint
+from helpers.engine import PLAN_ORDER, direct_load, model_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from modelexpress.adapter import StrategyFailed
-from modelexpress.load_strategy import LoadResult
-from safetensors.torch import load_file
-from support import CountingAdapter, RecordingModel, make_context, model_config
 
-from mx_strategies.robust import RobustModelStreamerStrategy
-from mx_strategies.testing.synthetic import write_shards
+from mx_strategies.streaming import streamer_environment
 
 DTYPES = [
     torch.float8_e4m3fn,
@@ -96,32 +93,13 @@ def make_tensor(spec: TensorSpec, generator: torch.Generator) -> torch.Tensor:
     return raw.view(spec.dtype).reshape(spec.shape)
 
 
-@dataclass
-class Written:
-    path: str
-    files: list[str]  # natural order
-    reference: dict[str, torch.Tensor]
-    order: list[str]  # shards in natural order, tensors by data offset
-
-
 def write(spec: CheckpointSpec, path: str) -> Written:
     generator = torch.Generator().manual_seed(spec.seed)
     shards = [
         {f"model.layers.{i}.w{j}": make_tensor(t, generator) for j, t in enumerate(shard)}
         for i, shard in enumerate(spec.shards)
     ]
-    names = write_shards(path, shards, index=spec.index, write_order=spec.write_order)
-    files = [os.path.join(path, n) for n in names]
-    reference: dict[str, torch.Tensor] = {}
-    order: list[str] = []
-    for file in files:
-        reference.update(load_file(file))
-        with open(file, "rb") as handle:
-            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
-        header.pop("__metadata__", None)
-        offsets = {n: tuple(e["data_offsets"]) for n, e in header.items()}
-        order += sorted(offsets, key=lambda n: (offsets[n][0], offsets[n][1] - offsets[n][0]))
-    return Written(path, files, reference, order)
+    return write_checkpoint(path, shards, index=spec.index, write_order=spec.write_order)
 
 
 def bits(tensor: torch.Tensor) -> torch.Tensor:
@@ -129,19 +107,18 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def load_and_check(written: Written, uri: str) -> None:
-    os.environ["MX_MODEL_URI"] = uri
-    adapter = CountingAdapter(lambda: RecordingModel(written.reference))
-    model = RecordingModel(written.reference)
-    result = LoadResult(value=model, model=model)
+    """Load ``uri`` in plan order (MX_ROBUST_DELIVERY_ORDER=plan: the property covers the order too)."""
+    with streamer_environment({"MX_MODEL_URI": uri, **PLAN_ORDER}):
+        attempt = direct_load(model_config(), written.reference)
     if not written.reference:
         # Every shard empty: no source, refused before the model is touched.
-        with pytest.raises(StrategyFailed) as caught:
-            RobustModelStreamerStrategy().load(result, make_context(model_config(), adapter))
-        assert caught.value.mutated is False
-        assert "empty" in str(caught.value)
-        assert model.order == []
+        assert isinstance(attempt.error, StrategyFailed)
+        assert attempt.error.mutated is False
+        assert "empty" in str(attempt.error)
+        assert attempt.model.order == []
         return
-    RobustModelStreamerStrategy().load(result, make_context(model_config(), adapter))
+    assert attempt.error is None, attempt.error
+    model = attempt.model
     assert model.order == written.order
     for name, expected in written.reference.items():
         got = model.weights[name]
@@ -171,7 +148,6 @@ def test_any_checkpoint_loads_completely_and_identically_from_a_folder(spec, scr
     try:
         load_and_check(written, written.path)
     finally:
-        os.environ.pop("MX_MODEL_URI", None)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -185,7 +161,6 @@ def test_any_checkpoint_loads_completely_and_identically_from_s3(spec, s3_server
     try:
         load_and_check(written, uri)
     finally:
-        os.environ.pop("MX_MODEL_URI", None)
         shutil.rmtree(root, ignore_errors=True)
 
 

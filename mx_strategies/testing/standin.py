@@ -122,6 +122,22 @@ class StandInAdapter(EngineAdapter):
         return LoadResult(value=fresh, model=fresh, publishable=result.publishable)
 
 
+def model_config(model=None, model_weights=None, runner_type="generate", hf_config=None) -> SimpleNamespace:
+    """vLLM's ModelConfig, as far as a load strategy reads it."""
+    return SimpleNamespace(model=model, model_weights=model_weights, runner_type=runner_type, hf_config=hf_config)
+
+
+def vllm_config(method=None, target=None, tp=1, pp=1, extra=None) -> SimpleNamespace:
+    """vLLM's VllmConfig as a strategy reads it: a speculative config for ``method`` (None: none),
+    the parallel sizes, and the loader's ``model_loader_extra_config``."""
+    speculative = None if method is None else SimpleNamespace(method=method, target_model_config=target)
+    return SimpleNamespace(
+        speculative_config=speculative,
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp),
+        load_config=SimpleNamespace(model_loader_extra_config=extra),
+    )
+
+
 def load_context(
     model_config: Any,
     adapter: EngineAdapter,

@@ -1,0 +1,208 @@
+"""The command line: ``python -m benchmarks [options]`` (``--help`` lists them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from typing import Optional
+
+import benchmarks
+
+from . import BASELINE, LOADERS, BenchError
+from .checkpoints import cached_checkpoint, describe_site, human, parse_size
+from .report import evaluate_targets, machine_info, plot, render_tables, settings_snapshot, summarise_site, uptime
+from .runs import ByteCounter, child_main, loaders_for, measure_peaks, measure_site, profile_robust
+
+# -- main -------------------------------------------------------------------------
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=benchmarks.__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--uri", help="measure this checkpoint (local folder or s3://...) instead of a generated one")
+    parser.add_argument("--size", type=parse_size, default=parse_size("2GB"), help="generated local checkpoint size (default 2GB)")
+    parser.add_argument(
+        "--s3-size", type=parse_size, default=parse_size("512MB"),
+        help="generated checkpoint size served by the loopback S3 server (default 512MB; moto is slow); 0 skips S3",
+    )  # fmt: skip
+    parser.add_argument(
+        "--s3-chunk-bytes", type=parse_size, default=parse_size("64MiB"),
+        help="RUNAI_STREAMER_CHUNK_BYTESIZE for every loader on the loopback S3 site (default 64MiB; 0 keeps runai's)",
+    )  # fmt: skip
+    parser.add_argument("--no-local", action="store_true", help="skip the local-folder measurements")
+    parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "mx-strategies-bench"),
+                        help="where generated checkpoints are cached (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--reps", type=int, default=5, help="timed repetitions per loader (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
+    parser.add_argument("--loaders", default=",".join(LOADERS), help=f"comma-separated subset of {','.join(LOADERS)}")
+    parser.add_argument("--memory", default="all",
+                        help="loaders whose peak RSS is measured in a child process: all, none, or a comma list")  # fmt: skip
+    parser.add_argument("--load-timeout", type=float, default=900.0,
+                        help="seconds one load may take before the run is ended with stack traces (default 900)")  # fmt: skip
+    parser.add_argument("--memory-reps", type=int, default=3, help="child processes per loader for peak RSS (default 3)")
+    parser.add_argument("--profile", action="store_true", help="cProfile one extra robust load per site")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--plot", help="draw throughput per loader here (PNG; needs matplotlib)")
+    parser.add_argument("--from-json", help="print tables (and --plot) from a saved --json file; measure nothing")
+    parser.add_argument("--clean", action="store_true", help="delete the generated checkpoints at the end")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.reps < 1 or args.warmup < 0 or args.memory_reps < 1:
+        parser.error("--reps and --memory-reps must be >= 1, --warmup >= 0")
+    unknown = set(args.loaders.split(",")) - set(LOADERS)
+    if unknown:
+        parser.error(f"unknown loader(s): {', '.join(sorted(unknown))}")
+    return args
+
+
+def _memory_loaders(spec: str, loaders: list[str]) -> list[str]:
+    if spec == "none":
+        return []
+    if spec == "all":
+        chosen = loaders
+    else:
+        chosen = [l for l in loaders if l in spec.split(",")]
+    if "robust" in chosen and BASELINE in loaders and BASELINE not in chosen:
+        chosen = [BASELINE] + chosen  # the ratio needs the baseline
+    return chosen
+
+
+def run_site(
+    name: str, uri: str, reference: Optional[str], args, wanted: tuple[str, ...], counter: ByteCounter, generated: bool
+) -> dict:
+    """One site's measurements; a failure is reported in its place, not lost with the other site's."""
+    try:
+        return _run_site(name, uri, reference, args, wanted, counter, generated)
+    except Exception as exc:
+        print(f"[{name}] FAILED: {type(exc).__name__}: {exc}", flush=True)
+        return {"error": traceback.format_exc()}
+
+
+def _run_site(
+    name: str, uri: str, reference: Optional[str], args, wanted: tuple[str, ...], counter: ByteCounter, generated: bool
+) -> dict:
+    site = describe_site(name, uri, args.workdir, reference, generated)
+    site.bytes_counter = counter.method
+    loaders = loaders_for(site, wanted)
+    print(f"\n[{name}] {uri}: {human(site.data_bytes)}, {len(site.tensors)} tensors, loaders {', '.join(loaders)}", flush=True)
+    results = measure_site(site, loaders, args.reps, args.warmup, counter, args.load_timeout)
+    memory_error = None
+    try:
+        peaks = measure_peaks(site, _memory_loaders(args.memory, loaders), args.workdir, args.memory_reps)
+    except BenchError as exc:  # the timings stand; say why the peaks are missing
+        print(f"[{name}] peak memory not measured: {exc}", flush=True)
+        peaks, memory_error = {}, str(exc)
+    for loader, peak in peaks.items():
+        results[loader].peak = peak
+    summary = summarise_site(site, results, args.reps, args.warmup, counter.method)
+    if memory_error:
+        summary["memory_error"] = memory_error
+    if args.profile and "robust" in loaders:
+        summary["robust_profile"] = profile_robust(site)
+    shutil.rmtree(site.config_only, ignore_errors=True)
+    return summary
+
+
+def s3_chunking(chunk_bytes: int):
+    """RUNAI_STREAMER_CHUNK_BYTESIZE for every loader of the loopback S3 site.
+
+    moto answers each ranged GET by copying the whole object in Python, so
+    runai's default chunks over 100 MB objects stall it past the AWS CRT's
+    minimum-throughput check ("failure to meet throughput minimum", then
+    "File access error"); larger chunks mean fewer such requests. Every
+    loader (children included) streams with the same value.
+    """
+    from mx_strategies.streaming import streamer_environment
+
+    return streamer_environment({"RUNAI_STREAMER_CHUNK_BYTESIZE": str(chunk_bytes)} if chunk_bytes > 0 else {})
+
+
+def quiet_logging() -> None:
+    """Warnings only: runai, moto's werkzeug and ModelExpress log every load at INFO."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(logging.WARNING)
+    # moto's werkzeug server logs each request through a handler of its own.
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        quiet_logging()
+        child_main(args.child)
+        return 0
+    if args.from_json:
+        with open(args.from_json) as handle:
+            report = json.load(handle)
+        print(render_tables(report))
+        if args.plot:
+            plot(report, args.plot)
+        return 0
+
+    quiet_logging()
+    os.makedirs(args.workdir, exist_ok=True)
+    wanted = tuple(l for l in LOADERS if l in args.loaders.split(","))
+    report = {
+        "command": " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": machine_info(),
+        "uptime_start": uptime(),
+        "robust_settings": settings_snapshot(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "sites": {},
+    }
+    print(f"start: {report['uptime_start']}", flush=True)
+    generated: list[str] = []
+    try:
+        local_uri = s3_source = None
+        if args.uri and "://" not in args.uri:
+            local_uri = args.uri
+        elif not args.uri and not args.no_local:
+            local_uri = cached_checkpoint(args.workdir, args.size)
+            generated.append(local_uri)
+        if local_uri and not args.no_local:
+            report["sites"]["local"] = run_site("local", local_uri, local_uri, args, wanted, ByteCounter(), generated=not args.uri)
+        if args.uri and "://" in args.uri:
+            report["sites"]["s3"] = run_site("s3", args.uri, None, args, wanted, ByteCounter(enabled=False), generated=False)
+        elif not args.uri and args.s3_size > 0:
+            s3_source = cached_checkpoint(args.workdir, args.s3_size)
+            generated.append(s3_source)
+            from mx_strategies.testing.loopback import LoopbackS3
+
+            with LoopbackS3() as s3, s3_chunking(args.s3_chunk_bytes):
+                started = time.perf_counter()
+                uri = s3.upload(s3_source, "bench", "model")
+                print(f"uploaded {s3_source} to {uri} in {time.perf_counter() - started:.1f}s", flush=True)
+                report["sites"]["s3"] = run_site("s3", uri, s3_source, args, wanted, ByteCounter(s3), generated=True)
+                report["sites"]["s3"]["runai_chunk_bytesize"] = args.s3_chunk_bytes
+    finally:
+        if args.clean:
+            for path in generated:
+                shutil.rmtree(path, ignore_errors=True)
+    report["uptime_end"] = uptime()
+    report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    report["targets"] = evaluate_targets(report["sites"])
+    report["figures_from"] = "robust loads: their load reports (mx_strategies.report.recent_reports)"
+    print(render_tables(report))
+    print(f"\nend: {report['uptime_end']}")
+    for name, summary in report["sites"].items():
+        if "robust_profile" in summary:
+            print(f"\n[{name}] cProfile of one robust load (cumulative):\n{summary['robust_profile']}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=1)
+    if args.plot:
+        plot(report, args.plot)
+    return 1 if any("error" in summary for summary in report["sites"].values()) else 0
+
+

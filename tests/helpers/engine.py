@@ -1,0 +1,229 @@
+"""The engine side of a load, for tests: contexts, configs, the stand-in engine, loads.
+
+vLLM needs a GPU to build a model, so the model and adapter are
+``mx_strategies.testing.standin``'s: a strict model (a tensor it does not own
+fails the load) and a real ``EngineAdapter`` subclass that applies weights
+through ``model.load_weights`` as vLLM's adapter does and counts
+``reinit_for_retry`` calls. Everything else in the chain is real.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+import torch
+from modelexpress import p2p_pb2
+from modelexpress.adapter import StrategyFailed
+from modelexpress.load_strategy import LoadResult, LoadStrategyChain
+
+from mx_strategies import activation
+from mx_strategies.engine import EngineView
+from mx_strategies.robust import RobustModelStreamerStrategy
+from mx_strategies.settings import load_settings
+from mx_strategies.testing.standin import StandInAdapter as CountingAdapter
+from mx_strategies.testing.standin import StandInModel as RecordingModel
+from mx_strategies.testing.standin import load_context, model_config, vllm_config  # noqa: F401 (re-exported)
+
+STRATEGY_LOGGER = "modelexpress.strategy_robust_model_streamer"
+CHAIN_LOGGER = "modelexpress.load_strategy"
+NO_STRATEGY = "No loading strategy succeeded"
+
+# What planning sees for a plain target load, and for an MTP draft at pipeline parallel 1.
+TARGET = EngineView(False, None, (), 1, 1, None, {})
+MTP_DRAFT = EngineView(True, "mtp", (), 1, 1, None, {})
+
+
+# -- configs and contexts (model_config, vllm_config: mx_strategies.testing.standin's) -------
+
+
+def make_context(mc, adapter, *, draft: bool = False, identity: Optional[dict] = None):
+    """A LoadContext for rank 0; ``identity`` adds SourceIdentity fields (parallel sizes...)."""
+    ctx = load_context(mc, adapter, name="tiny", p2p_enabled=not draft)
+    if identity:
+        ctx.identity = p2p_pb2.SourceIdentity(model_name="tiny", **identity)
+    return ctx
+
+
+def sglang_context(mc, adapter, *, tp: int = 1, pp: int = 1):
+    """A context as SGLang's adapter builds it: no ``vllm_config``, parallel sizes in the identity only."""
+    return make_context(mc, adapter, identity={"tensor_parallel_size": tp, "pipeline_parallel_size": pp})
+
+
+# -- loads ------------------------------------------------------------------------------
+
+
+def run_chain(mc, reference, names=None, *, vcfg=None, draft=False, adapter_cls=CountingAdapter):
+    """Run ModelExpress's real chain; return (model, adapter)."""
+    make = lambda: RecordingModel(reference, names)  # noqa: E731
+    adapter = adapter_cls(make, vllm_config=vcfg)
+    model = LoadStrategyChain.run(make(), make_context(mc, adapter, draft=draft))
+    return model, adapter
+
+
+def chain_load(monkeypatch, uri: str, reference, *, mc=None, names=None):
+    """MX_MODEL_URI=uri and ModelExpress's chain with the robust strategy installed."""
+    monkeypatch.setenv("MX_MODEL_URI", uri)
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    activation.register()
+    return run_chain(mc if mc is not None else model_config(), reference, names)
+
+
+@dataclass
+class Attempt:
+    """One load: the model and adapter it used, and its result or StrategyFailed."""
+
+    model: RecordingModel
+    adapter: CountingAdapter
+    result: Optional[LoadResult] = None
+    error: Optional[Exception] = None
+    seconds: float = 0.0
+
+    @property
+    def report(self) -> dict:
+        """The load report the strategy left in the result's metadata."""
+        return self.result.metadata["robust_model_streamer"]
+
+
+def direct_load(
+    mc,
+    reference,
+    *,
+    names=None,
+    strategy_cls=RobustModelStreamerStrategy,
+    adapter_cls=CountingAdapter,
+    vcfg=None,
+    draft=False,
+    ctx_factory=None,
+) -> Attempt:
+    """One ``strategy.load`` call outside the chain, keeping a StrategyFailed to inspect."""
+    adapter = adapter_cls(lambda: RecordingModel(reference, names), vllm_config=vcfg)
+    model = RecordingModel(reference, names)
+    ctx = (ctx_factory or make_context)(mc, adapter, **({"draft": draft} if ctx_factory is None else {}))
+    attempt = Attempt(model, adapter)
+    started = time.perf_counter()
+    try:
+        attempt.result = strategy_cls().load(LoadResult(value=model, model=model), ctx)
+    except StrategyFailed as exc:
+        attempt.error = exc
+    attempt.seconds = time.perf_counter() - started
+    return attempt
+
+
+def failed_chain(mc, reference, *, names=None, strategy_cls=RobustModelStreamerStrategy, adapter_cls=CountingAdapter):
+    """ModelExpress's chain with ``strategy_cls`` installed, expected to fail; keeps model and adapter."""
+    activation.install(strategy_cls)
+    adapter = adapter_cls(lambda: RecordingModel(reference, names))
+    model = RecordingModel(reference, names)
+    attempt = Attempt(model, adapter)
+    with pytest.raises(RuntimeError, match=NO_STRATEGY) as caught:
+        LoadStrategyChain.run(model, make_context(mc, adapter))
+    attempt.error = caught.value
+    return attempt
+
+
+# -- what arrived ----------------------------------------------------------------------
+
+
+# Plan-order delivery is opt-in (the default hands tensors on as runai's reads complete).
+PLAN_ORDER = {"MX_ROBUST_DELIVERY_ORDER": "plan"}
+
+
+def delivers_in_plan_order() -> bool:
+    """Whether loads now deliver in plan order (MX_ROBUST_DELIVERY_ORDER=plan, or a runtime without the setting)."""
+    return getattr(load_settings(), "delivery_order", "plan") == "plan"
+
+
+def assert_loaded(model: RecordingModel, ckpt) -> None:
+    """Every tensor of ``ckpt`` (a Written) exactly once, equal to what safetensors reads;
+    in plan order whenever the load delivers in plan order."""
+    if delivers_in_plan_order():
+        assert model.order == ckpt.order
+    else:
+        assert Counter(model.order) == Counter(ckpt.order)  # each once, in arrival order
+    assert set(model.weights) == set(ckpt.reference)
+    for name, expected in ckpt.reference.items():
+        assert model.weights[name].dtype == expected.dtype, name
+        assert torch.equal(model.weights[name], expected), name
+
+
+def assert_got(model: RecordingModel, expected_names, reference) -> None:
+    """Exactly ``expected_names``, each once (any order), equal to ``reference``."""
+    assert sorted(model.order) == sorted(expected_names)
+    for name in expected_names:
+        assert torch.equal(model.weights[name], reference[name]), name
+
+
+def untouched(model: RecordingModel) -> bool:
+    return not model.order and all(not t.any() for t in model.weights.values())
+
+
+def messages(caplog, logger: str, level=logging.INFO) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == logger and r.levelno >= level]
+
+
+def robust_messages(caplog, level=logging.INFO) -> str:
+    return "\n".join(messages(caplog, STRATEGY_LOGGER, level))
+
+
+# -- a checkpoint changing under a load -----------------------------------------------
+
+
+class RaceAfterPlanning(RobustModelStreamerStrategy):
+    """The real strategy, with another writer changing a shard once the plan is fixed.
+
+    ``change`` runs between planning and streaming (the strategy's ``_stream``
+    step): the window in which a checkpoint being re-uploaded or re-synced
+    changes under a load.
+    """
+
+    change = staticmethod(lambda path: None)
+    shard_number = 2
+
+    def _stream(self, result, ctx, plan, *args, **kwargs):
+        type(self).change(plan.shards[self.shard_number - 1].uri)
+        return super()._stream(result, ctx, plan, *args, **kwargs)
+
+
+class StopBeforeStreaming(RobustModelStreamerStrategy):
+    """The real strategy up to the stream, which it records instead of running.
+
+    ``seen`` holds, per load, whether it would stream distributed (runai's
+    distributed mode needs a process group) and the engine view it planned
+    for; the load then fails with :data:`STOPPED`, ``mutated=False``.
+    """
+
+    seen: list[dict] = []
+
+    def _stream(self, result, ctx, plan, settings, engine, distributed, *args, **kwargs):
+        type(self).seen.append({"distributed": distributed, "engine": engine, "plan": plan})
+        raise StrategyFailed(STOPPED, mutated=False)
+
+
+STOPPED = "stopped before streaming"
+
+
+def drop_from_stream(monkeypatch, dropped: str) -> None:
+    """Make runai's stream silently lose ``dropped`` (vLLM #38991: 335 of 447 tensors dropped).
+
+    The shard on disk stays as inspected, so only the delivery ledger can
+    notice; rewriting the file instead is refused before streaming (its
+    identity changed).
+    """
+    from mx_strategies import runai_plan
+
+    original = runai_plan.PlannedStreamer.get_tensors
+
+    def get_tensors(self):
+        return ((name, tensor) for name, tensor in original(self) if name != dropped)
+
+    monkeypatch.setattr(runai_plan.PlannedStreamer, "get_tensors", get_tensors)
+
+
+def racing(change) -> type:
+    """A strategy class whose load runs ``change(shard path)`` after planning."""
+    return type("Racing", (RaceAfterPlanning,), {"change": staticmethod(change)})

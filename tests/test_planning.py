@@ -1,0 +1,192 @@
+"""The load plan (:mod:`mx_strategies.planning`): the one place that decides what a load streams.
+
+Unit tests of ``loaded_shards``, ``plan_for`` and ``is_target_source`` on real
+inspected checkpoints, and the promise the plan exists for: ``doctor`` and
+the strategy agree on every checkpoint the tests build (doctor's view is
+planned by the same functions; the strategy's load report says what it
+actually streamed).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from helpers.checkpoints import (
+    hf_cache,
+    tiny_shards,
+    write_checkpoint,
+    write_unpadded,
+    written,
+)
+from helpers.engine import MTP_DRAFT, TARGET, direct_load, model_config, vllm_config
+
+from mx_strategies.checkpoint import inspect
+from mx_strategies.cli.doctor import diagnose
+from mx_strategies.engine import EngineView
+from mx_strategies.errors import DraftPlanError, InconsistentCheckpoint
+from mx_strategies.planning import is_target_source, loaded_shards, plan_for, plan_load
+from mx_strategies.settings import load_settings
+from mx_strategies.sources import Candidate
+from mx_strategies.storage import LocalStore
+from mx_strategies.testing.synthetic import mtp_checkpoint
+
+EAGLE_DRAFT = EngineView(True, "eagle", (), 1, 1, None, {})
+
+
+def inspected(path: str):
+    return inspect(LocalStore(path), load_settings().discovery_depth)
+
+
+# -- which shards load ---------------------------------------------------------------------
+
+
+def test_loaded_shards_leave_empty_ones_out_unless_told(monkeypatch, tmp_path):
+    """Without an index (an index never names an empty shard, so those are never loaded)."""
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(4, empty=(0, 2)), index=False)
+    checkpoint = inspected(ckpt.path)
+    assert [s.key for s in loaded_shards(checkpoint, load_settings())] == [ckpt.names[1], ckpt.names[3]]
+    monkeypatch.setenv("MX_ROBUST_SKIP_EMPTY_SHARDS", "false")
+    assert [s.key for s in loaded_shards(checkpoint, load_settings())] == ckpt.names
+
+
+def test_target_plan_is_every_tensor_in_plan_order(tmp_path):
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3, empty=(1,)), write_order=[2, 0, 1])
+    plan = plan_for(inspected(ckpt.path), TARGET, load_settings(), source_is_target=True)
+    assert plan.role == "target" and plan.names is None and plan.convention is None
+    assert plan.expected == ckpt.order
+    assert plan.shard_keys == [ckpt.names[0], ckpt.names[2]]
+    assert plan.uris == [ckpt.files[0], ckpt.files[2]]
+    assert plan.bytes == ckpt.data_bytes
+
+
+def test_a_checkpoint_with_errors_is_not_planned(tmp_path):
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
+    os.truncate(ckpt.files[1], 0)
+    with pytest.raises(InconsistentCheckpoint, match=f"^checkpoint {ckpt.path} is inconsistent, not loading it: "):
+        plan_for(inspected(ckpt.path), TARGET, load_settings(), source_is_target=True)
+
+
+# -- drafts ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("style, convention", [("qwen", "mtp"), ("deepseek", "nextn_layers")])
+def test_mtp_draft_plan_is_its_head_from_the_shards_holding_it(tmp_path, style, convention):
+    ck = mtp_checkpoint(str(tmp_path / "ckpt"), style=style, empty_shards=(1,))
+    plan = plan_for(inspected(ck.path), MTP_DRAFT, load_settings(), source_is_target=True)
+    assert plan.role == "draft" and plan.convention == convention
+    assert plan.names == frozenset(ck.draft_names) and set(plan.expected) == ck.draft_names
+    assert plan.shard_keys == [ck.shard_names[-1]]
+    assert plan.bytes == ck.nbytes(ck.draft_names)
+    assert plan.shared == frozenset()
+
+
+def test_draft_at_pipeline_parallel_2_also_streams_the_shared_weights(tmp_path):
+    ck = mtp_checkpoint(str(tmp_path / "ckpt"), style="qwen")
+    draft_pp2 = EngineView(True, "mtp", (), 1, 2, None, {})
+    plan = plan_for(inspected(ck.path), draft_pp2, load_settings(), source_is_target=True)
+    assert plan.shared == frozenset(ck.shared_names)
+    assert plan.names == frozenset(ck.draft_names | ck.shared_names)
+    assert plan.shard_keys == [ck.shard_names[0], ck.shard_names[-2], ck.shard_names[-1]]  # embed, lm_head, head
+
+
+def test_a_draft_with_a_checkpoint_of_its_own_loads_it_whole_and_is_never_fed_the_target(tmp_path):
+    ck = mtp_checkpoint(str(tmp_path / "ckpt"), style="deepseek")
+    checkpoint = inspected(ck.path)
+    whole = plan_for(checkpoint, EAGLE_DRAFT, load_settings(), source_is_target=False)
+    assert whole.names is None and whole.role == "draft" and set(whole.expected) == set(ck.tensors)
+    with pytest.raises(DraftPlanError, match=r"draft \(method eagle\) has a checkpoint of its own"):
+        plan_for(checkpoint, EAGLE_DRAFT, load_settings(), source_is_target=True)
+
+
+def test_the_target_source_is_mx_model_uri_or_the_targets_own(monkeypatch):
+    engine = EngineView(True, "mtp", ("s3://bucket/target",), 1, 1, None, {})
+    settings = load_settings()
+    assert is_target_source(Candidate("model", "s3://bucket/target/"), engine, settings)
+    assert not is_target_source(Candidate("model", "s3://bucket/eagle"), engine, settings)
+    monkeypatch.setenv("MX_MODEL_URI", "s3://bucket/eagle")
+    assert is_target_source(Candidate("model", "s3://bucket/eagle"), engine, load_settings())
+
+
+def test_plan_load_walks_the_chain_then_plans(tmp_path):
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
+    missing = str(tmp_path / "gone")
+    resolution, plan = plan_load([Candidate("model", missing), Candidate("MX_MODEL_URI", ckpt.path)], TARGET, load_settings())
+    assert resolution.candidate == Candidate("MX_MODEL_URI", ckpt.path)
+    assert [r.candidate.uri for r in resolution.rejected] == [missing]
+    assert plan.expected == ckpt.order
+
+
+# -- doctor and the strategy agree ----------------------------------------------------------------
+
+
+def _tiny(count, **kwargs):
+    return lambda path: write_checkpoint(path, tiny_shards(count, **{k: v for k, v in kwargs.items() if k == "empty"}),
+                                         **{k: v for k, v in kwargs.items() if k != "empty"})  # fmt: skip
+
+
+def _vllm_cache(path):
+    inner = write_checkpoint(os.path.join(path, "model_streamer", "6f1c0b2a9e"), tiny_shards(3))
+    return written(path, inner.files)
+
+
+# Every kind of checkpoint the suite loads (layouts, empty shards, MTP heads), as path -> (root, tensors, draft?).
+CHECKPOINTS = {
+    "empty_first": _tiny(5, empty=(0,)),
+    "empty_last": _tiny(5, empty=(4,)),
+    "all_but_one_empty": _tiny(5, empty=(0, 1, 3, 4)),
+    "forty_no_index": _tiny(40, empty=(3, 17), index=False),
+    "subfolder": _tiny(3, subfolder="weights"),
+    "unpadded_shuffled": lambda path: write_unpadded(path, tiny_shards(12, empty=(6,)), index=True,
+                                                     write_order=[5, 11, 0, 9, 2, 7, 1, 10, 3, 8, 4, 6]),  # fmt: skip
+    "hf_cache": lambda path: hf_cache(path, tiny_shards(3, empty=(1,))),
+    "vllm_cache": _vllm_cache,
+    "qwen_mtp": lambda path: mtp_checkpoint(path, style="qwen", empty_shards=(1,)),
+    "deepseek_mtp": lambda path: mtp_checkpoint(path, style="deepseek", empty_shards=(1,)),
+    "deepseek_two_heads": lambda path: mtp_checkpoint(path, style="deepseek", num_nextn_layers=2),
+}
+
+
+def _loadable(built):
+    """(root folder, tensors, draft names or None) of what a CHECKPOINTS builder wrote."""
+    if hasattr(built, "draft_names"):
+        return built.path, built.tensors, built.draft_names
+    return built.path, built.reference, None
+
+
+@pytest.mark.parametrize("skip_empty", ["true", "false"])
+@pytest.mark.parametrize("case", sorted(CHECKPOINTS))
+def test_doctor_and_the_strategy_agree(monkeypatch, tmp_path, case, skip_empty):
+    monkeypatch.setenv("MX_ROBUST_SKIP_EMPTY_SHARDS", skip_empty)
+    path, tensors, draft_names = _loadable(CHECKPOINTS[case](str(tmp_path / "ckpt")))
+    doctor = diagnose(path).as_dict()
+    monkeypatch.setenv("MX_MODEL_URI", path)
+
+    target = direct_load(model_config(), tensors)
+
+    assert target.error is None, target.error
+    report = target.report
+    loads = [row["file"] for row in sorted(doctor["shards"], key=lambda r: r["load_order"] or 0) if row["status"] == "load"]
+    assert list(report["shards"]) == loads
+    assert [row["load_order"] for row in doctor["shards"] if row["status"] == "load"] == list(range(1, len(loads) + 1))
+    assert report["tensors"] == doctor["summary"]["tensors"] == len(tensors)
+    assert report["checkpoint_bytes"] == doctor["summary"]["tensor_bytes"]
+    assert report["metadata_bytes"] == doctor["summary"]["header_bytes"]
+
+    draft_view = doctor["draft"]
+    assert draft_view["found"] is (draft_names is not None)
+    if draft_names is None:
+        return
+    draft = direct_load(
+        model_config(model=str(tmp_path / "nowhere"), runner_type="draft"),
+        tensors,
+        names=draft_names,
+        vcfg=vllm_config("mtp"),
+        draft=True,
+    )
+    assert draft.error is None, draft.error
+    assert list(draft.report["shards"]) == draft_view["shards"]
+    assert draft.report["convention"] == draft_view["convention"]
+    assert draft.report["tensors"] == draft_view["tensors"] == len(draft_names)
+    assert draft.report["bytes_streamed"] == draft_view["bytes"]
+    assert sorted(draft.model.order) == draft_view["names"]

@@ -1,0 +1,333 @@
+"""Streaming and delivery verification (:mod:`mx_strategies.streaming`).
+
+``VerifiedStream`` on its own (a plan from real files, real runai), the
+plan-order buffer ``InOrder``, the runai variables a load sets, and the
+shortfalls a checkpoint changing under a load produces through the strategy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import pytest
+import torch
+from helpers.checkpoints import DROPPED, replace_without, shard_path, tiny_shards, write_checkpoint
+from helpers.engine import (
+    TARGET,
+    CountingAdapter,
+    RecordingModel,
+    assert_loaded,
+    direct_load,
+    drop_from_stream,
+    failed_chain,
+    model_config,
+    racing,
+    robust_messages,
+    vllm_config,
+)
+
+from mx_strategies.checkpoint import inspect
+from mx_strategies.errors import IncompleteDelivery, InconsistentCheckpoint
+from mx_strategies.planning import LoadPlan, loaded_shards, plan_for
+from mx_strategies.settings import load_settings
+from mx_strategies.storage import LocalStore
+from mx_strategies.streaming import InOrder, VerifiedStream, streamer_variables
+
+
+def target_plan(path: str, settings) -> LoadPlan:
+    return plan_for(inspect(LocalStore(path), settings.discovery_depth), TARGET, settings, source_is_target=True)
+
+
+# -- VerifiedStream ----------------------------------------------------------------
+
+
+def test_verified_stream_reports_a_tensor_that_never_came(monkeypatch, plan_order, tmp_path):
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(4))
+    settings = load_settings()
+    plan = target_plan(ckpt.path, settings)
+    drop_from_stream(monkeypatch, DROPPED)  # runai loses it
+
+    delivered = []
+    with pytest.raises(IncompleteDelivery) as caught:
+        with VerifiedStream(plan, settings) as stream:
+            for name, tensor in stream.tensors():
+                delivered.append(name)
+                assert torch.equal(tensor, ckpt.reference[name])
+
+    assert str(caught.value) == (
+        f"incomplete load from {ckpt.path}: 1 of {len(ckpt.reference)} expected tensors missing: {DROPPED}"
+    )
+    assert delivered == [n for n in ckpt.order if n != DROPPED]
+
+
+def test_verified_stream_warn_policy_reports_and_returns(monkeypatch, tmp_path):
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3))
+    monkeypatch.setenv("MX_ROBUST_COMPLETENESS", "warn")
+    settings = load_settings()
+    plan = target_plan(ckpt.path, settings)
+    drop_from_stream(monkeypatch, DROPPED)
+    warnings: list[str] = []
+    with VerifiedStream(plan, settings, on_warning=warnings.append) as stream:
+        delivered = [name for name, _ in stream.tensors()]
+    assert len(delivered) == len(ckpt.reference) - 1
+    assert warnings == [
+        f"incomplete load from {ckpt.path}: 1 of {len(ckpt.reference)} expected tensors missing: {DROPPED}"
+    ]
+
+
+def test_verified_stream_reports_duplicates(tmp_path):
+    """What a load without header checks would do with one name in two shards."""
+    shards = tiny_shards(3)
+    shards[2]["model.layers.0.input_layernorm.weight"] = torch.ones(16)
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), shards, index=False)
+    settings = load_settings()
+    checkpoint = inspect(LocalStore(ckpt.path), settings.discovery_depth)
+    assert [p.kind for p in checkpoint.errors] == ["duplicate_tensor"]  # the strategy would stop here
+    with pytest.raises(InconsistentCheckpoint):  # and planning is where it stops
+        plan_for(checkpoint, TARGET, settings, source_is_target=True)
+    unchecked = LoadPlan(checkpoint.uri, tuple(loaded_shards(checkpoint, settings)), None)
+    names: list[str] = []
+    with pytest.raises(IncompleteDelivery, match="1 delivered more than once: model.layers.0.input_layernorm.weight"):
+        with VerifiedStream(unchecked, settings) as stream:
+            names.extend(name for name, _ in stream.tensors())
+    assert names.count("model.layers.0.input_layernorm.weight") == 2
+    assert len(names) == len(ckpt.reference) + 1
+
+
+def test_verified_stream_reports_a_plan_listing_a_shard_twice(tmp_path):
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
+    settings = load_settings()
+    full = target_plan(ckpt.path, settings)
+    twice = LoadPlan(full.source, (full.shards[0], full.shards[1], full.shards[0]), None)
+    model = RecordingModel(ckpt.reference)
+    with pytest.raises(IncompleteDelivery, match="3 delivered more than once"):
+        with VerifiedStream(twice, settings) as stream:
+            model.load_weights(stream.tensors())
+    assert len(model.order) == len(ckpt.reference) + 3
+
+
+def test_verified_stream_notices_an_engine_that_stopped_reading(tmp_path):
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3))
+    settings = load_settings()
+    plan = target_plan(ckpt.path, settings)
+    with pytest.raises(IncompleteDelivery, match="the engine stopped reading before the stream ended"):
+        with VerifiedStream(plan, settings) as stream:
+            tensors = stream.tensors()
+            next(tensors)
+            stream.settle()
+
+
+def test_verified_stream_is_entered_once(tmp_path):
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
+    settings = load_settings()
+    stream = VerifiedStream(target_plan(ckpt.path, settings), settings)
+    with stream:
+        with pytest.raises(RuntimeError, match="already started"):
+            stream.__enter__()
+        assert len(list(stream.tensors())) == len(ckpt.reference)
+
+
+# -- shortfalls through the strategy: a tensor runai never delivered ------------------------
+
+
+def test_shortfall_after_the_model_was_touched_is_mutated(monkeypatch, tmp_path):
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(4))
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
+    drop_from_stream(monkeypatch, DROPPED)
+    attempt = direct_load(model_config(), ckpt.reference)
+    assert attempt.error is not None and attempt.error.mutated is True
+    assert f"1 of {len(ckpt.reference)} expected tensors missing: {DROPPED}" in str(attempt.error)
+    assert len(attempt.model.order) == len(ckpt.reference) - 1  # the model really was written to
+    assert attempt.adapter.after_load_calls == 0
+
+
+def test_shortfall_through_the_chain_reinitializes_the_model(monkeypatch, caplog, tmp_path):
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(4))
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
+    drop_from_stream(monkeypatch, DROPPED)
+    attempt = failed_chain(model_config(), ckpt.reference)
+    assert attempt.adapter.reinit_calls == 1
+    assert DROPPED in robust_messages(caplog, logging.WARNING)
+
+
+def test_shortfall_under_warn_policy_loads_and_warns(monkeypatch, plan_order, caplog, tmp_path):
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(4))
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
+    monkeypatch.setenv("MX_ROBUST_COMPLETENESS", "warn")
+    drop_from_stream(monkeypatch, DROPPED)
+    attempt = direct_load(model_config(), ckpt.reference)
+    assert attempt.error is None
+    assert attempt.adapter.after_load_calls == 1
+    assert not attempt.model.weights[DROPPED].any()  # what the user is warned about
+    assert attempt.model.order == [n for n in ckpt.order if n != DROPPED]
+    warnings = robust_messages(caplog, logging.WARNING)
+    shortfall = f"1 of {len(ckpt.reference)} expected tensors missing: {DROPPED}"
+    assert f"[Worker 0] incomplete load from {ckpt.path}: {shortfall}" in warnings
+
+
+def test_a_shard_rewritten_after_planning_is_refused_before_streaming(monkeypatch, tmp_path):
+    """Another writer's copy, same names: its identity changed, so no tensor of it is streamed."""
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(4))
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
+    attempt = direct_load(
+        model_config(), ckpt.reference, strategy_cls=racing(lambda path: replace_without(path, DROPPED))
+    )
+    assert attempt.error is not None and attempt.error.mutated is False
+    message = str(attempt.error)
+    assert f"streaming {ckpt.path} did not start: 1 file(s) of {ckpt.path} changed since they were inspected" in message
+    assert shard_path(ckpt, 2) in message
+    assert attempt.model.order == []
+
+
+# -- plan order: InOrder -------------------------------------------------------------------
+
+
+def _named(*names: str) -> list[tuple[str, torch.Tensor]]:
+    return [(name, torch.zeros(4, dtype=torch.uint8)) for name in names]  # 4 bytes each
+
+
+def _released(in_order: InOrder, arrivals) -> list[str]:
+    out = [name for name, tensor in arrivals for name, _ in in_order.push(name, tensor)]
+    return out + [name for name, _ in in_order.drain()]
+
+
+def test_in_order_releases_in_plan_order_with_repeats_and_strangers_last():
+    in_order = InOrder(["a", "b", "c", "d"], limit_bytes=1 << 20)
+    assert _released(in_order, _named("c", "a", "x", "b", "a", "d")) == ["a", "b", "c", "d", "x", "a"]
+    assert in_order.ordered
+
+
+def test_in_order_skips_a_missing_name_at_the_end():
+    in_order = InOrder(["a", "b", "c"], limit_bytes=1 << 20)
+    assert _released(in_order, _named("c", "a")) == ["a", "c"]
+
+
+def test_in_order_gives_up_ordering_rather_than_hold_too_much():
+    """An expected tensor that never comes must not make the whole checkpoint wait in memory."""
+    in_order = InOrder(["a", "b", "c", "d", "e"], limit_bytes=8)
+    released = []
+    for name, tensor in _named("b", "c", "d", "e"):
+        released.append([n for n, _ in in_order.push(name, tensor)])
+    assert released == [[], [], ["b", "c", "d"], ["e"]]  # held 12 > 8 bytes: arrival order from then on
+    assert not in_order.ordered
+
+
+# -- the runai variables a load sets ---------------------------------------------------------
+
+RUNAI_VARIABLES = ("RUNAI_STREAMER_CONCURRENCY", "RUNAI_STREAMER_MEMORY_LIMIT", "RUNAI_STREAMER_CHUNK_BYTESIZE")
+
+
+class EnvironmentRecorder(CountingAdapter):
+    """Notes the runai variables in force while the weights are applied."""
+
+    seen: dict[str, Optional[str]] = {}
+
+    def apply_weight_iter(self, result, weights_iter):
+        for var in RUNAI_VARIABLES:
+            type(self).seen[var] = os.environ.get(var)
+        return super().apply_weight_iter(result, weights_iter)
+
+
+def test_streamer_settings_apply_during_the_load_only(monkeypatch, tmp_path):
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3))
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
+    monkeypatch.setenv("MX_ROBUST_STREAMER_CONCURRENCY", "3")
+    monkeypatch.setenv("MX_ROBUST_STREAMER_MEMORY_LIMIT", "0")
+    monkeypatch.setenv("MX_ROBUST_STREAMER_CHUNK_BYTESIZE", "4096")
+    monkeypatch.setenv("RUNAI_STREAMER_CONCURRENCY", "7")  # the deployment's own, restored afterwards
+    monkeypatch.delenv("RUNAI_STREAMER_MEMORY_LIMIT", raising=False)
+    monkeypatch.delenv("RUNAI_STREAMER_CHUNK_BYTESIZE", raising=False)
+    EnvironmentRecorder.seen = {}
+    attempt = direct_load(model_config(), ckpt.reference, adapter_cls=EnvironmentRecorder)
+    assert attempt.error is None
+    assert_loaded(attempt.model, ckpt)
+    assert EnvironmentRecorder.seen == {
+        "RUNAI_STREAMER_CONCURRENCY": "3",
+        "RUNAI_STREAMER_MEMORY_LIMIT": "0",
+        "RUNAI_STREAMER_CHUNK_BYTESIZE": "4096",
+    }
+    assert os.environ["RUNAI_STREAMER_CONCURRENCY"] == "7"
+    assert "RUNAI_STREAMER_MEMORY_LIMIT" not in os.environ
+    assert "RUNAI_STREAMER_CHUNK_BYTESIZE" not in os.environ
+
+
+def _variables_in_force(monkeypatch, tmp_path, extra: dict) -> dict[str, Optional[str]]:
+    """The runai variables in force while a load with ``model_loader_extra_config=extra`` applied weights."""
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3))
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
+    for var in RUNAI_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    EnvironmentRecorder.seen = {}
+    attempt = direct_load(model_config(), ckpt.reference, adapter_cls=EnvironmentRecorder, vcfg=vllm_config(extra=extra))
+    assert attempt.error is None
+    assert_loaded(attempt.model, ckpt)
+    assert not any(var in os.environ for var in RUNAI_VARIABLES)  # restored afterwards
+    return EnvironmentRecorder.seen
+
+
+def test_model_loader_extra_config_runai_keys_are_honoured(monkeypatch, caplog, tmp_path):
+    """vLLM's ``--model-loader-extra-config '{"concurrency": 5, "memory_limit": 0}'``, as the parent honours it."""
+    seen = _variables_in_force(monkeypatch, tmp_path, {"concurrency": 5, "memory_limit": 0, "distributed": False})
+    assert seen == {
+        "RUNAI_STREAMER_CONCURRENCY": "5",
+        "RUNAI_STREAMER_MEMORY_LIMIT": "0",
+        "RUNAI_STREAMER_CHUNK_BYTESIZE": None,
+    }
+    assert robust_messages(caplog, logging.WARNING) == ""  # nothing overridden, nothing to say
+
+
+def test_our_streamer_settings_win_over_model_loader_extra_config_and_say_so(monkeypatch, caplog, tmp_path):
+    monkeypatch.setenv("MX_ROBUST_STREAMER_CONCURRENCY", "3")
+    seen = _variables_in_force(monkeypatch, tmp_path, {"concurrency": 5, "memory_limit": 1024})
+    assert seen["RUNAI_STREAMER_CONCURRENCY"] == "3"
+    assert seen["RUNAI_STREAMER_MEMORY_LIMIT"] == "1024"  # not ours to override
+    assert (
+        "MX_ROBUST_STREAMER_CONCURRENCY=3 overrides model_loader_extra_config concurrency=5 "
+        "(RUNAI_STREAMER_CONCURRENCY)"
+    ) in robust_messages(caplog, logging.WARNING)
+
+
+def test_streamer_variables_extra_config_then_ours(monkeypatch):
+    warnings: list[str] = []
+    assert streamer_variables(load_settings(), None, warnings.append) == {}
+    assert streamer_variables(load_settings(), {"concurrency": 8, "memory_limit": -1, "other": 1}, warnings.append) == {
+        "RUNAI_STREAMER_CONCURRENCY": "8",
+        "RUNAI_STREAMER_MEMORY_LIMIT": "-1",
+    }
+    assert warnings == []
+    monkeypatch.setenv("MX_ROBUST_STREAMER_MEMORY_LIMIT", "0")
+    monkeypatch.setenv("MX_ROBUST_STREAMER_CONCURRENCY", "8")  # the same value: nothing overridden
+    variables = streamer_variables(load_settings(), {"concurrency": 8, "memory_limit": -1}, warnings.append)
+    assert variables == {"RUNAI_STREAMER_CONCURRENCY": "8", "RUNAI_STREAMER_MEMORY_LIMIT": "0"}
+    assert warnings == [
+        "MX_ROBUST_STREAMER_MEMORY_LIMIT=0 overrides model_loader_extra_config memory_limit=-1 "
+        "(RUNAI_STREAMER_MEMORY_LIMIT)"
+    ]
+
+
+# -- tensor ownership ---------------------------------------------------------------------------
+
+
+class KeepingAdapter(CountingAdapter):
+    """An engine that keeps the streamed tensors themselves instead of copying them."""
+
+    kept: dict[str, torch.Tensor] = {}
+
+    def apply_weight_iter(self, result, weights_iter):
+        self.kept = dict(weights_iter)
+        return result
+
+
+def test_streamed_tensors_are_owned(monkeypatch, tmp_path):
+    """With runai's smallest ring its buffers are reused; a kept tensor must not change."""
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(6, hidden=32))
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
+    monkeypatch.setenv("MX_ROBUST_STREAMER_MEMORY_LIMIT", "0")
+    attempt = direct_load(model_config(), ckpt.reference, adapter_cls=KeepingAdapter)
+    assert attempt.error is None
+    kept = attempt.adapter.kept
+    assert set(kept) == set(ckpt.reference)
+    changed = [n for n, t in kept.items() if not torch.equal(t, ckpt.reference[n])]
+    assert changed == []
