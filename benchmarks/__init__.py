@@ -2,10 +2,11 @@
 
 Why this exists: the robust strategy adds work a plain runai load does not
 do (listing, header reads, an index check, a ledger of delivered tensors).
-The promise is that this costs next to nothing: at least 0.95x raw runai's
-throughput, resolving the source (listing, headers, index, plan) under 2% of
-a 2 GB load, an MTP draft that reads only its own tensors, and no more peak
-memory than raw runai. ``python -m benchmarks`` measures exactly that, on a
+The promise is that this costs nothing measurable: at least runai + copy's
+speed (0.98x on a shaped object store), 0.90x raw runai's, inspection and
+verification under 1% of a 2 GB load (and with 163 shards), an MTP draft
+that reads only its own tensors (1.02x) and at most 1.05x runai + copy's
+peak memory. ``python -m benchmarks`` measures exactly that, on a
 checkpoint of your own (``--uri``) or on a generated one (bf16, 8 shards,
 one empty, a Qwen3-Next style ``mtp.*`` head) cached under ``--workdir`` so
 repeated runs reuse it.
@@ -17,14 +18,13 @@ Loaders, all timed in ONE process, interleaved (rotating order) over
   iterate ``get_tensors()``; nothing is kept: the ceiling;
 - ``runai_copy``: the same, copying each tensor into a preallocated model
   (what every engine does with what it is given): the like-for-like baseline;
-- ``robust``: ``mx_strategies.robust`` with its default settings through
-  ModelExpress's real ``LoadStrategyChain.run``, the adapter's
-  ``apply_weight_iter`` calling ``model.load_weights`` which copies into
-  preallocated tensors;
-- ``robust_unordered``: the same with ``MX_ROBUST_DELIVERY_ORDER=arrival``
-  (tensors handed on as runai's reads complete); the load report's
-  ``delivery_order`` says what each load did (a runtime without the setting
-  ignores the variable);
+- ``robust``: ``mx_strategies.robust`` with its default settings (arrival-order
+  delivery) through ModelExpress's real ``LoadStrategyChain.run``, the
+  adapter's ``apply_weight_iter`` calling ``model.load_weights`` which copies
+  into preallocated tensors;
+- ``robust_plan``: the same with ``MX_ROBUST_DELIVERY_ORDER=plan`` (the
+  opt-in plan-order delivery); the load report's ``delivery_order`` says what
+  each load did;
 - ``upstream``: ModelExpress's own ``ModelStreamerStrategy`` the same way,
   its adapter iterator built like vLLM's runai path (``list_safetensors``,
   stream everything, clone each tensor);
@@ -53,27 +53,29 @@ tables, plot, machine), :mod:`.cli` (the command line).
 
 from __future__ import annotations
 
-LOADERS = ("runai_raw", "runai_copy", "robust", "robust_unordered", "upstream", "safetensors", "draft")
+LOADERS = ("runai_raw", "runai_copy", "robust", "robust_plan", "upstream", "safetensors", "draft")
 LOCAL_ONLY = ("safetensors",)
 LABELS = {
     "runai_raw": "runai raw (iterate only)",
     "runai_copy": "runai + copy into model",
     "robust": "robust (MX chain)",
-    "robust_unordered": "robust, in-order delivery off",
+    "robust_plan": "robust, plan-order delivery",
     "upstream": "upstream ModelStreamer (MX chain)",
     "safetensors": "safetensors load_file",
     "draft": "robust MTP draft",
 }
 # The robust strategy's settings per loader (its defaults otherwise).
-LOADER_ENV = {"robust_unordered": {"MX_ROBUST_DELIVERY_ORDER": "arrival"}}
-ROBUST_LOADERS = ("robust", "robust_unordered", "draft")
+LOADER_ENV = {"robust_plan": {"MX_ROBUST_DELIVERY_ORDER": "plan"}}
+ROBUST_LOADERS = ("robust", "robust_plan", "draft")
 BASELINE = "runai_raw"
 LIKE_FOR_LIKE = "runai_copy"
 
-TARGET_THROUGHPUT_RATIO = 0.95
-TARGET_OVERHEAD_SHARE = 0.02
-TARGET_DRAFT_READ_RATIO = 1.1
-TARGET_PEAK_RATIO = 1.10
+# Targets (issue 14): ratios are throughputs (median times inverted), measured side by side.
+TARGET_COPY_RATIO = {"local": 1.00, "s3": 0.98}  # robust vs runai + copy, per site
+TARGET_RAW_RATIO = {"local": 0.90}  # robust vs raw runai (iterate only), local only
+TARGET_OVERHEAD_SHARE = 0.01  # inspection + verification, share of the robust load
+TARGET_DRAFT_READ_RATIO = 1.02  # draft bytes read / bytes the draft keeps
+TARGET_PEAK_RATIO = 1.05  # robust peak RSS / runai + copy's
 
 
 class BenchError(RuntimeError):

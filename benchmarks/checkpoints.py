@@ -166,6 +166,7 @@ class Site:
     config_only: str  # what vLLM's runai pull leaves: the *.json files only
     reference: Optional[str]  # a local folder with the same files, for value checks
     bytes_counter: str  # how bytes read are counted here
+    identity_recheck_s: float = 0.0  # one identity re-check of the target's shards (a load does two)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -215,6 +216,7 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
     listing = {o.key: o for o in store.list(settings.discovery_depth)}
     at_root = {k: o for k, o in listing.items() if posixpath.dirname(k) == checkpoint.root_key}
     json_bytes = sum(o.size for k, o in at_root.items() if k.endswith(".json"))
+    identity_recheck_s = time_identity_recheck(target, settings)
     config_only = os.path.join(workdir, f"config-only-{name}-{hashlib.sha1(uri.encode()).hexdigest()[:10]}")
     _config_only_copy(store, at_root, config_only)
     return Site(
@@ -232,7 +234,30 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
         config_only=config_only,
         reference=reference,
         bytes_counter="",
+        identity_recheck_s=identity_recheck_s,
     )
+
+
+def time_identity_recheck(plan, settings, reps: int = 3) -> float:
+    """Median seconds of one ``streaming.source_changes`` over the plan's shards.
+
+    A robust load re-reads every planned shard's identity (size/mtime/inode
+    locally, the ETag on S3: one listing of the source) before and after
+    streaming: verification's store round trips, which the load report
+    counts inside its stream phase. Timed here, the way the load calls it.
+    """
+    import statistics
+
+    from mx_strategies.streaming import source_changes
+
+    samples = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        changed, _unknown = source_changes(plan.source, plan.shards, settings)
+        samples.append(time.perf_counter() - started)
+        if changed:
+            raise BenchError(f"{plan.source}: shards changed while benchmarking: {changed}")
+    return statistics.median(samples)
 
 
 def _config_only_copy(store, at_root: dict, dest: str) -> None:

@@ -15,10 +15,12 @@ from typing import Optional
 
 import benchmarks
 
-from . import BASELINE, LOADERS, BenchError
+from . import LIKE_FOR_LIKE, LOADERS, BenchError
 from .checkpoints import cached_checkpoint, describe_site, human, parse_size
 from .report import evaluate_targets, machine_info, plot, render_tables, settings_snapshot, summarise_site, uptime
 from .runs import ByteCounter, child_main, loaders_for, measure_peaks, measure_site, profile_robust
+from .s3 import SERVERS, describe_link, shaped_server
+from .scaling import plot_scaling, render_scaling, run_scaling, scaling_targets
 
 # -- main -------------------------------------------------------------------------
 
@@ -33,12 +35,24 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--size", type=parse_size, default=parse_size("2GB"), help="generated local checkpoint size (default 2GB)")
     parser.add_argument(
         "--s3-size", type=parse_size, default=parse_size("512MB"),
-        help="generated checkpoint size served by the loopback S3 server (default 512MB; moto is slow); 0 skips S3",
+        help="generated checkpoint size served by the loopback S3 server (default 512MB); 0 skips the S3 site",
     )  # fmt: skip
+    parser.add_argument("--s3-server", choices=sorted(SERVERS), default="s3rver",
+                        help="the S3 server on 127.0.0.1: s3rver (npm, default) or moto (slow: copies the object per ranged GET)")  # fmt: skip
+    parser.add_argument("--s3-first-byte-ms", type=float, default=30.0,
+                        help="shaping proxy: delay to each response's first byte (default 30; 0 with --s3-conn-mbps 0: no shaping)")  # fmt: skip
+    parser.add_argument("--s3-conn-mbps", type=float, default=200.0,
+                        help="shaping proxy: bandwidth cap per connection in MB/s (default 200; 0: uncapped)")  # fmt: skip
     parser.add_argument(
-        "--s3-chunk-bytes", type=parse_size, default=parse_size("64MiB"),
-        help="RUNAI_STREAMER_CHUNK_BYTESIZE for every loader on the loopback S3 site (default 64MiB; 0 keeps runai's)",
+        "--s3-chunk-bytes", type=parse_size, default=None,
+        help="RUNAI_STREAMER_CHUNK_BYTESIZE for every loader on S3 (default: runai's; 64MiB with moto; 0 keeps runai's)",
     )  # fmt: skip
+    parser.add_argument("--scale-shards", default="8,16,32,64,163",
+                        help="shard counts for 'how it scales' on the shaped S3 link (default 8,16,32,64,163; 'none' skips)")  # fmt: skip
+    parser.add_argument("--scale-size", type=parse_size, default=parse_size("256MB"),
+                        help="total size of each 'how it scales' checkpoint (default 256MB)")  # fmt: skip
+    parser.add_argument("--scale-reps", type=int, default=3, help="timed repetitions per shard count (default 3)")
+    parser.add_argument("--scale-plot", help="draw the 'how it scales' curves here (PNG; needs matplotlib)")
     parser.add_argument("--no-local", action="store_true", help="skip the local-folder measurements")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "mx-strategies-bench"),
                         help="where generated checkpoints are cached (default: %(default)s)")  # fmt: skip
@@ -59,6 +73,12 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.reps < 1 or args.warmup < 0 or args.memory_reps < 1:
         parser.error("--reps and --memory-reps must be >= 1, --warmup >= 0")
+    try:
+        args.scale_shards = [] if args.scale_shards in ("", "none") else [int(c) for c in args.scale_shards.split(",")]
+    except ValueError:
+        parser.error("--scale-shards takes a comma list of shard counts, or none")
+    if args.s3_chunk_bytes is None:
+        args.s3_chunk_bytes = parse_size("64MiB") if args.s3_server == "moto" else 0
     unknown = set(args.loaders.split(",")) - set(LOADERS)
     if unknown:
         parser.error(f"unknown loader(s): {', '.join(sorted(unknown))}")
@@ -72,8 +92,8 @@ def _memory_loaders(spec: str, loaders: list[str]) -> list[str]:
         chosen = loaders
     else:
         chosen = [l for l in loaders if l in spec.split(",")]
-    if "robust" in chosen and BASELINE in loaders and BASELINE not in chosen:
-        chosen = [BASELINE] + chosen  # the ratio needs the baseline
+    if "robust" in chosen and LIKE_FOR_LIKE in loaders and LIKE_FOR_LIKE not in chosen:
+        chosen = [LIKE_FOR_LIKE] + chosen  # the ratio needs the baseline
     return chosen
 
 
@@ -114,7 +134,7 @@ def _run_site(
 
 
 def s3_chunking(chunk_bytes: int):
-    """RUNAI_STREAMER_CHUNK_BYTESIZE for every loader of the loopback S3 site.
+    """RUNAI_STREAMER_CHUNK_BYTESIZE for every loader of the loopback S3 site (0: runai's own).
 
     moto answers each ranged GET by copying the whole object in Python, so
     runai's default chunks over 100 MB objects stall it past the AWS CRT's
@@ -146,8 +166,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         with open(args.from_json) as handle:
             report = json.load(handle)
         print(render_tables(report))
+        if report.get("scaling"):
+            print(render_scaling(report["scaling"]))
         if args.plot:
             plot(report, args.plot)
+        if args.scale_plot and report.get("scaling"):
+            plot_scaling(report["scaling"], args.scale_plot, report["s3_link"])
         return 0
 
     quiet_logging()
@@ -174,26 +198,38 @@ def main(argv: Optional[list[str]] = None) -> int:
             report["sites"]["local"] = run_site("local", local_uri, local_uri, args, wanted, ByteCounter(), generated=not args.uri)
         if args.uri and "://" in args.uri:
             report["sites"]["s3"] = run_site("s3", args.uri, None, args, wanted, ByteCounter(enabled=False), generated=False)
-        elif not args.uri and args.s3_size > 0:
-            s3_source = cached_checkpoint(args.workdir, args.s3_size)
-            generated.append(s3_source)
-            from mx_strategies.testing.loopback import LoopbackS3
-
-            with LoopbackS3() as s3, s3_chunking(args.s3_chunk_bytes):
-                started = time.perf_counter()
-                uri = s3.upload(s3_source, "bench", "model")
-                print(f"uploaded {s3_source} to {uri} in {time.perf_counter() - started:.1f}s", flush=True)
-                report["sites"]["s3"] = run_site("s3", uri, s3_source, args, wanted, ByteCounter(s3), generated=True)
-                report["sites"]["s3"]["runai_chunk_bytesize"] = args.s3_chunk_bytes
+        elif not args.uri and (args.s3_size > 0 or args.scale_shards):
+            first_byte_s, bytes_per_s = args.s3_first_byte_ms / 1e3, args.s3_conn_mbps * 1e6
+            report["s3_link"] = describe_link(args.s3_server, first_byte_s, bytes_per_s)
+            with shaped_server(args.s3_server, first_byte_s, bytes_per_s) as s3, s3_chunking(args.s3_chunk_bytes):
+                if args.s3_size > 0:
+                    s3_source = cached_checkpoint(args.workdir, args.s3_size)
+                    generated.append(s3_source)
+                    started = time.perf_counter()
+                    uri = s3.upload(s3_source, "bench", "model")
+                    print(f"uploaded {s3_source} to {uri} ({args.s3_server}) in {time.perf_counter() - started:.1f}s", flush=True)
+                    report["sites"]["s3"] = run_site("s3", uri, s3_source, args, wanted, ByteCounter(s3), generated=True)
+                    report["sites"]["s3"]["runai_chunk_bytesize"] = args.s3_chunk_bytes or "runai's default"
+                    report["sites"]["s3"]["link"] = report["s3_link"]
+                if args.scale_shards:
+                    try:
+                        report["scaling"] = run_scaling(
+                            s3, args.scale_shards, args.scale_size, args.scale_reps, args.workdir, args.load_timeout, generated
+                        )
+                    except Exception as exc:
+                        print(f"[scale] FAILED: {type(exc).__name__}: {exc}", flush=True)
+                        report["scaling"] = {"error": traceback.format_exc()}
     finally:
         if args.clean:
             for path in generated:
                 shutil.rmtree(path, ignore_errors=True)
     report["uptime_end"] = uptime()
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    report["targets"] = evaluate_targets(report["sites"])
+    report["targets"] = evaluate_targets(report["sites"]) + scaling_targets(report.get("scaling"))
     report["figures_from"] = "robust loads: their load reports (mx_strategies.report.recent_reports)"
     print(render_tables(report))
+    if report.get("scaling") and "error" not in report["scaling"]:
+        print(render_scaling(report["scaling"]))
     print(f"\nend: {report['uptime_end']}")
     for name, summary in report["sites"].items():
         if "robust_profile" in summary:
@@ -203,6 +239,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             json.dump(report, handle, indent=1)
     if args.plot:
         plot(report, args.plot)
-    return 1 if any("error" in summary for summary in report["sites"].values()) else 0
+    if args.scale_plot and report.get("scaling") and "error" not in report["scaling"]:
+        plot_scaling(report["scaling"], args.scale_plot, report["s3_link"])
+    failed = any("error" in summary for summary in report["sites"].values()) or "error" in report.get("scaling", {})
+    return 1 if failed else 0
 
 

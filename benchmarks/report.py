@@ -14,10 +14,11 @@ from . import (
     BASELINE,
     LABELS,
     LIKE_FOR_LIKE,
+    TARGET_COPY_RATIO,
     TARGET_DRAFT_READ_RATIO,
     TARGET_OVERHEAD_SHARE,
     TARGET_PEAK_RATIO,
-    TARGET_THROUGHPUT_RATIO,
+    TARGET_RAW_RATIO,
     BenchError,
 )
 from .checkpoints import Site, human
@@ -63,10 +64,18 @@ def summarise_site(site: Site, results: dict[str, LoaderResult], reps: int, warm
             row["delivery_order"] = sorted({r["delivery_order"] for r in result.reports})
             row["resolve_s"] = row["phases_median_s"]["resolve"]
             row["resolve_share"] = row["resolve_s"] / result.median
+            if loader != "draft":
+                # Inspection (the report's resolve phase) + verification's store round trips (the two
+                # identity re-checks, before and after streaming, timed on their own by describe_site).
+                row["identity_recheck_s"] = 2 * site.identity_recheck_s
+                row["overhead_s"] = row["resolve_s"] + row["identity_recheck_s"]
+                row["overhead_share"] = row["overhead_s"] / result.median
         if result.peak is not None:
             row["peak_rss"] = result.peak
             if base is not None and base.peak is not None:
                 row["peak_ratio_to_runai_raw"] = result.peak["peak"] / base.peak["peak"]
+            if like is not None and like.peak is not None:
+                row["peak_ratio_to_runai_copy"] = result.peak["peak"] / like.peak["peak"]
         rows[loader] = row
     return {
         "site": {k: v for k, v in site.as_dict().items() if k != "tensors"},
@@ -86,37 +95,46 @@ def evaluate_targets(sites: dict[str, dict]) -> list[dict]:
             continue
         rows = summary["loaders"]
         robust = rows.get("robust")
-        if robust and "ratio_to_runai_raw" in robust:
+        kind = "s3" if name.startswith("s3") else "local"
+        if robust and "ratio_to_runai_copy" in robust and kind in TARGET_COPY_RATIO:
+            wanted = TARGET_COPY_RATIO[kind]
             verdicts.append({
-                "site": name, "target": f"robust throughput >= {TARGET_THROUGHPUT_RATIO}x raw runai",
-                "value": robust["ratio_to_runai_raw"], "met": robust["ratio_to_runai_raw"] >= TARGET_THROUGHPUT_RATIO,
-                "note": f"vs runai + copy (like for like): {robust.get('ratio_to_runai_copy', float('nan')):.3f}x",
+                "site": name, "target": f"robust target load >= {wanted:.2f}x runai + copy",
+                "value": robust["ratio_to_runai_copy"], "met": robust["ratio_to_runai_copy"] >= wanted,
+                "note": f"{robust['median_s']:.3f} s vs {rows['runai_copy']['median_s']:.3f} s (medians)",
             })  # fmt: skip
-        if robust and "resolve_share" in robust:
+        if robust and "ratio_to_runai_raw" in robust and kind in TARGET_RAW_RATIO:
+            wanted = TARGET_RAW_RATIO[kind]
             verdicts.append({
-                "site": name, "target": f"resolving the source (listing, headers, index, plan) <= {TARGET_OVERHEAD_SHARE:.0%} of the load",
-                "value": robust["resolve_share"],
-                "met": robust["resolve_share"] <= TARGET_OVERHEAD_SHARE,
-                "note": f"{robust['resolve_s'] * 1e3:.1f} ms of {robust['median_s']:.3f} s "
-                        f"({human(summary['site']['data_bytes'])} checkpoint)",
+                "site": name, "target": f"robust target load >= {wanted:.2f}x raw runai (iterate only)",
+                "value": robust["ratio_to_runai_raw"], "met": robust["ratio_to_runai_raw"] >= wanted,
+                "note": f"{robust['median_s']:.3f} s vs {rows['runai_raw']['median_s']:.3f} s (medians)",
+            })  # fmt: skip
+        if robust and "overhead_share" in robust:
+            verdicts.append({
+                "site": name, "target": f"inspection + verification <= {TARGET_OVERHEAD_SHARE:.0%} of the load",
+                "value": robust["overhead_share"],
+                "met": robust["overhead_share"] <= TARGET_OVERHEAD_SHARE,
+                "note": f"resolve {robust['resolve_s'] * 1e3:.1f} ms + identity re-checks {robust['identity_recheck_s'] * 1e3:.1f} ms "
+                        f"of {robust['median_s']:.3f} s ({human(summary['site']['data_bytes'])}, "
+                        f"{summary['site']['shard_files']} shard files)",
             })  # fmt: skip
         draft = rows.get("draft")
         if draft and "bytes_read_median" in draft:
             site = summary["site"]
-            allowed = TARGET_DRAFT_READ_RATIO * site["draft_bytes"] + site["metadata_bytes"]
+            ratio = draft["bytes_read_median"] / site["draft_bytes"]
             verdicts.append({
                 "site": name,
-                "target": f"draft reads <= {TARGET_DRAFT_READ_RATIO}x the MTP tensors' bytes (+ headers, index, config)",
-                "value": draft["bytes_read_median"] / site["draft_bytes"],
-                "met": draft["bytes_read_median"] <= allowed,
-                "note": f"read {human(draft['bytes_read_median'])} for {human(site['draft_bytes'])} of MTP tensors; "
-                        f"allowed {human(allowed)} (metadata {human(site['metadata_bytes'])})",
+                "target": f"draft bytes read <= {TARGET_DRAFT_READ_RATIO:.2f}x the bytes the draft keeps",
+                "value": ratio, "met": ratio <= TARGET_DRAFT_READ_RATIO,
+                "note": f"read {human(draft['bytes_read_median'])} (headers, index, config included) for "
+                        f"{human(site['draft_bytes'])} of MTP tensors",
             })  # fmt: skip
-        if robust and "peak_ratio_to_runai_raw" in robust:
-            base = rows[BASELINE]["peak_rss"]
+        if robust and "peak_ratio_to_runai_copy" in robust:
+            base = rows["runai_copy"]["peak_rss"]
             verdicts.append({
-                "site": name, "target": f"robust peak RSS <= {TARGET_PEAK_RATIO:.2f}x raw runai's",
-                "value": robust["peak_ratio_to_runai_raw"], "met": robust["peak_ratio_to_runai_raw"] <= TARGET_PEAK_RATIO,
+                "site": name, "target": f"robust peak RSS <= {TARGET_PEAK_RATIO:.2f}x runai + copy's",
+                "value": robust["peak_ratio_to_runai_copy"], "met": robust["peak_ratio_to_runai_copy"] <= TARGET_PEAK_RATIO,
                 "note": f"{robust['peak_rss']['peak'] / 2**20:.0f} vs {base['peak'] / 2**20:.0f} MiB "
                         f"(added over the model: {robust['peak_rss']['added'] / 2**20:.0f} vs {base['added'] / 2**20:.0f} MiB)",
             })  # fmt: skip
@@ -161,8 +179,9 @@ def render_tables(report: dict) -> str:
             lines.append(
                 f"robust phases (median, from its load reports): resolve {p['resolve'] * 1e3:.1f} ms "
                 f"({robust['resolve_share']:.2%} of the load), stream {p['stream'] * 1e3:.1f} ms, post-load "
-                f"{p['post_load'] * 1e3:.2f} ms; the probe read {human(robust['metadata_bytes_read'])} of headers; "
-                f"delivery order {', '.join(robust['delivery_order'])}"
+                f"{p['post_load'] * 1e3:.2f} ms; identity re-checks {robust['identity_recheck_s'] * 1e3:.1f} ms; "
+                f"inspection + verification {robust['overhead_share']:.2%}; the probe read "
+                f"{human(robust['metadata_bytes_read'])} of headers; delivery order {', '.join(robust['delivery_order'])}"
             )
         draft = summary["loaders"].get("draft")
         if draft:

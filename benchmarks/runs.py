@@ -148,7 +148,7 @@ class Harness:
         from modelexpress.load_strategy import LoadStrategyChain
 
         from mx_strategies import activation
-        from mx_strategies.report import recent_reports
+        from mx_strategies.report import clear_reports, recent_reports
         from mx_strategies.streaming import streamer_environment
         from mx_strategies.testing.standin import StandInAdapter, load_context, model_config, vllm_config
 
@@ -168,10 +168,12 @@ class Harness:
         # failed load here.
         adapter = StandInAdapter(lambda: model, vllm_config=engine)
         context = load_context(config, adapter, name="bench", p2p_enabled=loader != "draft")
-        before = len(recent_reports())
+        # The process keeps its last RECENT_LIMIT (32) reports: counting them would stop working
+        # once the buffer is full, so empty it and read what this load left.
+        clear_reports()
         with streamer_environment({"MX_MODEL_URI": self.site.uri, **LOADER_ENV.get(loader, {})}):
             LoadStrategyChain.run(model, context)
-        reports = recent_reports()[before:]
+        reports = recent_reports()
         expected = "robust_model_streamer" if robust else "model_streamer"
         failed = [r["error"] for r in reports if r["outcome"] != "loaded"]
         if adapter.reinit_calls or failed or (len(reports) != 1 if robust else reports):
@@ -236,7 +238,7 @@ class ByteCounter:
         if not self.enabled:
             return "not counted (an object store without the loopback proxy)"
         if self.s3 is not None:
-            return "bytes served by LoopbackS3's counting proxy (HTTP bodies + headers, listings, ranged header reads)"
+            return "bytes served through the loopback S3 proxy (HTTP bodies + headers, listings, ranged header reads)"
         return (
             "/proc/self/io deltas of the process: read_bytes (storage reads: runai reads local files with "
             "O_DIRECT, so every byte it streams is counted, warm cache or not) + rchar (buffered read() "
@@ -255,7 +257,13 @@ class ByteCounter:
         if not self.enabled:
             return {}
         if self.s3 is not None:
-            return {"served": self.s3.bytes_served, "requests_connections": self.s3.proxy.connections}
+            from .s3 import request_counts
+
+            return {
+                "served": self.s3.bytes_served,
+                "requests_connections": self.s3.proxy.connections,
+                "requests": request_counts(self.s3.proxy.requests),
+            }
         now = proc_io()
         rchar = now["rchar"] - self._start["rchar"]
         read_bytes = now["read_bytes"] - self._start["read_bytes"]

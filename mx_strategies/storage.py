@@ -10,6 +10,7 @@ from the same environment variables runai reads.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -271,24 +272,11 @@ class S3Store:
     """
 
     def __init__(self, uri: str, *, timeout_s: float, max_attempts: int) -> None:
-        import boto3
-        from botocore import UNSIGNED
-        from botocore.config import Config
-
         self.root = normalize_uri(uri)
         self.bucket, self.prefix = _split_bucket(uri, S3_PREFIX)
         if not self.bucket:
             raise StoreError(f"{uri}: no bucket in the URI")
-        config = Config(
-            connect_timeout=timeout_s,
-            read_timeout=timeout_s,
-            retries={"total_max_attempts": max_attempts, "mode": "standard"},  # attempts, first included
-            s3={"addressing_style": "path"}
-            if os.getenv("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", "1") == "0"
-            else None,
-            signature_version=UNSIGNED if os.getenv("RUNAI_STREAMER_S3_UNSIGNED") == "1" else None,
-        )
-        self._client = boto3.client("s3", config=config)
+        self._client = _s3_client(timeout_s, max_attempts, tuple(os.environ.get(v) for v in S3_CLIENT_ENV))
         self._max_attempts = max_attempts
 
     def _fail(self, what: str, exc: Exception) -> StoreError:
@@ -346,6 +334,46 @@ class S3Store:
                 return "deleted"
             raise self._fail(f"{obj.uri}: HEAD failed", exc) from exc
         return _etag(head.get("ETag"))
+
+
+# What an S3 client is built from: one client per distinct set, reused by every probe and check.
+S3_CLIENT_ENV = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING",
+    "RUNAI_STREAMER_S3_UNSIGNED",
+)
+S3_POOL_CONNECTIONS = 32  # above the probe's and checks' thread counts, so no connection is dropped
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_client(timeout_s: float, max_attempts: int, env: tuple):
+    """A boto3 S3 client, configured like runai's (built once per process and configuration).
+
+    Building one costs hundreds of ms (botocore loads its service model);
+    a load used to build three. A session of its own per configuration
+    means credentials are read from the environment it was built for.
+    ``env`` (the values of :data:`S3_CLIENT_ENV`) is part of the cache key.
+    """
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    values = dict(zip(S3_CLIENT_ENV, env))
+    config = Config(
+        connect_timeout=timeout_s,
+        read_timeout=timeout_s,
+        retries={"total_max_attempts": max_attempts, "mode": "standard"},  # attempts, first included
+        s3={"addressing_style": "path"} if (values["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] or "1") == "0" else None,
+        signature_version=UNSIGNED if values["RUNAI_STREAMER_S3_UNSIGNED"] == "1" else None,
+        max_pool_connections=S3_POOL_CONNECTIONS,
+    )
+    return boto3.session.Session().client("s3", config=config)
 
 
 def _etag(value: Optional[str]) -> Optional[str]:

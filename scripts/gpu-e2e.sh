@@ -25,6 +25,14 @@
 #   GPU_E2E_WORKDIR    where model, logs and responses go (default: a new temp dir)
 #   GPU_E2E_GPU_UTIL   --gpu-memory-utilization (default 0.3)
 #   GPU_E2E_NVIDIA_SMI nvidia-smi command (default: nvidia-smi)
+#   GPU_E2E_TP         tensor parallel size (default 1). GPU_E2E_TP=2 on a machine
+#                      with two GPUs is the distributed run: MX_MS_DISTRIBUTED=1,
+#                      --tensor-parallel-size 2 (vLLM's nccl process group), and
+#                      the verdict also requires every rank's target and draft
+#                      load to say "distributed" and S3 to have served each byte
+#                      about once (under 1.5x what one rank loads; not
+#                      distributed it is 2x). Prepared; not yet run on GPUs.
+#                      Fewer GPUs than GPU_E2E_TP: SKIP, exit 77.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +41,7 @@ ARCH="${GPU_E2E_ARCH:-deepseek_v3}"
 BUDGET="${GPU_E2E_BUDGET_S:-450}"
 GPU_UTIL="${GPU_E2E_GPU_UTIL:-0.3}"
 NVIDIA_SMI="${GPU_E2E_NVIDIA_SMI:-nvidia-smi}"
+TP="${GPU_E2E_TP:-1}"
 START=$(date +%s)
 
 say() { echo "gpu-e2e: $*" >&2; }
@@ -48,6 +57,17 @@ GPU="$("$NVIDIA_SMI" --query-gpu=name,memory.total --format=csv,noheader 2>/dev/
 if [ -z "$GPU" ]; then
   echo "SKIP: $NVIDIA_SMI lists no usable NVIDIA GPU; scripts/gpu-e2e.sh needs one"
   exit 77
+fi
+
+case "$TP" in
+  ''|*[!0-9]*|0) echo "FAIL: GPU_E2E_TP='$TP' is not a positive integer"; exit 2 ;;
+esac
+if [ "$TP" -gt 1 ]; then
+  GPUS="$("$NVIDIA_SMI" --query-gpu=name --format=csv,noheader 2>/dev/null | grep -c .)"
+  if [ "$GPUS" -lt "$TP" ]; then
+    echo "SKIP: GPU_E2E_TP=$TP needs $TP GPUs; $NVIDIA_SMI lists $GPUS"
+    exit 77
+  fi
 fi
 
 # -- 2. prerequisites --------------------------------------------------------
@@ -110,7 +130,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'cleanup; echo "FAIL: interrupted after $(elapsed)s (logs in $WORK)"; exit 1' INT TERM
 
-say "GPU: $GPU; arch $ARCH; budget ${BUDGET}s; work dir $WORK"
+say "GPU: $GPU; arch $ARCH; tensor parallel $TP; budget ${BUDGET}s; work dir $WORK"
 
 # -- 3. the model ------------------------------------------------------------
 if ! "$PY" scripts/gpu_e2e.py make-model --arch "$ARCH" --out "$WORK/model" --manifest "$WORK/manifest.json" \
@@ -146,6 +166,12 @@ export VLLM_ASSETS_CACHE="$WORK/vllm-assets"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export MX_INSTANT_TENSOR=0  # the chain goes straight to our strategy
 unset MODEL_EXPRESS_URL MX_SERVER_ADDRESS  # no ModelExpress server: no P2P source
+TP_ARGS=()
+if [ "$TP" -gt 1 ]; then
+  # Rank 0 plans, every rank checks it sees the same files, runai splits the reads over nccl.
+  export MX_MS_DISTRIBUTED=1
+  TP_ARGS=(--tensor-parallel-size "$TP")
+fi
 SPEC='{"method":"mtp","num_speculative_tokens":1}'
 $SETSID "$PY" -m vllm.entrypoints.cli.main serve "$MODEL_URI" \
   --served-model-name tiny-mtp \
@@ -153,7 +179,7 @@ $SETSID "$PY" -m vllm.entrypoints.cli.main serve "$MODEL_URI" \
   --speculative-config "$SPEC" \
   --host 127.0.0.1 --port "$PORT" \
   --dtype bfloat16 --max-model-len 512 --max-num-seqs 4 \
-  --gpu-memory-utilization "$GPU_UTIL" --enforce-eager \
+  --gpu-memory-utilization "$GPU_UTIL" --enforce-eager ${TP_ARGS[@]+"${TP_ARGS[@]}"} \
   >"$WORK/vllm.log" 2>&1 &
 VLLM_PID=$!
 say "vllm serve (pid $VLLM_PID) on 127.0.0.1:$PORT, log $WORK/vllm.log"
@@ -181,7 +207,7 @@ cleanup  # stop vLLM, then S3 (which writes how many bytes it served)
 
 # -- 7. verdict --------------------------------------------------------------
 LINE="$("$PY" scripts/gpu_e2e.py verdict --log "$WORK/vllm.log" --completion "$WORK/completion.json" \
-  --manifest "$WORK/manifest.json" --stats-file "$WORK/s3-stats.json" --server-problem "$SERVER_PROBLEM")"
+  --manifest "$WORK/manifest.json" --stats-file "$WORK/s3-stats.json" --server-problem "$SERVER_PROBLEM" --tp "$TP")"
 STATUS=$?
 [ -n "$LINE" ] || LINE="FAIL: the verdict step printed nothing"
 echo "$LINE (${GPU%%,*}, $(elapsed)s; logs in $WORK)"

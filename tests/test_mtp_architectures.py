@@ -25,7 +25,6 @@ their selection is tested on names taken from their ``load_weights``.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 

