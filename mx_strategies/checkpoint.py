@@ -32,9 +32,9 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 HEADER_READ_WORKERS = 16
 # The first ranged read of a shard takes the 8-byte length and, speculatively, what follows: for
 # most real shards (headers of tens of KB in files of GBs) the whole JSON, in one round trip. It
-# reads at most 64 KiB and 1/64 of the file, so a probe's reads stay a sliver of the tensor data.
+# reads at most 64 KiB and 1/1024 of the file, so a probe reads next to no tensor data.
 HEADER_PREFETCH_BYTES = 64 * 1024
-HEADER_PREFETCH_SHARE = 64
+HEADER_PREFETCH_SHARE = 1024
 # A layer count in config.json above this is no model (draft selection enumerates the layers).
 MAX_LAYER_COUNT = 65_536
 # Names and shapes quoted in a message are cut to this many characters.

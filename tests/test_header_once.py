@@ -48,7 +48,13 @@ def _load(uri: str) -> tuple[dict[str, torch.Tensor], object]:
 
 
 def _reads_per_range(requests, plan) -> Counter:
-    """How often each shard's header and each tensor's bytes were asked for (GETs with a Range)."""
+    """How many times each shard's header parts and each tensor's bytes were read (GETs with a Range).
+
+    A part counts as read once when the requests' overlaps with it add up to
+    exactly its length (it may span two requests: the probe's first read
+    takes the length and, where it fits, the JSON); 0 when none touched it;
+    more when bytes were read twice.
+    """
     wanted = {}
     for shard in plan.shards:
         key = shard.uri.split("/", 3)[3]
@@ -56,7 +62,7 @@ def _reads_per_range(requests, plan) -> Counter:
         wanted[(key, "header")] = (8, shard.header_bytes - 1)
         for info in shard.tensors.values():
             wanted[(key, info.name)] = (info.start, info.start + info.nbytes - 1)
-    counts: Counter = Counter({item: 0 for item in wanted})
+    covered: Counter = Counter({item: 0 for item in wanted})
     for method, path, byte_range in requests:
         if method != "GET" or byte_range is None:
             continue
@@ -65,9 +71,10 @@ def _reads_per_range(requests, plan) -> Counter:
         key = path.split("?", 1)[0].split("/", 2)[2]
         first, last = (int(x) for x in byte_range.removeprefix("bytes=").split("-"))
         for (wanted_key, what), (start, end) in wanted.items():
-            if wanted_key == key and first <= start and end <= last:
-                counts[(wanted_key, what)] += 1
-    return counts
+            if wanted_key == key:
+                covered[(wanted_key, what)] += max(0, min(end, last) - max(start, first) + 1)
+    lengths = {item: end - start + 1 for item, (start, end) in wanted.items()}
+    return Counter({item: covered[item] / lengths[item] for item in wanted})
 
 
 def _check(server, tmp_path) -> None:
