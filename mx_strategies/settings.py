@@ -195,7 +195,9 @@ class RobustSettings(BaseSettings):
         validation_alias="MX_ROBUST_SKIP_EMPTY_SHARDS",
         description=(
             "Leave shards holding zero tensors out of the streamer request "
-            "(runai-model-streamer <= 0.16.0 dropped every later file after one)."
+            "(runai-model-streamer <= 0.16.0 dropped every later file after one). "
+            "Applies to checkpoints without model.safetensors.index.json: with an index, only the files "
+            "it names load, and it names no empty file, so this setting changes nothing there."
         ),
     )
     completeness: Literal["fail", "warn"] = Field(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Optional
 
@@ -61,6 +62,14 @@ _bound_backend: Optional[str] = None
 def _backend_of(uris: list[str]) -> Optional[str]:
     schemes = {uri.split("://", 1)[0] for uri in uris if "://" in uri}
     return next(iter(schemes)) if len(schemes) == 1 else ("+".join(sorted(schemes)) or None)
+
+
+def _quietly(future) -> Optional[str]:
+    """A finished re-check's message; None when it found nothing or could not run."""
+    try:
+        return future.result()
+    except Exception:  # noqa: BLE001 - the start's own error is raised instead
+        return None
 
 
 def claim_backend(source: str, uris: list[str]) -> None:
@@ -339,28 +348,45 @@ class VerifiedStream:
         twice and leak the first runai streamer, whose late responses break
         the next load in the process.
         """
-        from .runai_plan import PlannedStreamer  # imports runai, which a plan-only caller never needs
-
         if self._streamer is not None:
             raise RuntimeError("VerifiedStream is already started")
-        self._check_sources_unchanged("before streaming")
+        # The identity re-check "before streaming" runs while runai starts and fetches the first
+        # tensor (one round trip less on an object store); nothing reaches the model before it passed.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mx-recheck") as recheck:
+            before = recheck.submit(self._source_change, "before streaming")
+            try:
+                self._start()
+            except Exception as exc:
+                self.__exit__(type(exc), exc, exc.__traceback__)
+                changed = _quietly(before)  # a changed source explains a failed start best
+                why = changed or f"{type(exc).__name__}: {exc}"
+                raise StreamStartError(f"streaming {self.plan.source} did not start: {why}", mutated=False) from exc
+            try:
+                changed = before.result()
+            except BaseException as exc:
+                self.__exit__(type(exc), exc, exc.__traceback__)
+                raise
+            if changed:
+                self.__exit__(None, None, None)
+                raise StreamStartError(f"streaming {self.plan.source} did not start: {changed}", mutated=False)
+        return self
+
+    def _start(self) -> None:
+        """Start runai on the plan and fetch the first tensor (held until ``tensors()``)."""
+        from .runai_plan import PlannedStreamer  # imports runai, which a plan-only caller never needs
+
         claim_backend(self.plan.source, self.plan.uris)
         self._env = streamer_environment(self.variables)
         self._env.__enter__()
-        try:
-            self._streamer = PlannedStreamer().__enter__()
-            if self.plan.shards:
-                # The probe's headers, not a second read of them (runai_plan).
-                self._streamer.stream_plan(self.plan, device=self.device, is_distributed=self.distributed)
-                self._iter = self._streamer.get_tensors()
-                self._first = next(self._iter, None)
-                if self.settings.delivery_order == "plan":
-                    limit = reorder_limit(self._streamer, self.settings.plan_order_hold_bytes)
-                    self._in_order = InOrder(self.ledger.expected, limit)
-        except Exception as exc:
-            self.__exit__(type(exc), exc, exc.__traceback__)
-            raise StreamStartError(f"streaming {self.plan.source} did not start: {type(exc).__name__}: {exc}") from exc
-        return self
+        self._streamer = PlannedStreamer().__enter__()
+        if self.plan.shards:
+            # The probe's headers, not a second read of them (runai_plan).
+            self._streamer.stream_plan(self.plan, device=self.device, is_distributed=self.distributed)
+            self._iter = self._streamer.get_tensors()
+            self._first = next(self._iter, None)
+            if self.settings.delivery_order == "plan":
+                limit = reorder_limit(self._streamer, self.settings.plan_order_hold_bytes)
+                self._in_order = InOrder(self.ledger.expected, limit)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
@@ -389,7 +415,13 @@ class VerifiedStream:
         self.settle()
 
     def _check_sources_unchanged(self, when: str) -> None:
-        """Fail the load when a planned shard's identity differs from the one inspected.
+        """Fail the load when a planned shard's identity differs from the one inspected (see _source_change)."""
+        message = self._source_change(when)
+        if message:
+            raise ContentMismatch(message, mutated=self.touched)
+
+    def _source_change(self, when: str) -> Optional[str]:
+        """What changed since inspection, as a message; None when nothing did.
 
         Size, mtime and inode locally, the ETag (or generation) on object
         stores: a shard rewritten between inspection and the end of
@@ -399,19 +431,16 @@ class VerifiedStream:
         """
         shards = [s for s in self.plan.shards if getattr(s, "identity", None)]
         if not shards:
-            return
+            return None
         changed, unknown = source_changes(self.plan.source, shards, self.settings)
         if unknown and self._on_warning is not None:
             self._on_warning(f"could not re-check {len(unknown)} file(s) of {self.plan.source} {when}: {_first(unknown)}")
         if not changed:
-            return
-        message = (
+            return None
+        return (
             f"{len(changed)} file(s) of {self.plan.source} changed since they were inspected ({when}), "
             f"not loading a mix of old and new tensors: {_first(changed)}"
         )
-        if self._streamer is None and not self.touched:
-            raise StreamStartError(f"streaming {self.plan.source} did not start: {message}", mutated=False)
-        raise ContentMismatch(message, mutated=self.touched)
 
     @property
     def delivery_order(self) -> str:

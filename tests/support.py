@@ -2,11 +2,10 @@
 
 from helpers.checkpoints import reference_tensors
 from helpers.engine import CountingAdapter, RecordingModel, make_context, model_config, run_chain, vllm_config
-from helpers.scripts import load_gpu_e2e, load_script
+from helpers.scripts import load_script
 
 __all__ = [
     "CountingAdapter",
-    "load_gpu_e2e",
     "load_script",
     "RecordingModel",
     "make_context",

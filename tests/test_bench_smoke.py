@@ -110,3 +110,30 @@ def test_bench_runs_tiny_local_and_s3_and_reports_without_matplotlib(tmp_path):
     assert "robust (MX chain)" in again.stdout and "targets:" in again.stdout
     assert "matplotlib is not installed" in again.stdout
     assert not (tmp_path / "again.png").exists()
+
+
+def test_engine_section_reprints_from_json_with_failures_named(tmp_path):
+    """The real-engine section's table (benchmarks/engine.py) from a saved report: medians, the
+    share of the checkpoint S3 served, and a loader whose engine failed counted as failed."""
+    sample = {"ok": True, "error": None, "engine_s": 40.0, "target_load_s": 0.9, "draft_load_s": 0.5,
+              "loaders_timed": [], "bytes_served": 5_000_000, "robust_bytes_streamed": []}  # fmt: skip
+    failed = dict(sample, ok=False, error="RuntimeError: boom", target_load_s=None, draft_load_s=None)
+    from benchmarks.engine import LOADERS, _medians
+
+    samples = {"robust": [sample], "plain_modelexpress": [dict(sample, bytes_served=9_000_000)], "runai_streamer": [failed]}
+    report = {
+        "sites": {},
+        "targets": [],
+        "engine": {
+            "arch": "deepseek_v3", "uri": "s3://b/m", "reps": 1, "checkpoint_bytes": 4_000_000,
+            "draft_needed_bytes": 1_000_000, "loaders": LOADERS, "samples": samples,
+            "medians": {name: _medians(runs) for name, runs in samples.items()}, "seconds": 1.0,
+        },
+    }  # fmt: skip
+    path = tmp_path / "engine.json"
+    path.write_text(json.dumps(report))
+    out = _run(["--from-json", str(path)]).stdout
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split() and line.split()[0] in LOADERS}
+    assert rows["robust"] == ["robust", "0.900", "0.500", "5.00", "1.25", "40.0"]
+    assert rows["plain_modelexpress"][3:5] == ["9.00", "2.25"]
+    assert rows["runai_streamer"][1:3] == ["-", "-"] and out.count("(1 failed)") == 1

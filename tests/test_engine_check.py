@@ -1,0 +1,176 @@
+"""The checks that judge a real-engine run (mx_strategies.testing.engine.check), on canned results.
+
+The real-engine tests (test_engine_e2e.py, test_engine_tp.py,
+test_demo_engine.py) run them on vLLM's own results; here each check meets
+one result that is right and the ways it can be wrong, so that a check that
+could not fail would show. The results are what the engine child writes
+(digests, outputs, metrics, the workers' load reports), built by hand.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from mx_strategies.testing.engine.check import (
+    REINIT_MARK,
+    WIRE_OVERHEAD,
+    EngineCheck,
+    robust_load_problems,
+    same_model_problems,
+    spec_decode_problems,
+    wire_problems,
+)
+from mx_strategies.testing.engine.harness import EngineRun
+
+URI = "s3://b/deepseek_v3"
+MANIFEST = {
+    "arch": "deepseek_v3",
+    "shards": ["m-1.safetensors", "m-2.safetensors", "m-3.safetensors"],
+    "empty_shards": ["m-1.safetensors"],
+    "draft_shards": ["m-3.safetensors"],
+    "tensor_count": 10,
+    "checkpoint_bytes": 1000,
+    "draft_tensors": ["model.layers.2.a", "model.layers.2.b", "model.layers.2.embed_tokens.weight"],
+    "draft_needed": ["model.layers.2.a", "model.layers.2.b"],
+    "draft_needed_bytes": 200,
+    "draft_bytes": 300,
+    "draft_convention": "nextn_layers",
+}
+DIGESTS = {"target": {"w": ["bf16", [2], "aa"], "v": ["bf16", [2], "bb"]}, "draft": {"d": ["bf16", [2], "cc"]}}
+METRICS = {"vllm:spec_decode_num_drafts": 30, "vllm:spec_decode_num_draft_tokens": 30, "vllm:spec_decode_num_accepted_tokens": 4}
+
+
+def _report(role, tensors, nbytes, shards, **extra):
+    return {
+        "outcome": "loaded",
+        "role": role,
+        "source": URI,
+        "source_label": "model_weights",
+        "tensors": tensors,
+        "bytes_streamed": nbytes,
+        "shards": shards,
+        "distributed": False,
+        **extra,
+    }
+
+
+def _run(name="robust", *, digests=DIGESTS, outputs=((1, 2, 3),), metrics=METRICS, reports=None, log="", served=1300):
+    if reports is None:
+        reports = [
+            _report("target", 10, 1000, ["m-3.safetensors", "m-2.safetensors"]),
+            _report("draft", 2, 200, ["m-3.safetensors"], convention="nextn_layers"),
+        ]
+    result = {
+        "ok": True,
+        "digests": copy.deepcopy(digests),
+        "outputs": [list(o) for o in outputs],
+        "metrics": dict(metrics),
+        "worker": {"reports": reports},
+    }
+    return EngineRun(name, {}, result, log, 1.0, served)
+
+
+def test_same_model_passes_identical_runs_and_names_each_difference():
+    default = _run("default")
+    assert same_model_problems(default, _run()) == []
+
+    changed = copy.deepcopy(DIGESTS)
+    changed["draft"]["d"][2] = "zz"
+    changed["target"]["extra"] = ["bf16", [1], "ee"]
+    assert same_model_problems(default, _run(digests=changed)) == [
+        "rank 0: draft: 1 tensor(s) differ from default's: d",
+        "rank 0: target: 1 tensor(s) differ from default's: extra",
+    ]
+    assert same_model_problems(default, _run(outputs=((1, 2, 4),))) == [
+        "greedy tokens differ: robust [[1, 2, 4]] vs default [[1, 2, 3]]"
+    ]
+    # A reference without a draft is no reference.
+    assert same_model_problems(_run("default", digests={"target": DIGESTS["target"]}), _run("x", digests={"target": DIGESTS["target"]})) == [
+        "rank 0: default holds ['target'], not a target and a draft"
+    ]
+
+
+def test_same_model_compares_rank_by_rank():
+    def tp(name, second_rank_digest):
+        run = _run(name)
+        other = copy.deepcopy(DIGESTS)
+        other["target"]["w"][2] = second_rank_digest
+        run.result["ranks"] = [{"digests": DIGESTS, "worker": {}}, {"digests": other, "worker": {}}]
+        return run
+
+    assert same_model_problems(tp("default", "r1"), tp("robust", "r1")) == []
+    assert same_model_problems(tp("default", "r1"), tp("robust", "aa")) == ["rank 1: target: 1 tensor(s) differ from default's: w"]
+    assert same_model_problems(tp("default", "r1"), _run()) == ["robust has 1 ranks, default 2"]
+
+
+def test_spec_decode_needs_the_counters_drafts_and_the_reference_counts():
+    assert spec_decode_problems(_run(), _run("default")) == []
+    assert spec_decode_problems(_run(metrics={})) == [
+        "robust: spec-decode counters missing: vllm:spec_decode_num_drafts, vllm:spec_decode_num_draft_tokens, "
+        "vllm:spec_decode_num_accepted_tokens"
+    ]
+    none = {**METRICS, "vllm:spec_decode_num_drafts": 0}
+    assert spec_decode_problems(_run(metrics=none)) == ["robust: speculative decoding proposed no drafts"]
+    other = {**METRICS, "vllm:spec_decode_num_accepted_tokens": 5}
+    assert len(spec_decode_problems(_run(metrics=other), _run("default"))) == 1
+
+
+def test_robust_load_passes_the_right_reports_and_names_each_wrong_one():
+    assert robust_load_problems(_run(), MANIFEST, URI) == []
+
+    whole = [_report("target", 10, 1000, ["m-3.safetensors", "m-2.safetensors"]),
+             _report("draft", 3, 300, ["m-3.safetensors"], convention="nextn_layers")]  # fmt: skip
+    assert robust_load_problems(_run(reports=whole), MANIFEST, URI) == [
+        "rank 0: draft streamed 3 tensors, 300 bytes; the draft module keeps 2, 200"
+    ]
+    empty_read = [_report("target", 10, 1000, ["m-1.safetensors", "m-2.safetensors", "m-3.safetensors"]),
+                  _report("draft", 2, 200, ["m-3.safetensors"], convention="mtp")]  # fmt: skip
+    assert robust_load_problems(_run(reports=empty_read), MANIFEST, URI) == [
+        "rank 0: target read shards ['m-1.safetensors', 'm-2.safetensors', 'm-3.safetensors'], expected the "
+        "non-empty ['m-2.safetensors', 'm-3.safetensors']",
+        "rank 0: draft convention 'mtp', expected 'nextn_layers'",
+    ]
+    assert robust_load_problems(_run(reports=[]), MANIFEST, URI) == [
+        "rank 0: robust's load reports are [], not a loaded target and a loaded draft"
+    ]
+    assert robust_load_problems(_run(), MANIFEST, "s3://b/other") == [
+        "rank 0: target loaded from model_weights='s3://b/deepseek_v3', not model_weights='s3://b/other'",
+        "rank 0: draft loaded from model_weights='s3://b/deepseek_v3', not model_weights='s3://b/other'",
+    ]
+    assert robust_load_problems(_run(), MANIFEST, URI, distributed=True) == [
+        "rank 0: target load distributed=False, expected True",
+        "rank 0: draft load distributed=False, expected True",
+    ]
+    assert robust_load_problems(_run(log=f"INFO {REINIT_MARK} robust"), MANIFEST, URI) == [
+        f"robust: the model was rebuilt after a failed strategy ({REINIT_MARK!r} in the log)"
+    ]
+
+
+def test_wire_bounds_what_the_store_served():
+    once = 1000 + 200
+    assert wire_problems(_run(served=once), MANIFEST) == []
+    assert wire_problems(_run(served=once + WIRE_OVERHEAD), MANIFEST) == []
+    assert wire_problems(_run(served=2 * 1000 + 300), MANIFEST) == []  # tiny files: overhead dominates
+    assert wire_problems(_run(served=once - 1), MANIFEST) != []
+    assert wire_problems(_run(served=once + WIRE_OVERHEAD + 1), MANIFEST) == [
+        f"robust: S3 served {once + WIRE_OVERHEAD + 1} bytes; expected {once}-{once + WIRE_OVERHEAD} "
+        f"(1 x {once} bytes of tensors + overhead)"
+    ]
+    assert wire_problems(_run(served=None), MANIFEST) == []  # a local run: nothing counted
+
+
+def test_engine_check_line_and_dict():
+    check = EngineCheck("deepseek_v3", "cpu", 1, MANIFEST, URI, default=_run("default"), robust=_run())
+    assert check.ok
+    assert check.line() == (
+        f"PASS: deepseek_v3 on cpu: robust from {URI} = vLLM's default loader, bit for bit (target 10 tensors, "
+        "draft 2 own tensors, nextn_layers, 20.0% of the checkpoint bytes), same greedy tokens, spec decoding ran; "
+        "S3 served 1300 bytes"
+    )
+    view = check.as_dict()
+    assert (view["ok"], view["line"], view["robust"]["bytes_served"]) == (True, check.line(), 1300)
+
+    check.problems = ["rank 0: draft: 1 tensor(s) differ from default's: d", "greedy tokens differ: ..."]
+    assert not check.ok
+    assert check.line() == "FAIL: deepseek_v3: rank 0: draft: 1 tensor(s) differ from default's: d (+1 more)"
+    assert EngineCheck("qwen3_next", "cpu", 1, MANIFEST, URI).line() == "FAIL: qwen3_next: robust's engine did not start"
