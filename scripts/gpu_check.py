@@ -118,12 +118,19 @@ def main() -> int:
                          layers_per_shard=max(1, layers // 8), empty_shards=(3,))  # fmt: skip
     size = big.nbytes(big.tensors)
     os.environ["MX_MODEL_URI"] = big.path
-    files = [os.path.join(big.path, n) for n in big.shard_names]
+    # The files a target load streams, as the strategy plans them (empty shards left out).
+    from mx_strategies.engine import EngineView
+    from mx_strategies.planning import plan_load
+    from mx_strategies.settings import load_settings
+    from mx_strategies.sources import Candidate
+
+    _, plan = plan_load([Candidate("explicit", big.path)], EngineView(False, None, (), 1, 1, None, {}), load_settings())
+    files = [shard.uri for shard in plan.shards]
     raw_t, robust_t = [], []
     for rep in range(args.reps + 1):
         t = time.perf_counter()
         with SafetensorsStreamer() as streamer:
-            streamer.stream_files([f for f in files if os.path.getsize(f) > 64])
+            streamer.stream_files(files)
             for _, tensor in streamer.get_tensors():
                 tensor.to(device)
         sync()
