@@ -174,3 +174,23 @@ def test_engine_check_line_and_dict():
     assert not check.ok
     assert check.line() == "FAIL: deepseek_v3: rank 0: draft: 1 tensor(s) differ from default's: d (+1 more)"
     assert EngineCheck("qwen3_next", "cpu", 1, MANIFEST, URI).line() == "FAIL: qwen3_next: robust's engine did not start"
+
+
+def test_demo_engine_table_shows_each_load_and_the_verdicts(capsys, tmp_path):
+    """``mx-strategies demo --engine vllm`` without --json: the table and the lines, from the checks
+    (the real run is tests/test_demo_engine.py, which reads its --json)."""
+    from mx_strategies.cli.demo_engine import _render
+
+    passing = EngineCheck("deepseek_v3", "cpu", 1, MANIFEST, URI, default=_run("default"), robust=_run())
+    passing.robust.result["timings"] = {"engine": 38.9}
+    failing = EngineCheck("qwen3_next", "cpu", 1, MANIFEST, URI, default=_run("default"), robust=_run())
+    failing.problems = ["rank 0: draft: 1 tensor(s) differ from default's: [d]", "greedy tokens differ: x"]
+    _render([passing, failing], str(tmp_path))
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("│ deepseek_v3")]
+    assert [r.split("│")[2].strip() for r in rows] == ["target", "draft"]
+    assert "1,300 B" in rows[0] and "39s" in rows[0] and "20.0%" in rows[1]
+    assert passing.line() in " ".join(out.split())  # the PASS line, however rich wrapped it
+    assert "FAIL: qwen3_next: rank 0: draft: 1 tensor(s) differ from default's: [d] (+1 more)" in " ".join(out.split())
+    assert "also: greedy tokens differ: x" in out
+    assert str(tmp_path) in out
