@@ -350,6 +350,7 @@ class VerifiedStream:
         """
         if self._streamer is not None:
             raise RuntimeError("VerifiedStream is already started")
+        claim_backend(self.plan.source, self.plan.uris)
         # The identity re-check "before streaming" runs while runai starts and fetches the first
         # tensor (one round trip less on an object store); nothing reaches the model before it passed.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mx-recheck") as recheck:
@@ -375,7 +376,6 @@ class VerifiedStream:
         """Start runai on the plan and fetch the first tensor (held until ``tensors()``)."""
         from .runai_plan import PlannedStreamer  # imports runai, which a plan-only caller never needs
 
-        claim_backend(self.plan.source, self.plan.uris)
         self._env = streamer_environment(self.variables)
         self._env.__enter__()
         self._streamer = PlannedStreamer().__enter__()
