@@ -26,8 +26,10 @@ LOADERS = {
 
 
 def _configs(uri: str, reps: int) -> dict[str, dict]:
+    from mx_strategies.testing.engine.check import robust_env
+
     per_loader = {
-        "robust": dict(load_format="modelexpress", env={"MX_STRATEGY": "mx_strategies.robust", "MX_MODEL_URI": uri}),
+        "robust": dict(load_format="modelexpress", env=robust_env(uri)),
         "plain_modelexpress": dict(load_format="modelexpress", env={"MX_MODEL_URI": uri}),
         "runai_streamer": dict(load_format="runai_streamer", env={}),
     }

@@ -5,7 +5,7 @@ total size is generated (``TENSORS_PER_SHARD`` bf16 tensors per shard, an
 index, a config), uploaded to the S3 server, and loaded interleaved by
 runai + copy and the robust strategy. The robust load's report gives its
 ``resolve`` phase (listing, index, config, every header, the plan); the
-identity re-checks (one HEAD per shard, before and after streaming) are
+identity re-checks (one listing of the source each, before and after streaming) are
 timed on their own (:func:`benchmarks.checkpoints.time_identity_recheck`);
 the proxy's request log counts each loader's requests.
 """
@@ -154,7 +154,7 @@ def plot_scaling(scaling: dict, path: str, link: dict) -> bool:
     resolve = [p["resolve_s"] * 1e3 for p in points]
     recheck = [p["identity_recheck_s"] * 1e3 for p in points]
     left.plot(shards, resolve, "o-", label="inspection (resolve phase)")
-    left.plot(shards, recheck, "s-", label="verification: identity re-checks (2 x HEAD per shard)")
+    left.plot(shards, recheck, "s-", label="verification: identity re-checks (2 x one listing)")
     left.plot(shards, [a + b for a, b in zip(resolve, recheck)], "^-", color="black", label="total")
     left.set_xscale("log")
     left.set_xticks(shards, [str(s) for s in shards])

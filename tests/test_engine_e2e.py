@@ -20,7 +20,6 @@ and, on request, vLLM <= 0.28's MTP draft config). See docs/engine-e2e.md.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import re
 import shutil
@@ -49,6 +48,7 @@ from mx_strategies.testing.loopback import LoopbackS3  # noqa: E402
 from mx_strategies.testing.engine.check import (  # noqa: E402
     NO_PREFIX_CACHING_ON_CPU,
     WIRE_OVERHEAD,
+    robust_env,
     robust_load_problems,
     same_model_problems,
     spec_decode_problems,
@@ -95,7 +95,7 @@ class Engines(EngineSet):
         configs = {}
         for arch, short in (("deepseek_v3", "ds"), ("qwen3_next", "qn")):
             uri = self.uris[arch]
-            robust = {"MX_STRATEGY": "mx_strategies.robust", "MX_MODEL_URI": uri}
+            robust = robust_env(uri)
             common = {"enable_prefix_caching": arch not in NO_PREFIX_CACHING_ON_CPU}
             configs[f"{short}-default"] = dict(model=self.local[arch], load_format="auto", **common)
             configs[f"{short}-robust"] = dict(model=uri, load_format="modelexpress", env=robust, **common)
@@ -114,7 +114,7 @@ class Engines(EngineSet):
         configs["ds-robust-corrupt"] = dict(
             model=corrupt,
             load_format="modelexpress",
-            env={"MX_STRATEGY": "mx_strategies.robust", "MX_MODEL_URI": corrupt},
+            env=robust_env(corrupt),
         )
         return configs
 
@@ -128,14 +128,7 @@ def engines(tmp_path_factory, request):
         engines = Engines(workdir, s3, terminal.write_line if terminal is not None else None)
         engines.prepare()
         yield engines
-    total = time.perf_counter() - started
-    summary = {"total_seconds": round(total, 1), "runs": engines.summary()}
-    if terminal is not None:
-        terminal.write_line(f"engine-e2e: {len(engines.runs)} engine runs, {total:.0f}s in all")
-    out = os.environ.get("MX_E2E_TIMINGS")
-    if out:
-        with open(out, "w") as handle:
-            json.dump(summary, handle, indent=1)
+    engines.finish(time.perf_counter() - started, os.environ.get("MX_E2E_TIMINGS"))
 
 
 def _started(run: EngineRun) -> EngineRun:

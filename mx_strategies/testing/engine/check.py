@@ -39,6 +39,11 @@ WIRE_OVERHEAD = 512 * 1024
 NO_PREFIX_CACHING_ON_CPU = ("qwen3_next",)
 
 
+def robust_env(uri: str) -> dict[str, str]:
+    """What switches an engine's load to robust, reading ``uri``."""
+    return {"MX_STRATEGY": STRATEGY, "MX_MODEL_URI": uri}
+
+
 def missing(device: str = "cpu") -> str:
     """What a real-engine run on ``device`` lacks here, in one line ("" when nothing)."""
     if device not in DEVICES:
@@ -284,8 +289,9 @@ def check_arch(
         check.problems.append(f"vLLM's default loader did not start: {check.default.describe()[:600]}")
         check.seconds = time.perf_counter() - started
         return check
-    robust_env = {**env, "MX_STRATEGY": STRATEGY, "MX_MODEL_URI": uri}
-    check.robust = run_engine(f"{arch}-robust", model=uri, load_format="modelexpress", env=robust_env, s3=s3, **common)
+    check.robust = run_engine(
+        f"{arch}-robust", model=uri, load_format="modelexpress", env={**env, **robust_env(uri)}, s3=s3, **common
+    )
     say(f"{arch}: robust from S3: {'started' if check.robust.ok else 'FAILED'} in {check.robust.seconds:.0f}s")
     if not check.robust.ok:
         check.problems.append(f"robust's engine did not start: {check.robust.describe()[:600]}")

@@ -260,6 +260,13 @@ class EngineSet:
         if self._note_line is not None:
             self._note_line(line)
 
+    def finish(self, total_seconds: float, timings_path: Optional[str] = None, **extra) -> None:
+        """Say how many runs took how long; write ``summary()`` (and ``extra``) to ``timings_path`` as JSON."""
+        self.note(f"{self.label}: {len(self.runs)} engine runs, {total_seconds:.0f}s in all; logs in {self.workdir}/runs")
+        if timings_path:
+            with open(timings_path, "w") as handle:
+                json.dump({"total_seconds": round(total_seconds, 1), **extra, "runs": self.summary()}, handle, indent=1)
+
     def summary(self) -> dict:
         return {
             name: {

@@ -318,7 +318,6 @@ def corrupt_one_draft_tensor(model_dir: str, manifest: dict) -> str:
 
     For the negative control: a copy with this change must not hash equal.
     """
-    import torch
     from safetensors.torch import load_file, save_file
 
     name = next(n for n in manifest["draft_tensors"] if n.endswith("eh_proj.weight") or n == "mtp.fc.weight")

@@ -129,6 +129,29 @@ def _install_rank_env() -> bool:
     return True
 
 
+def _timed(original):
+    """``original`` (a loader's ``load_model``), recording its time in LOAD_TIMES when outermost."""
+
+    @functools.wraps(original)
+    def load_model(self, *args, **kwargs):
+        depth = getattr(_depth, "value", 0)
+        _depth.value = depth + 1
+        started = time.perf_counter()
+        try:
+            model = original(self, *args, **kwargs)
+        finally:
+            _depth.value = depth
+        if depth == 0:
+            LOAD_TIMES.append(
+                {"loader": type(self).__name__, "model": type(model).__name__,
+                 "seconds": time.perf_counter() - started}  # fmt: skip
+            )
+        return model
+
+    setattr(load_model, _TIMED, True)
+    return load_model
+
+
 def _time_model_loads() -> None:
     """Time every model load of this worker (target, then draft), whichever loader runs it.
 
@@ -147,30 +170,8 @@ def _time_model_loads() -> None:
 
     for cls in [BaseModelLoader, *subclasses(BaseModelLoader)]:
         original = cls.__dict__.get("load_model")
-        if original is None or getattr(original, _TIMED, False):
-            continue
-
-        def make(original):
-            @functools.wraps(original)
-            def load_model(self, *args, **kwargs):
-                depth = getattr(_depth, "value", 0)
-                _depth.value = depth + 1
-                started = time.perf_counter()
-                try:
-                    model = original(self, *args, **kwargs)
-                finally:
-                    _depth.value = depth
-                if depth == 0:
-                    LOAD_TIMES.append(
-                        {"loader": type(self).__name__, "model": type(model).__name__,
-                         "seconds": time.perf_counter() - started}  # fmt: skip
-                    )
-                return model
-
-            setattr(load_model, _TIMED, True)
-            return load_model
-
-        setattr(cls, "load_model", make(original))
+        if original is not None and not getattr(original, _TIMED, False):
+            cls.load_model = _timed(original)
 
 
 _install_rank_env()
