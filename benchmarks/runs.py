@@ -30,6 +30,7 @@ import torch
 
 from . import LOADER_ENV, LOCAL_ONLY, ROBUST_LOADERS, BenchError
 from .checkpoints import DTYPES, Site
+from mx_strategies.tensor_bytes import same_bytes
 
 # The repository root: where ``python -m benchmarks`` runs a peak-memory child.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -204,7 +205,7 @@ class Harness:
                 continue
             with safe_open(os.path.join(self.site.reference, name), framework="pt") as handle:
                 for tensor_name in handle.keys():
-                    if tensor_name in wanted and not torch.equal(handle.get_tensor(tensor_name), model.weights[tensor_name]):
+                    if tensor_name in wanted and not same_bytes(handle.get_tensor(tensor_name), model.weights[tensor_name]):
                         raise BenchError(f"{loader}: {tensor_name} differs from safetensors.torch.load_file")
 
 

@@ -25,19 +25,11 @@ from .checkpoint import Shard, TensorInfo
 from .errors import ContentMismatch
 from .settings import RobustSettings
 from .storage import ObjectInfo, Store, StoreError, open_store
+from .tensor_bytes import sha256 as tensor_sha256
 
 OFF = "off"
 SAMPLE = "sample"
 ALL = "all"
-
-
-def tensor_digest(tensor: torch.Tensor) -> str:
-    """SHA-256 of a tensor's raw bytes, whatever its dtype or device."""
-    flat = tensor.detach().reshape(-1).contiguous()
-    if flat.device.type != "cpu":
-        flat = flat.cpu()
-    raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-    return hashlib.sha256(raw).hexdigest()
 
 
 def select(names: Iterable[str], mode: str, sample: int, salt: str = "") -> frozenset[str]:
@@ -91,7 +83,7 @@ class ContentCheck:
         if info.start is None:
             raise ContentMismatch(f"cannot verify tensor {name!r} from {shard.uri}: its byte offset is unknown")
         where = f"tensor {name!r} from {shard.uri} (bytes {info.start}-{info.start + info.nbytes - 1})"
-        delivered = tensor_digest(tensor)
+        delivered = tensor_sha256(tensor)
         delivered_bytes = tensor.numel() * tensor.element_size()
         if delivered_bytes != info.nbytes:
             raise ContentMismatch(
@@ -127,4 +119,4 @@ class ContentCheck:
         return self._store.read(obj, info.start, info.nbytes)
 
 
-__all__ = ["ContentCheck", "ContentMismatch", "select", "tensor_digest"]
+__all__ = ["ContentCheck", "ContentMismatch", "select"]

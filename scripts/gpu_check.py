@@ -24,6 +24,7 @@ import tempfile
 import time
 
 import torch
+from mx_strategies.tensor_bytes import same_bytes
 
 
 def main() -> int:
@@ -93,7 +94,7 @@ def main() -> int:
         for name in sorted(os.listdir(path)):
             if name.endswith(".safetensors"):
                 ref.update(load_file(os.path.join(path, name), device=args.device))
-        return sorted(model.loaded) == sorted(names) and all(torch.equal(model.weights[n], ref[n]) for n in names)
+        return sorted(model.loaded) == sorted(names) and all(same_bytes(model.weights[n], ref[n]) for n in names)
 
     os.environ["MX_STRATEGY"] = "mx_strategies.robust"
     mx_strategies.activate()

@@ -28,6 +28,7 @@ from mx_strategies import activation
 from mx_strategies.errors import ActivationError, ConfigurationError
 from mx_strategies.robust import RobustModelStreamerStrategy
 from mx_strategies.testing import synthetic
+from mx_strategies.tensor_bytes import same_bytes
 
 INSTALLED = "mx-strategies: MX_STRATEGY="
 
@@ -82,7 +83,7 @@ def _assert_weights_from_checkpoint(model: RecordingModel, ckpt: synthetic.Synth
         expected.update(load_file(os.path.join(ckpt.path, shard)))
     assert sorted(model.order) == sorted(expected)  # every tensor, each once
     for name, tensor in expected.items():
-        assert torch.equal(model.weights[name], tensor), name
+        assert same_bytes(model.weights[name], tensor), name
 
 
 # -- MX_STRATEGY set -------------------------------------------------------------

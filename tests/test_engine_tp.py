@@ -4,7 +4,7 @@ A tiny DeepSeek-V3 with its MTP layer (``mx_strategies.testing.engine.models``) 
 served from moto S3 on 127.0.0.1 behind a byte-counting proxy. Each engine
 configuration runs once, in a process of its own with its own timeout
 (``mx_strategies.testing.engine``, ``tensor_parallel_size=2``,
-``VLLM_CPU_OMP_THREADS_BIND="0|1"``: one core per worker), and the tests
+``VLLM_CPU_OMP_THREADS_BIND`` from ``harness.cpu_binding``: the allowed cores split between the two workers), and the tests
 below share those runs:
 
 * ``tp2-default``: vLLM's default loader, from a local copy: the reference.
@@ -47,7 +47,7 @@ import time
 import pytest
 
 from mx_strategies.testing.engine.check import missing as engine_missing
-from mx_strategies.testing.engine.harness import EngineRun, EngineSet, root_cause
+from mx_strategies.testing.engine.harness import EngineRun, EngineSet, cpu_binding, root_cause
 
 _IN_CI = os.environ.get("CI", "").strip().lower() == "true"
 
@@ -56,8 +56,6 @@ def _missing() -> str:
     missing = engine_missing("cpu")
     if missing:
         return missing + " (scripts/test.sh installs what the engine tests need; MX_TEST_SKIP_VLLM=1?)"
-    if len(os.sched_getaffinity(0)) < 2:
-        return "tensor parallel 2 on vllm-cpu needs two cores (VLLM_CPU_OMP_THREADS_BIND=0|1)"
     return ""
 
 
@@ -88,7 +86,8 @@ ENGINE_TIMEOUT = float(os.environ.get("MX_E2E_TP_ENGINE_TIMEOUT", "600"))
 DIST_TIMEOUT_S = int(os.environ.get("MX_E2E_TP_DIST_TIMEOUT", "60"))
 # A test starts at most two engines it shares with no earlier test.
 TWO_ENGINES = int(2 * ENGINE_TIMEOUT + 60)
-TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+# The cores this process may use, one group per worker ("nobind" with fewer cores than workers).
+TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": cpu_binding(TP)}
 CUT_AFTER = 1 * 1024 * 1024  # the mid-stream fault: bytes served to rank 1 before the cut
 # The mid-stream faults. runai's distributed streamer fills a staging buffer of at least 1 GiB
 # before its first broadcast, so with its defaults a cut during rank 1's reads lands before any

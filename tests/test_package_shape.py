@@ -54,6 +54,7 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "mx_strategies.sources",
         "mx_strategies.storage",
         "mx_strategies.streaming",
+        "mx_strategies.tensor_bytes",
     ], "a runtime module was added or removed: is it something a production load needs?"
 
 

