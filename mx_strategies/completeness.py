@@ -19,6 +19,13 @@ their defaults when a checkpoint has none, online-quantization and
 config-built parameters: the exemptions vLLM's own check makes for a
 quantized model, ``default_loader.py:528``).
 
+The check judges tensors, not names: a parameter registered under two
+names (vLLM's Transformers backend registers a MoE block's ``gate`` and
+``shared_experts`` under the block and under its experts wrapper;
+``named_parameters()`` keeps the first name, ``load_weights`` reports the
+other) counts as written when any of its names was reported
+(:func:`required_tensors`).
+
 A model whose ``load_weights`` returns no set of names is not checked, with
 a warning: vLLM's default loader skips its check then too (SGLang's models
 return nothing).
@@ -109,29 +116,89 @@ def _quantization_exempt(module: Any) -> bool:
     return bool(getattr(method, "uses_meta_device", False)) or "KVCache" in type(method).__name__
 
 
-def required_names(model: Any) -> dict[str, str]:
-    """Parameters and persistent buffers a checkpoint must fill: name -> "parameter" or "buffer"."""
-    required: dict[str, str] = {}
+@dataclass
+class Required:
+    """One tensor a checkpoint must fill, under every name the module tree registers it."""
+
+    name: str  # the name named_parameters()/named_buffers() gives it (the first it meets)
+    kind: str  # "parameter" or "buffer"
+    aliases: tuple[str, ...]  # every name, ``name`` first
+    storage: tuple[int, int, int]  # (storage pointer, first byte, end byte); (0, 0, 0) when unknown (meta)
+
+
+def _storage_span(tensor: Any) -> tuple[int, int, int]:
+    try:
+        pointer = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return (0, 0, 0)
+    if not pointer:
+        return (0, 0, 0)
+    start = tensor.storage_offset() * tensor.element_size()
+    extent = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())) + 1
+    return (pointer, start, start + extent * tensor.element_size())
+
+
+def required_tensors(model: Any) -> list[Required]:
+    """Parameters and persistent buffers a checkpoint must fill, one entry per tensor.
+
+    A tensor registered under several names (a module held by two parents, as
+    vLLM's Transformers backend holds a MoE block's ``gate`` both as
+    ``mlp.gate`` and ``mlp.experts.gate``; tied embeddings; one buffer
+    registered twice) is one entry with every name in ``aliases``: it was
+    written when any of them was reported loaded (:func:`check`).
+    """
     named_modules = getattr(model, "named_modules", None)
     if named_modules is None:
-        return required
-    for module_name, module in named_modules():
+        return []
+    by_tensor: dict[int, dict] = {}
+    for module_name, module in named_modules(remove_duplicate=False):
         prefix = f"{module_name}." if module_name else ""
         quant_exempt = _quantization_exempt(module)
-        for name, param in module.named_parameters(recurse=False):
-            if param is None or param.numel() == 0 or quant_exempt or name in CONFIG_BUILT_PARAMS:
-                continue
-            required.setdefault(prefix + name, "parameter")
         non_persistent = getattr(module, "_non_persistent_buffers_set", set())
-        for name, buffer in module.named_buffers(recurse=False):
-            if buffer is None or name in non_persistent or buffer.numel() == 0:
+        members = [(n, t, "parameter") for n, t in module._parameters.items()]
+        members += [(n, t, "buffer") for n, t in module._buffers.items() if n not in non_persistent]
+        for name, tensor, kind in members:
+            if tensor is None:
                 continue
-            if KV_SCALE_BUFFER.search(name) or quant_exempt:
-                continue
-            required.setdefault(prefix + name, "buffer")
-    # A tied parameter is required once, under the name named_parameters() gives it.
-    canonical = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
-    return {name: kind for name, kind in required.items() if name in canonical}
+            entry = by_tensor.setdefault(id(tensor), {"tensor": tensor, "kind": kind, "aliases": [], "exempt": False})
+            entry["aliases"].append(prefix + name)
+            if tensor.numel() == 0 or quant_exempt or name in CONFIG_BUILT_PARAMS:
+                entry["exempt"] = True
+            if kind == "buffer" and KV_SCALE_BUFFER.search(name):
+                entry["exempt"] = True
+    # The name torch's own iterators give a shared tensor: the one vLLM's default loader and users see.
+    canonical = {id(t): n for n, t in model.named_parameters()} | {id(t): n for n, t in model.named_buffers()}
+    required = []
+    for key, entry in by_tensor.items():
+        if entry["exempt"] or key not in canonical:
+            continue
+        first = canonical[key]
+        aliases = (first, *sorted(set(entry["aliases"]) - {first}))
+        required.append(Required(first, entry["kind"], aliases, _storage_span(entry["tensor"])))
+    return sorted(required, key=lambda r: r.name)
+
+
+def required_names(model: Any) -> dict[str, str]:
+    """Each required tensor's name (as named_parameters()/named_buffers() give it) -> "parameter" or "buffer"."""
+    return {r.name: r.kind for r in required_tensors(model)}
+
+
+def _written(required: list[Required], names: set[str]) -> set[str]:
+    """The required tensors (by name) that a reported name wrote.
+
+    Reported under any alias, or a view whose bytes lie inside a tensor reported
+    loaded (two parameters over one storage: writing the whole writes the part).
+    """
+    written = {r.name for r in required if any(alias in names for alias in r.aliases)}
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for r in required:
+        if r.name in written and r.storage[0]:
+            spans.setdefault(r.storage[0], []).append(r.storage[1:])
+    for r in required:
+        pointer, start, end = r.storage
+        if r.name not in written and pointer and any(a <= start and end <= b for a, b in spans.get(pointer, ())):
+            written.add(r.name)
+    return written
 
 
 def check(
@@ -156,17 +223,19 @@ def check(
         )
         on_warning(f"{role} completeness not checked: {reason} (vLLM's default loader skips its check then too)")
         return Completeness(False, reason=reason)
-    required = required_names(model)
-    exempt = sorted(name for name in required if filled_by_engine(name))
-    missing = sorted(name for name in required if name not in loaded.names and name not in exempt)
-    result = Completeness(True, len(required), missing, exempt)
+    tensors = required_tensors(model)
+    exempt = sorted(r.name for r in tensors if any(filled_by_engine(alias) for alias in r.aliases))
+    written = _written(tensors, loaded.names)
+    missing = sorted(r.name for r in tensors if r.name not in written and r.name not in exempt)
+    result = Completeness(True, len(tensors), missing, exempt)
     if missing:
+        kind_of = {r.name: r.kind for r in tensors}
         shown = ", ".join(missing[:NAMES_SHOWN])
         more = f" (and {len(missing) - NAMES_SHOWN} more)" if len(missing) > NAMES_SHOWN else ""
-        kinds = {required[name] for name in missing}
+        kinds = {kind_of[name] for name in missing}
         what = "parameters and buffers" if len(kinds) > 1 else f"{kinds.pop()}s"
         message = (
-            f"{role} model incomplete: {len(missing)} of {len(required)} {what} it keeps were not written "
+            f"{role} model incomplete: {len(missing)} of {len(tensors)} {what} it keeps were not written "
             f"from the checkpoint: {shown}{more}"
         )
         if policy == "fail":
@@ -183,4 +252,4 @@ def engine_fills(engine: EngineView) -> Callable[[str], bool]:
     return mtp_table.filled_by_engine(row, shares_target_weights=engine.shares_target_weights)
 
 
-__all__ = ["Completeness", "LoadedNames", "capture_loaded", "check", "engine_fills", "required_names"]
+__all__ = ["Completeness", "LoadedNames", "Required", "capture_loaded", "check", "engine_fills", "required_names", "required_tensors"]

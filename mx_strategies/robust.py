@@ -21,7 +21,7 @@ from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStra
 
 from . import completeness
 from .engine import EngineView, engine_view
-from .errors import ConfigurationError, MxStrategiesError
+from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .distributed import agreed_plan, sees_same_files
 from .planning import LoadPlan, plan_load
 from .report import METADATA_KEY, LoadFailure, LoadReport, Rejected, record
@@ -219,6 +219,16 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             mutated = exc.mutated if isinstance(exc, MxStrategiesError) else stream.touched
             touched = "after the model was touched" if mutated else "before any tensor reached the model"
             logger.warning(f"[Worker {rank}] {self.name} failed {touched}: {exc}")
+            if isinstance(exc, IncompleteModel):
+                # Every tensor streamed, and the model still lacks some: the user loses robust's streaming
+                # (ModelExpress rebuilds the model for its next strategy) and must know what to do.
+                logger.error(
+                    f"[Worker {rank}] {self.name} refused the {engine.role} load it streamed from {plan.source}: "
+                    f"the model reported weights it keeps as not written. ModelExpress now rebuilds the model "
+                    f"and tries its next strategy, without robust. If the model is right as loaded, "
+                    f"MX_ROBUST_MODEL_COMPLETENESS=warn accepts it; `mx-strategies doctor {plan.source}` shows "
+                    f"what robust plans for this checkpoint."
+                )
             raise StrategyFailed(str(exc), mutated=mutated) from exc
         return result, stream
 

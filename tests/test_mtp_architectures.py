@@ -404,6 +404,14 @@ def test_completeness_policy_and_models_that_report_nothing(tmp_path, robust, mo
             RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), ctx)
         assert failure.value.mutated is True and "target model incomplete: 1 of 2 parameters" in str(failure.value)
         assert ": b (MX_ROBUST_MODEL_COMPLETENESS=warn" in str(failure.value)
+        # The refusal costs the user robust's streaming: an ERROR says what to do about it.
+        (refusal,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert refusal == (
+            f"[Worker 0] robust_model_streamer refused the target load it streamed from {folder}: the model "
+            "reported weights it keeps as not written. ModelExpress now rebuilds the model and tries its next "
+            "strategy, without robust. If the model is right as loaded, MX_ROBUST_MODEL_COMPLETENESS=warn "
+            f"accepts it; `mx-strategies doctor {folder}` shows what robust plans for this checkpoint."
+        )
         return
     result = RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), ctx)
     assert result.model is model

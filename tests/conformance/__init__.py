@@ -1,0 +1,1 @@
+"""The target-load conformance sweep: architectures (archs.py) and the per-architecture child (child.py)."""

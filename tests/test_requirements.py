@@ -1,0 +1,91 @@
+"""The wheel's requirements never narrow a user's environment: no upper bound on torch or an engine.
+
+vLLM 0.33.0 requires ``torch==2.14.0`` and SGLang 0.5.23 ``torch==2.14.1``;
+with ``torch<2.14`` in our requirements, ``pip install mx-strategies`` into
+a vLLM 0.33 image exited 0 after silently downgrading torch to 2.13.0. Here
+pip's own resolver (``install --dry-run --report``, offline: ``--no-index``)
+resolves the wheel built from this checkout in this environment, as it is
+(torch 2.13.0) and with torch constrained to 2.14.0 and 2.14.1, which a
+metadata-only stand-in wheel provides (the real ones are multi-GB CUDA
+downloads; pip's resolver reads only metadata).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import zipfile
+from importlib.metadata import version
+
+import pytest
+from helpers.wheel import PIP, REPO, build_wheel, metadata_only_wheel
+from packaging.requirements import Requirement
+
+# The torch our own test installs pin (scripts/test.sh), and so the one installed here.
+PINNED = next(
+    line.split("==")[1].strip() for line in (REPO / "scripts" / "constraints-cpu.txt").read_text().splitlines()
+    if line.startswith("torch==")
+)  # fmt: skip
+# Engines and libraries whose versions users pick; we must not cap them.
+UNCAPPED = ("torch", "vllm", "sglang", "runai-model-streamer", "safetensors", "pydantic-settings")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def _requires(wheel) -> list[Requirement]:
+    with zipfile.ZipFile(wheel) as archive:
+        meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = archive.read(meta).decode().splitlines()
+    return [Requirement(line.split(":", 1)[1].strip()) for line in lines if line.startswith("Requires-Dist:")]
+
+
+def _dry_run(wheel, tmp_path, *extra: str) -> dict:
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        PIP + ["install", "--dry-run", "--no-index", "--report", str(report), *extra, str(wheel)],
+        capture_output=True, text=True, timeout=180, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(report.read_text())
+
+
+def _installs(report: dict) -> dict[str, str]:
+    """What pip would install or replace, besides mx-strategies itself (installed already in the test venv)."""
+    found = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in report["install"]}
+    assert found.pop("mx-strategies", "0.1.0") == "0.1.0"
+    return found
+
+
+def test_no_requirement_caps_torch_or_an_engine(wheel):
+    for req in _requires(wheel):
+        if req.name.lower() in UNCAPPED:
+            capped = [spec for spec in req.specifier if spec.operator in ("<", "<=", "==", "===", "~=")]
+            assert not capped, f"{req}: an upper bound narrows the user's environment"
+    torch = [r for r in _requires(wheel) if r.name == "torch"]
+    assert torch and all(r.specifier.contains(v) for r in torch for v in ("2.13.0", "2.14.0", "2.14.1", "3.0.0"))
+
+
+def test_installing_the_wheel_here_changes_nothing_but_itself(wheel, tmp_path):
+    installs = _installs(_dry_run(wheel, tmp_path))
+    assert installs == {}, installs
+    assert version("torch").split("+")[0] == PINNED  # what the test venv holds (scripts/test.sh)
+
+
+@pytest.mark.parametrize("torch_version", ["2.14.0", "2.14.1"])
+def test_the_wheel_resolves_beside_the_torch_of_vllm_033_and_sglang_0523(wheel, tmp_path, torch_version):
+    links = tmp_path / "links"
+    metadata_only_wheel(links, "torch", torch_version)
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(f"torch=={torch_version}\n")
+    installs = _installs(_dry_run(wheel, tmp_path, "--find-links", str(links), "-c", str(constraints)))
+    # pip installs the engine's torch (the stand-in here) and us; it downgrades nothing.
+    assert installs == {"torch": torch_version}, installs
+
+
+def test_the_wheel_resolves_with_torch_pinned_to_what_is_installed(wheel, tmp_path):
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(f"torch=={PINNED}\n")
+    assert _installs(_dry_run(wheel, tmp_path, "-c", str(constraints))) == {}
