@@ -122,6 +122,26 @@ TABLE: tuple[MtpArchitecture, ...] = (
         "model.embed_tokens.weight is read too (deepseek_mtp.py:343)",
     ),
     MtpArchitecture(
+        key="deepseek_v4_mtp",
+        targets=("deepseek_v4",),
+        family="DeepSeek-V4",
+        # The draft model type is deepseek_mtp, as V3's: only the architecture tells them apart.
+        draft_architectures=("DeepSeekV4MTPModel",),
+        model_types=(),
+        load_weights="vllm/models/deepseek_v4/nvidia/mtp.py:363",
+        override=_s(695),
+        layout="indexed",
+        prefixes=("mtp.",),
+        embed=(r"^mtp\.{L0}\.emb\.tok_emb\.weight$",),
+        head=(r"^mtp\.{L}\.head\.weight$",),
+        dropped=(r"^mtp\.{Lrest}\.emb\.tok_emb\.",),
+        notes="checkpoint layers mtp.{i}.* are remapped to model.layers.{N+i}.* (nvidia/mtp.py:343); "
+        "mtp.{i}.emb.tok_emb.weight becomes model.embed_tokens.weight, read from the first MTP layer only "
+        "(nvidia/mtp.py:430), mtp.{i}.head.weight becomes shared_head.head (nvidia/mtp.py:366); the "
+        "target's embed.weight, head.weight, norm.weight and layers.* are not read; CPU builds a stub that "
+        "raises NotImplementedError (vllm/models/deepseek_v4/cpu/mtp.py:15)",
+    ),
+    MtpArchitecture(
         key="glm4_moe_mtp",
         targets=("Glm4MoeForCausalLM",),
         family="GLM-4.5, GLM-4.6, GLM-4.7",

@@ -76,6 +76,11 @@ NOT_BUILT = {
         "vllm/model_executor/models/qwen3_vl.py, which imports torchvision; torchvision has no "
         "torch 2.13 CPU build here"
     ),
+    "deepseek_v4": (
+        "DeepSeekV4MTP: vllm.models.deepseek_v4 resolves to cpu/mtp.py on a CPU, whose __init__ raises "
+        "NotImplementedError (vllm/models/deepseek_v4/cpu/mtp.py:15); the CUDA class (nvidia/mtp.py) creates "
+        "torch.cuda.Stream"
+    ),
 }
 
 
@@ -258,6 +263,62 @@ def test_qwen3_5_selection_on_load_weights_names(architecture, pp):
     assert selection.shared == (set() if pp == 1 else shared)
     replaced = mtp_table.filled_by_engine(row, shares_target_weights=pp == 1)
     assert replaced("model.embed_tokens.weight") is (pp == 1) and replaced("lm_head.weight")
+
+
+# DeepSeek-V4's checkpoint naming (the CUDA class's load_weights, vllm/models/deepseek_v4/nvidia/mtp.py:363).
+V4_TARGET = ["embed.weight", "head.weight", "norm.weight", "hc_head_fn", "layers.0.attn.wq_a.weight",
+             "layers.1.ffn.experts.0.w1.weight", "layers.1.ffn.gate.weight"]
+V4_LAYER = ["e_proj.weight", "e_proj.scale", "h_proj.weight", "enorm.weight", "hnorm.weight", "norm.weight",
+            "hc_head_fn", "hc_head_base", "hc_head_scale", "hc_attn_fn", "hc_ffn_scale", "attn_norm.weight",
+            "ffn_norm.weight", "attn.wq_a.weight", "attn.wkv.weight", "attn.q_norm.weight", "attn.kv_norm.weight",
+            "attn.wq_b.weight", "attn.wo_a.weight", "attn.wo_b.weight", "attn.attn_sink", "ffn.gate.weight",
+            "ffn.gate.bias", "ffn.experts.3.w1.weight", "ffn.experts.3.w2.scale", "ffn.shared_experts.w1.weight",
+            "ffn.shared_experts.w3.scale"]
+V4_COPIES = ["emb.tok_emb.weight", "head.weight"]  # the proposer replaces both with the target's
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_deepseek_v4_selection_is_what_vllms_own_class_reads(layers, pp):
+    """Not built here (NOT_BUILT). Its draft model type is deepseek_mtp, as DeepSeek-V3's; the
+    architecture DeepSeekV4MTPModel picks its own row (the V3 row found none of its tensors and the
+    load was refused). The selection is checked against the CUDA class's own name mapping and its
+    ``is_unused_checkpoint_weight`` (nvidia/mtp.py:343, 359), run on a stand-in ``self``."""
+    from types import SimpleNamespace
+
+    from vllm.models.deepseek_v4.nvidia.mtp import DeepSeekV4MTP
+
+    row = mtp_table.match(("DeepSeekV4MTPModel",), "deepseek_mtp", "mtp")
+    assert row is not None and row.key == "deepseek_v4_mtp"
+    assert mtp_table.match(("DeepSeekMTPModel",), "deepseek_mtp", "mtp").key == "deepseek_mtp"
+    assert mtp_table.match_target({"model_type": "deepseek_v4"}).key == "deepseek_v4_mtp"
+    config = {"num_hidden_layers": 2, "num_nextn_predict_layers": layers}
+    vllm_self = SimpleNamespace(config=SimpleNamespace(**config), model=SimpleNamespace(mtp_start_layer_idx=2))
+    vllm_self._to_spec_layer_name = lambda name: DeepSeekV4MTP._to_spec_layer_name(vllm_self, name)
+
+    def vllm_reads(name: str) -> bool:
+        return not DeepSeekV4MTP.is_unused_checkpoint_weight(vllm_self, name)
+
+    # Two MTP layers in the checkpoint, so that a one-layer draft must leave the second out.
+    own_names = [f"mtp.{i}.{leaf}" for i in range(2) for leaf in V4_LAYER]
+    copies = [f"mtp.{i}.{leaf}" for i in range(2) for leaf in V4_COPIES]
+    layout = mtp_table.row_layout(row, ("config", config))
+    selection = mtp_table.select(row, V4_TARGET + own_names + copies, layout, shares_target_weights=pp == 1)
+
+    assert selection.own == {n for n in own_names if vllm_reads(n)}
+    assert all(not vllm_reads(n) for n in V4_TARGET) and not selection.names & set(V4_TARGET)
+    assert all(vllm_reads(n) for n in selection.names)
+    # The copies of the embedding (first MTP layer only: nvidia/mtp.py:430) and the heads: left out at
+    # pipeline parallel 1, where the proposer replaces them; streamed at 2.
+    first_embed = "mtp.0.emb.tok_emb.weight"
+    heads = {f"mtp.{i}.head.weight" for i in range(layers)}
+    assert selection.shared == (set() if pp == 1 else {first_embed} | heads)
+    if layers == 2:
+        assert "mtp.1.emb.tok_emb.weight" in selection.skipped  # the class skips it
+    replaced = mtp_table.filled_by_engine(row, shares_target_weights=pp == 1)
+    assert replaced("model.embed_tokens.weight") is (pp == 1)
+    assert replaced("model.layers.2.shared_head.head.weight")
+    assert not replaced("model.layers.2.shared_head.norm.weight") and not replaced("model.layers.2.e_proj.weight")
 
 
 # -- the issue's cases, on the table alone ------------------------------------------------------
