@@ -15,7 +15,7 @@ model runs as the draft) and whether it is an MTP draft.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 MTP_METHODS = ("mtp",)
 
@@ -94,6 +94,33 @@ def model_identity(hf_config: Any) -> tuple[tuple[str, ...], Optional[str]]:
         tuple(a for a in architectures if isinstance(a, str)),
         model_type if isinstance(model_type, str) and model_type else None,
     )
+
+
+def declared_unused(model: Any) -> Optional[Callable[[str], bool]]:
+    """The model's own statement of checkpoint names it does not load, or None when it makes none.
+
+    vLLM's ``is_unused_checkpoint_weight(name)`` (defined by Qwen3-Next's,
+    Qwen3.5's, Nemotron-H's, DeepSeek-V3.2's and DeepSeek-V4's MTP classes in
+    0.32; ``interfaces_base.py`` in 0.33). Only a method the model's class
+    defines counts: a base default that answers False for every name says
+    nothing. It is an upper bound: a name it calls unused is never loaded; a
+    name it does not may still be skipped (embedding and head copies).
+    """
+    method = getattr(type(model), "is_unused_checkpoint_weight", None) if model is not None else None
+    if method is None or not callable(method):
+        return None
+    owner = next((cls for cls in type(model).__mro__ if "is_unused_checkpoint_weight" in vars(cls)), None)
+    if owner is None or owner.__module__.endswith("interfaces_base"):
+        return None
+    bound = getattr(model, "is_unused_checkpoint_weight")
+
+    def unused(name: str) -> bool:
+        try:
+            return bool(bound(name))
+        except Exception:  # noqa: BLE001 - a model that cannot answer makes no statement about the name
+            return False
+
+    return unused
 
 
 def engine_view(ctx: Any) -> EngineView:

@@ -26,7 +26,7 @@ Rules, each decided here only:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Callable, Optional
 
 from .checkpoint import Checkpoint, Shard
 from . import mtp_table
@@ -52,6 +52,7 @@ class LoadPlan:
     shared: frozenset[str] = field(default_factory=frozenset)  # weights a draft streams that the target also has
     architecture: Optional[str] = None  # the mtp_table row that decided a draft's tensors (its key)
     skipped: frozenset[str] = field(default_factory=frozenset)  # draft-side names left out: vLLM skips or replaces them
+    unused_by_model: frozenset[str] = field(default_factory=frozenset)  # selected, then dropped: the model said so
 
     @property
     def expected(self) -> list[str]:
@@ -193,6 +194,24 @@ def _draft_plan(checkpoint: Checkpoint, names: frozenset[str], convention: str, 
     return LoadPlan(checkpoint.uri, shards, names, role="draft", convention=convention, shared=shared)
 
 
+def narrow_to_model(plan: LoadPlan, unused: Optional[Callable[[str], bool]]) -> LoadPlan:
+    """A draft plan less the tensors the model itself says it will not load (``engine.declared_unused``).
+
+    Such a tensor in the plan is a selection error (a table row, the generic
+    conventions or ``MX_ROBUST_DRAFT_EXTRA_PREFIXES`` picked too much): it is
+    left out and named in ``unused_by_model``, so no byte is streamed that
+    ``load_weights`` throws away. Full (target) plans are left as they are.
+    """
+    if unused is None or plan.names is None:
+        return plan
+    dropped = frozenset(n for n in plan.expected if unused(n))
+    if not dropped:
+        return plan
+    names = frozenset(plan.names - dropped)
+    shards = tuple(s for s in plan.shards if any(n in names for n in s.tensors))
+    return replace(plan, names=names, shards=shards, shared=plan.shared - dropped, unused_by_model=dropped)
+
+
 def is_target_source(candidate: Candidate, engine: EngineView, settings: RobustSettings) -> bool:
     """Whether ``candidate`` is the target's checkpoint (MX_MODEL_URI or one of the target's sources)."""
     shared = {normalize_uri(u) for u in engine.target_uris}
@@ -202,12 +221,16 @@ def is_target_source(candidate: Candidate, engine: EngineView, settings: RobustS
 
 
 def plan_load(
-    cands: list[Candidate], engine: EngineView, settings: RobustSettings
+    cands: list[Candidate],
+    engine: EngineView,
+    settings: RobustSettings,
+    unused: Optional[Callable[[str], bool]] = None,
 ) -> tuple[Resolution, LoadPlan]:
     """Walk the source chain, then plan the load from the chosen source.
 
-    Raises NoStreamableSource, InconsistentCheckpoint or DraftPlanError
-    (all ``mutated=False``).
+    ``unused``: the model's own word on names it does not load
+    (:func:`narrow_to_model`). Raises NoStreamableSource,
+    InconsistentCheckpoint or DraftPlanError (all ``mutated=False``).
     """
     resolution = resolve(cands, settings)
     plan = plan_for(
@@ -216,7 +239,13 @@ def plan_load(
         settings,
         source_is_target=is_target_source(resolution.candidate, engine, settings),
     )
-    return resolution, plan
+    narrowed = narrow_to_model(plan, unused)
+    if plan.names is not None and not narrowed.names:
+        raise DraftPlanError(
+            f"draft load from {resolution.checkpoint.uri}: the model says it loads none of the "
+            f"{len(plan.names)} tensors selected for it (is_unused_checkpoint_weight)"
+        )
+    return resolution, narrowed
 
 
 __all__ = [
@@ -225,6 +254,7 @@ __all__ = [
     "describe_errors",
     "is_target_source",
     "loaded_shards",
+    "narrow_to_model",
     "plan_for",
     "plan_load",
     "row_layout_for",

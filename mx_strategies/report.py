@@ -50,6 +50,8 @@ class LoadReport:
     delivery_order: str  # "arrival", "plan", or plan until the hold-back bound was passed
     held_peak_bytes: int  # most tensor bytes held back for plan order (0 in arrival order)
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds: resolve, stream, post_load, total
+    # Tensors the selection picked and the model said it does not load (is_unused_checkpoint_weight): not streamed.
+    unused_by_model: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         return {"outcome": "loaded", **asdict(self), "trail": self.trail()}

@@ -20,7 +20,7 @@ from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
 from . import completeness
-from .engine import EngineView, engine_view
+from .engine import EngineView, declared_unused, engine_view
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .distributed import agreed_plan, sees_same_files
 from .planning import LoadPlan, plan_load
@@ -121,13 +121,14 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         rank = ctx.global_rank
         engine = engine_view(ctx)
         distributed = engine.tensor_parallel_size > 1 and envs.MX_MS_DISTRIBUTED
+        unused = declared_unused(result.model) if engine.is_draft else None
         try:
             if distributed:
                 resolution, plan = agreed_plan(
-                    ctx.adapter, rank, lambda: plan_load(cands, engine, settings), sees_same_files(settings)
+                    ctx.adapter, rank, lambda: plan_load(cands, engine, settings, unused), sees_same_files(settings)
                 )
             else:
-                resolution, plan = plan_load(cands, engine, settings)
+                resolution, plan = plan_load(cands, engine, settings, unused)
         except MxStrategiesError as exc:
             logger.warning(f"[Worker {rank}] {self.name} {engine.role} load not started: {exc}")
             raise StrategyFailed(str(exc), mutated=False) from exc
@@ -138,6 +139,15 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             logger.info(f"[Worker {rank}] draft also streams shared weights: {sorted(plan.shared)}")
         if plan.architecture:
             logger.info(f"[Worker {rank}] draft architecture {plan.architecture}: {len(plan.skipped)} tensor(s) not streamed")
+        if plan.unused_by_model:
+            # The model's own word overrides the selection: a table row or a convention picked too much.
+            shown = ", ".join(sorted(plan.unused_by_model)[:10])
+            more = f" (and {len(plan.unused_by_model) - 10} more)" if len(plan.unused_by_model) > 10 else ""
+            selection = f"table row {plan.architecture}" if plan.architecture else f"convention {plan.convention}"
+            logger.warning(
+                f"[Worker {rank}] {engine.role}: {selection} selected {len(plan.unused_by_model)} tensor(s) the model "
+                f"says it does not load (is_unused_checkpoint_weight); not streaming them: {shown}{more}"
+            )
         planned = time.perf_counter()
 
         result, stream = self._stream(result, ctx, plan, settings, engine, distributed)
@@ -181,6 +191,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             delivery_order=stream.delivery_order,
             held_peak_bytes=stream.held_peak_bytes,
             timings=timings,
+            unused_by_model=tuple(sorted(plan.unused_by_model)),
         )
 
     def _stream(

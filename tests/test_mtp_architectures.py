@@ -321,6 +321,40 @@ def test_deepseek_v4_selection_is_what_vllms_own_class_reads(layers, pp):
     assert not replaced("model.layers.2.shared_head.norm.weight") and not replaced("model.layers.2.e_proj.weight")
 
 
+def test_the_models_own_word_drops_tensors_a_selection_picked_too_much(tmp_path, robust, monkeypatch, caplog, vllm_cpu):
+    """Qwen3NextMTP says which checkpoint names it does not load (is_unused_checkpoint_weight,
+    qwen3_next_mtp.py:230). For an architecture the table lacks, with an extra prefix that picks
+    target layers, the plan is narrowed to what the model loads: named, not streamed, model complete."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(mtp_table, "match", lambda *args, **kwargs: None)  # as if the table had no row
+    monkeypatch.setenv("MX_ROBUST_DRAFT_EXTRA_PREFIXES", "model.layers.1.")
+    built, ckpt, seen, loaded, reports = load_draft("qwen3_next", tmp_path, monkeypatch)
+    assert loaded is built.module
+    (report,) = reports
+    picked = sorted(n for n in ckpt.tensors if n.startswith("model.layers.1."))
+    assert picked and list(report["unused_by_model"]) == picked
+    assert not [n for n in seen["names"] if n.startswith("model.layers.1.")]
+    assert report["tensors"] == len(seen["names"])
+    assert_kept_parameters_hold_checkpoint_bytes("qwen3_next", built, ckpt, None)
+    (warning,) = [r.getMessage() for r in caplog.records if "is_unused_checkpoint_weight" in r.getMessage()]
+    assert f"convention mtp+extra_prefixes selected {len(picked)} tensor(s) the model says it does not load" in warning
+
+
+def test_declared_unused_needs_the_models_own_method():
+    from mx_strategies.engine import declared_unused
+
+    class Plain(torch.nn.Module):
+        pass
+
+    class Says(torch.nn.Module):
+        def is_unused_checkpoint_weight(self, name):
+            return name.startswith("model.layers.")
+
+    assert declared_unused(Plain()) is None and declared_unused(None) is None
+    unused = declared_unused(Says())
+    assert unused("model.layers.0.x") is True and unused("mtp.fc.weight") is False
+
+
 # -- the issue's cases, on the table alone ------------------------------------------------------
 
 

@@ -21,11 +21,11 @@ from helpers.checkpoints import (
 )
 from helpers.engine import MTP_DRAFT, TARGET, direct_load, model_config, vllm_config
 
-from mx_strategies.checkpoint import inspect
+from mx_strategies.checkpoint import Shard, TensorInfo, inspect
 from mx_strategies.cli.doctor import diagnose
 from mx_strategies.engine import EngineView
 from mx_strategies.errors import DraftPlanError, InconsistentCheckpoint
-from mx_strategies.planning import is_target_source, loaded_shards, plan_for, plan_load
+from mx_strategies.planning import LoadPlan, is_target_source, loaded_shards, narrow_to_model, plan_for, plan_load
 from mx_strategies.settings import load_settings
 from mx_strategies.sources import Candidate
 from mx_strategies.storage import LocalStore
@@ -190,3 +190,37 @@ def test_doctor_and_the_strategy_agree(monkeypatch, tmp_path, case, skip_empty):
     assert draft.report["tensors"] == draft_view["tensors"] == len(draft_names)
     assert draft.report["bytes_streamed"] == draft_view["bytes"]
     assert sorted(draft.model.order) == draft_view["names"]
+
+
+# -- the model's own word on what it does not load (engine.declared_unused) ----------------------
+
+
+def _shard(key: str, *names: str) -> Shard:
+    return Shard(key, f"s3://b/{key}", 100, readable=True,
+                 tensors={n: TensorInfo(n, "BF16", (2,), 4) for n in names})  # fmt: skip
+
+
+def test_narrow_to_model_drops_what_the_model_says_it_does_not_load():
+    shards = (_shard("a", "mtp.fc.weight", "model.norm.weight"), _shard("b", "model.layers.1.w"))
+    plan = LoadPlan("s3://b", shards, frozenset({"mtp.fc.weight", "model.norm.weight", "model.layers.1.w"}),
+                    role="draft", shared=frozenset({"model.norm.weight"}))  # fmt: skip
+    unused = lambda name: not name.startswith("mtp.")  # noqa: E731 - Qwen3-Next's rule, less embed/head
+    narrowed = narrow_to_model(plan, unused)
+    assert narrowed.expected == ["mtp.fc.weight"]
+    assert narrowed.shard_keys == ["a"]  # shard b held only a dropped tensor: not read
+    assert narrowed.unused_by_model == {"model.norm.weight", "model.layers.1.w"}
+    assert narrowed.shared == frozenset()
+    assert narrow_to_model(plan, None) is plan
+    full = LoadPlan("s3://b", shards, None)
+    assert narrow_to_model(full, unused) is full  # a target plan is left as it is
+
+
+def test_a_draft_the_model_says_loads_nothing_is_refused_before_streaming(tmp_path, monkeypatch):
+    folder = str(tmp_path / "ckpt")
+    mtp_checkpoint(folder, style="qwen", num_hidden_layers=2, num_nextn_layers=1, hidden=16, vocab=32)
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    settings = load_settings()
+    engine = EngineView(True, "mtp", (folder,), 1, 1, {"num_hidden_layers": 2, "num_nextn_predict_layers": 1})
+    with pytest.raises(DraftPlanError, match="the model says it loads none of the .* tensors selected for it") as failure:
+        plan_load([Candidate("MX_MODEL_URI", folder)], engine, settings, lambda name: True)
+    assert failure.value.mutated is False
