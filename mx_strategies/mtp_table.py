@@ -2,7 +2,9 @@
 
 An MTP draft lives in its target's checkpoint, under names that differ per
 architecture. Each row below was read from the draft class vLLM 0.32.0
-builds (``vllm/model_executor/models/*_mtp.py``: its ``load_weights``) and
+builds (``vllm/model_executor/models/*_mtp.py``, or for the modular classes
+``vllm/models/<family>/nvidia|common/mtp.py``, the variant CUDA users run: its
+``load_weights``) and
 from ``SpeculativeConfig.hf_config_override`` (``vllm/config/speculative.py``),
 which turns the target's config into the draft's and decides its
 architecture, model type and layer counts. Checked on 2026-11-30 against
@@ -109,7 +111,7 @@ TABLE: tuple[MtpArchitecture, ...] = (
     MtpArchitecture(
         key="deepseek_mtp",
         targets=("deepseek_v3", "deepseek_v32", "glm_moe_dsa"),
-        family="DeepSeek-V3/R1, Kimi-K2, DeepSeek-V3.2 (DeepseekV32MTPModel shares the naming)",
+        family="DeepSeek-V3/R1, Kimi-K2, DeepSeek-V3.2, GLM-5.2 (glm_moe_dsa; DeepseekV32MTPModel shares the naming)",
         draft_architectures=("DeepSeekMTPModel", "DeepseekV32MTPModel"),
         model_types=("deepseek_mtp",),
         load_weights=_m("deepseek_mtp.py", 304),
@@ -119,7 +121,10 @@ TABLE: tuple[MtpArchitecture, ...] = (
         head=(_LAYER_HEAD,),
         dropped=(_NOT_FIRST_EMBED,),
         notes="a later MTP layer's embed_tokens is skipped (deepseek_mtp.py:502); the top-level "
-        "model.embed_tokens.weight is read too (deepseek_mtp.py:343)",
+        "model.embed_tokens.weight is read too (deepseek_mtp.py:343); DeepseekV32MTPModel "
+        "(vllm/models/deepseek_v32/nvidia/mtp.py:365) routes names exactly as DeepSeekMTP, its "
+        "is_unused_checkpoint_weight (nvidia/mtp.py:359) only lets vLLM's loaders skip whole shards, and on "
+        "CPU it is DeepSeekMTP itself (deepseek_v32/__init__.py:29), whose sparse attention CPU refuses",
     ),
     MtpArchitecture(
         key="deepseek_v4_mtp",
@@ -140,6 +145,126 @@ TABLE: tuple[MtpArchitecture, ...] = (
         "(nvidia/mtp.py:430), mtp.{i}.head.weight becomes shared_head.head (nvidia/mtp.py:366); the "
         "target's embed.weight, head.weight, norm.weight and layers.* are not read; CPU builds a stub that "
         "raises NotImplementedError (vllm/models/deepseek_v4/cpu/mtp.py:15)",
+    ),
+    MtpArchitecture(
+        key="kimi_k3_mtp",
+        targets=("kimi_k3",),
+        family="Kimi-K3",
+        draft_architectures=("KimiK3MTPModel",),
+        model_types=("kimi_k3_mtp",),
+        load_weights="vllm/models/kimi_k3/nvidia/mtp.py:251",
+        override=_s(715),
+        layout="nextn",
+        # A leading language_model. is stripped (nvidia/mtp.py:324); model.language_model.layers.* and
+        # bare layers.* are not loaded, so the generic nextn prefixes do not fit.
+        prefixes=("model.layers.", "language_model.model.layers."),
+        text_config=True,
+        embed=(r"^(language_model\.)?model\.layers\.{L0}\.embed_tokens\.weight$",),
+        head=(r"^(language_model\.)?model\.layers\.{L}\.shared_head\.head\.weight$",),
+        dropped=(
+            r"^(language_model\.)?model\.layers\.{Lrest}\.embed_tokens\.",
+            r"^(language_model\.)?model\.layers\.{L}\.(self_attention_res|mlp_res)_(norm|proj)\.",
+        ),
+        notes="N and the count come from text_config (nvidia/mtp.py:158); only the first MTP layer's "
+        "embed_tokens is read (nvidia/mtp.py:386); the top-level model.embed_tokens.weight and lm_head.weight "
+        "are never read; the residual-attention weights name no parameter (nvidia/mtp.py:396); the CUDA "
+        "class is used on CPU too and its __init__ creates torch.cuda.Stream (nvidia/mtp.py:103)",
+    ),
+    MtpArchitecture(
+        key="minimax_m3_mtp",
+        targets=("minimax_m3_vl", "MiniMaxM3SparseForConditionalGeneration"),
+        family="MiniMax-M3 (VL)",
+        draft_architectures=("MiniMaxM3MTP",),
+        model_types=("minimax_m3_mtp",),
+        load_weights="vllm/models/minimax_m3/nvidia/mtp.py:226",
+        override=_s(1030),
+        layout="indexed",
+        prefixes=("model.mtp.layers.", "language_model.model.mtp.layers."),
+        count_keys=("num_mtp_modules",),
+        default_count=1,
+        text_config=True,
+        embed=(r"^(language_model\.)?model\.embed_tokens\.weight$",),
+        head=(r"^(language_model\.)?lm_head\.weight$",),
+        notes="model.mtp.layers.{i}.* -> model.layers.{i}.* (nvidia/mtp.py:217), a leading language_model. "
+        "stripped (nvidia/mtp.py:211); the count is num_mtp_modules (default 1) of the text config the "
+        "override promotes (speculative.py:1037); the package imports torchvision, absent here",
+    ),
+    MtpArchitecture(
+        key="hy_v4_mtp",
+        targets=("hy_v4",),
+        family="Hunyuan HY-V4",
+        draft_architectures=("HYV4MTPModel",),
+        model_types=("hy_v4_mtp",),
+        load_weights="vllm/models/hy_v4/nvidia/mtp.py:735",
+        override=_s(993),
+        layout="indexed",
+        prefixes=("model.mtp_layers.",),
+        default_count=1,
+        embed=(_TOP_EMBED,),
+        head=(_TOP_HEAD,),
+        dropped=(r"^model\.mtp_layers\.{L}\.embed_tokens\.", r"^model\.mtp_layers\.{L}\.shared_head\."),
+        notes="model.mtp_layers.{i}.* -> model.layers.{N+i}.* (nvidia/mtp.py:801), the layout HY-V4 "
+        "checkpoints use (nvidia/mtp.py:227); lm_head.weight is read into the first MTP layer's shared_head "
+        "and model.embed_tokens.weight into the embedding (nvidia/mtp.py:741), both replaced by the proposer; "
+        "each layer's embed_tokens and shared_head are skipped (nvidia/mtp.py:608); the class also reads "
+        "model.layers.{N+i}.* for i < max(count - 1, 1) (nvidia/mtp.py:61), a layout this row does not select",
+    ),
+    MtpArchitecture(
+        key="inkling_mtp",
+        targets=("inkling_mm_model", "inkling_model"),
+        family="Inkling",
+        draft_architectures=("InklingMTPModel",),
+        model_types=("inkling_mtp",),
+        load_weights="vllm/models/inkling/nvidia/mtp.py:341",
+        override=_s(1000),
+        layout="prefix",
+        # The MTP depths and their chain_norm, and the target's embedding norm, which the draft keeps as
+        # model.backbone_embed_norm (nvidia/mtp.py:386) and the proposer does not replace.
+        prefixes=("model.mtp.", "model.llm.embed_norm.weight"),
+        count_keys=("num_nextn_predict_layers", "n_predict"),
+        notes="model.mtp.layers.{i}.* -> model.layers.{i}.*, model.mtp.chain_norm -> model.chain_norm "
+        "(nvidia/mtp.py:398); model.llm.embed and unembed are never read: the draft has no embedding or head "
+        "of its own (nvidia/mtp.py:380); it builds min(n_predict, num_speculative_tokens) depths and skips "
+        "later ones (nvidia/mtp.py:393), which this row still streams (the count lives in the checkpoint's "
+        "mtp_config, which the row cannot read)",
+    ),
+    MtpArchitecture(
+        key="dots3_note_mtp",
+        targets=("dots3_note",),
+        family="dots3 NOTE",
+        draft_architectures=("Dots3NoteMTPModel",),
+        model_types=("dots3_note_mtp",),
+        load_weights="vllm/models/dots3_note/nvidia/mtp.py:190",
+        override=_s(664),
+        layout="nextn",
+        prefixes=("model.layers.",),  # layers.{N}. and model.language_model.layers.{N}. raise KeyError in vLLM
+        default_count=1,
+        embed=(r"^model\.mtp\.embed_tokens\.weight$", r"^model\.layers\.{L0}\.embed_tokens\.weight$", _TOP_EMBED),
+        head=(r"^model\.layers\.{L}\.shared_head\.head\.weight$",),
+        dropped=(r"^model\.layers\.{Lrest}\.embed_tokens\.weight$",),
+        embed_kept=True,
+        notes="has_own_embed_tokens (nvidia/mtp.py:158): the proposer shares the target's embedding only when "
+        "the two are equal (llm_base_proposer.py:1436), so the draft's own is streamed; model.mtp.embed_tokens "
+        "is renamed to the first MTP layer's (nvidia/mtp.py:175); lm_head.weight and top-level mtp.* are not "
+        "read; the package imports vllm_flash_attn, absent on CPU",
+    ),
+    MtpArchitecture(
+        key="glm5_next_mtp",
+        targets=("glm5_next",),
+        family="GLM-5-Next (Glm5Next, text and VL)",
+        draft_architectures=("Glm5NextMTPModel",),
+        model_types=("glm5_next_mtp",),
+        load_weights="vllm/models/glm5next/common/mtp.py:300",
+        override=_s(1059),
+        layout="nextn",
+        prefixes=("model.layers.", "model.language_model.layers."),  # bare layers.{N}. raises KeyError
+        text_config=True,
+        embed=(r"^model\.(language_model\.)?layers\.{L0}\.embed_tokens\.weight$",),
+        dropped=(_NOT_FIRST_EMBED, r"^model\.(language_model\.)?layers\.{L}\.shared_head\.head\."),
+        notes="model.language_model. is stripped to model. (common/mtp.py:336); shared_head.head is None "
+        "(defer_lm_head, common/mtp.py:75): a checkpoint copy would raise KeyError (common/mtp.py:423), so it "
+        "is never streamed; the top-level embed_tokens and lm_head are not read; N and the count come from "
+        "text_config (common/mtp.py:122); CPU refuses its sparse attention",
     ),
     MtpArchitecture(
         key="glm4_moe_mtp",
@@ -367,6 +492,27 @@ TABLE: tuple[MtpArchitecture, ...] = (
         prefixes=("mtp.",),
         embed=(_ANY_EMBED,),
         head=(r"lm_head\.weight$",),
+    ),
+    MtpArchitecture(
+        key="qwen4_exp_mtp",
+        targets=("qwen4_exp", "qwen4_exp_text", "Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"),
+        family="Qwen4-Exp (text and VL)",
+        draft_architectures=("Qwen4ExpMTP",),
+        model_types=("qwen4_exp_mtp",),
+        load_weights="vllm/models/qwen4_exp/nvidia/mtp.py:470",
+        override=_s(845),
+        layout="prefix",
+        prefixes=("mtp.", "model.mtp.", "language_model.mtp.", "model.language_model.mtp."),
+        count_keys=("mtp_num_hidden_layers",),
+        default_count=1,
+        text_config=True,
+        embed=(r"^(model\.language_model\.|language_model\.)?(model\.)?(mtp\.)?embed_tokens\.weight$",),
+        head=(r"^(model\.language_model\.|language_model\.)?(model\.)?(lm_head|(mtp\.)?shared_head\.head)\.weight$",),
+        dropped=(r"(^|\.)hyper_connection_mixer\.block_inject_weight\.",),
+        notes="_remap_mtp_weight_name (nvidia/mtp.py:97) strips an optional model.language_model. or "
+        "language_model. prefix and maps mtp.* to model.*, MTP layers indexed from 0; every other name but "
+        "the embedding and head is skipped; the class builds mtp_num_hidden_layers layers (default 1, "
+        "nvidia/mtp.py:190), not num_nextn_predict_layers; the package imports torchvision, absent here",
     ),
     MtpArchitecture(
         key="exaone_moe_mtp",

@@ -355,6 +355,109 @@ def test_declared_unused_needs_the_models_own_method():
     assert unused("model.layers.0.x") is True and unused("mtp.fc.weight") is False
 
 
+# Rows for vLLM 0.32's modular MTP classes (vllm/models/<family>/), on names their load_weights reads,
+# read from the class and simulated on it (2026-12-01). Built here: none yet (see NOT_BUILT_CLASSES).
+# row: (config, own, copies of the embedding/head the proposer replaces at PP=1, skipped, ignored)
+NAMES_ONLY = {
+    "kimi_k3_mtp": (
+        {"text_config": {"num_hidden_layers": 2, "num_nextn_predict_layers": 1}},
+        {"model.layers.2.enorm.weight", "model.layers.2.hnorm.weight", "model.layers.2.eh_proj.weight",
+         "model.layers.2.shared_head.norm.weight", "model.layers.2.self_attn.q_a_proj.weight",
+         "model.layers.2.block_sparse_moe.experts.0.w1.weight", "language_model.model.layers.2.input_layernorm.weight"},
+        {"model.layers.2.embed_tokens.weight", "model.layers.2.shared_head.head.weight"},
+        {"model.layers.2.self_attention_res_proj.weight"},
+        {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", "model.layers.1.mlp.gate.weight",
+         "model.layers.3.enorm.weight", "vision_tower.blocks.0.weight"},
+    ),
+    "minimax_m3_mtp": (
+        {"text_config": {"num_hidden_layers": 2, "num_mtp_modules": 1}},
+        {"model.mtp.layers.0.enorm.weight", "model.mtp.layers.0.eh_proj.weight",
+         "model.mtp.layers.0.transformer_layer.self_attn.q_proj.weight",
+         "language_model.model.mtp.layers.0.final_layernorm.weight"},
+        {"model.embed_tokens.weight", "lm_head.weight"},
+        set(),
+        {"model.norm.weight", "model.layers.0.self_attn.q_proj.weight", "model.mtp.layers.1.enorm.weight"},
+    ),
+    "hy_v4_mtp": (
+        {"num_hidden_layers": 2, "num_nextn_predict_layers": 1},
+        {"model.mtp_layers.0.enorm.weight", "model.mtp_layers.0.hnorm.weight", "model.mtp_layers.0.eh_proj.weight",
+         "model.mtp_layers.0.final_layernorm.weight", "model.mtp_layers.0.self_attn.q_a_proj.weight",
+         "model.mtp_layers.0.mlp.experts.0.gate_proj.weight"},
+        {"model.embed_tokens.weight", "lm_head.weight"},
+        {"model.mtp_layers.0.embed_tokens.weight", "model.mtp_layers.0.shared_head.head.weight",
+         "model.mtp_layers.0.shared_head.norm.weight"},
+        {"model.mtp_layers.1.enorm.weight", "model.layers.1.mlp.gate.weight", "model.norm.weight"},
+    ),
+    "inkling_mtp": (
+        {"num_hidden_layers": 2},
+        {"model.mtp.layers.0.hidden_norm.weight", "model.mtp.layers.0.input_proj.weight",
+         "model.mtp.layers.0.transformer_block.attn.wq_du.weight", "model.mtp.chain_norm.weight",
+         "model.llm.embed_norm.weight"},
+        set(),
+        set(),
+        {"model.llm.embed.weight", "model.llm.unembed.weight", "model.llm.layers.0.attn.wq_du.weight",
+         "model.visual.blocks.0.weight"},
+    ),
+    "qwen4_exp_mtp": (
+        {"text_config": {"num_hidden_layers": 2, "mtp_num_hidden_layers": 1}},
+        {"mtp.fc_embedding.weight", "mtp.fc_hidden.weight", "mtp.pre_fc_norm_embedding.weight",
+         "mtp.hyper_connection_mixer.hc_norm.weight", "mtp.layers.0.self_attn.q_proj.weight",
+         "model.language_model.mtp.layers.0.mlp.gate.weight"},
+        {"model.language_model.embed_tokens.weight", "lm_head.weight"},
+        {"mtp.hyper_connection_mixer.block_inject_weight.weight"},
+        {"model.language_model.layers.0.self_attn.q_proj.weight", "model.language_model.norm.weight",
+         "model.visual.blocks.0.weight"},
+    ),
+    "dots3_note_mtp": (  # keeps its own embedding: streamed at PP=1 too (the model.mtp copy preferred)
+        {"num_hidden_layers": 2, "num_nextn_predict_layers": 1},
+        {"model.layers.2.enorm.weight", "model.layers.2.hnorm.weight", "model.layers.2.eh_proj.weight",
+         "model.layers.2.shared_head.norm.weight", "model.layers.2.self_attn.q_a_proj.weight",
+         "model.layers.2.mlp.gate_proj.weight"},
+        {"model.layers.2.shared_head.head.weight", "model.mtp.embed_tokens.weight"},
+        {"model.layers.2.embed_tokens.weight", "model.embed_tokens.weight"},
+        {"lm_head.weight", "model.norm.weight", "model.layers.1.mlp.gate.weight", "mtp.layers.0.enorm.weight"},
+    ),
+    "glm5_next_mtp": (
+        {"text_config": {"num_hidden_layers": 2, "num_nextn_predict_layers": 1}},
+        {"model.layers.2.enorm.weight", "model.layers.2.eh_proj.weight", "model.layers.2.shared_head.norm.weight",
+         "model.layers.2.self_attn.indexer.wq_b.weight", "model.language_model.layers.2.mlp.experts.0.up_proj.weight"},
+        {"model.layers.2.embed_tokens.weight"},
+        {"model.layers.2.shared_head.head.weight"},
+        {"model.embed_tokens.weight", "lm_head.weight", "model.layers.1.mlp.gate.weight", "layers.2.enorm.weight"},
+    ),
+}  # fmt: skip
+# Copies streamed at pipeline parallel 1 too: the draft keeps them (the proposer does not replace them).
+KEPT_AT_PP1 = {"dots3_note_mtp": {"model.mtp.embed_tokens.weight"}}
+NOT_BUILT_CLASSES = {
+    "dots3_note_mtp": "vllm.models.dots3_note imports vllm_flash_attn (nvidia/attention.py:32), absent on CPU",
+    "glm5_next_mtp": "its __init__ raises 'Sparse Attention is not supported on CPU' (platforms/cpu.py:150)",
+    "qwen4_exp_mtp": "vllm.models.qwen4_exp imports qwen3_vl.py, which imports torchvision, absent here",
+    "kimi_k3_mtp": "the CUDA class is used on CPU too; its __init__ creates torch.cuda.Stream (nvidia/mtp.py:103)",
+    "minimax_m3_mtp": "vllm.models.minimax_m3 imports torchvision (nvidia/model.py:78), absent here",
+    "hy_v4_mtp": "builds on CPU with dense layer types; the test-side builder and checkpoint writer do not "
+    "know HY-V4 yet",
+    "inkling_mtp": "builds on CPU in bf16; the test-side builder and checkpoint writer do not know Inkling yet",
+}
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("key", sorted(NAMES_ONLY))
+def test_modular_mtp_rows_select_what_their_load_weights_reads(key, pp):
+    config, own, copies, skipped, ignored = NAMES_ONLY[key]
+    (row,) = [r for r in mtp_table.TABLE if r.key == key]
+    assert mtp_table.match(row.draft_architectures, None, "mtp") is row
+    assert key in NOT_BUILT_CLASSES
+    layout = mtp_table.row_layout(row, ("config", config))
+    selection = mtp_table.select(row, own | copies | skipped | ignored, layout, shares_target_weights=pp == 1)
+    assert selection.own == own
+    kept = KEPT_AT_PP1.get(key, set())
+    assert selection.shared == (kept if pp == 1 else copies)
+    assert skipped <= set(selection.skipped)
+    assert not selection.names & ignored
+    replaced = mtp_table.filled_by_engine(row, shares_target_weights=pp == 1)
+    assert replaced("model.embed_tokens.weight") is (pp == 1 and not kept)
+
+
 # -- the issue's cases, on the table alone ------------------------------------------------------
 
 
