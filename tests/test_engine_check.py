@@ -302,3 +302,10 @@ def test_cpu_binding_uses_the_allowed_cores_whatever_they_are(monkeypatch):
     ]:
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=allowed: cores)
         assert cpu_binding(workers) == expected, allowed
+
+
+def test_a_failed_run_names_the_machine_it_ran_on():
+    failed = EngineRun("ds-robust", {}, {"ok": False, "error": "RuntimeError: x"}, "ValueError: boom\n", 1.0)
+    described = failed.describe()
+    assert described.startswith("ds-robust: RuntimeError: x; root cause: 'ValueError: boom'; worker CPU: ")
+    assert f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}" in described

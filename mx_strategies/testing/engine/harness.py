@@ -52,12 +52,16 @@ class EngineRun:
         return bool(self.result.get("ok"))
 
     def describe(self) -> str:
-        """For assertion messages: what went wrong, with the log's last error."""
+        """For assertion messages: what went wrong, with the log's last error and the machine it ran on
+        (the worker's CPU when it reported one, else this process's: the same host)."""
+        from .digests import machine
+
+        where = machine_line(self.result.get("machine") or machine())
         if self.timed_out:
-            return f"{self.name}: timed out after {self.seconds:.0f}s; log tail:\n{self.log[-3000:]}"
+            return f"{self.name}: timed out after {self.seconds:.0f}s ({where}); log tail:\n{self.log[-3000:]}"
         error = self.result.get("error", "")
         cause = root_cause(self.log)
-        return f"{self.name}: {error or 'no error'}; root cause: {cause!r}; log tail:\n{self.log[-3000:]}"
+        return f"{self.name}: {error or 'no error'}; root cause: {cause!r}; {where}; log tail:\n{self.log[-3000:]}"
 
     def reports(self) -> list[dict]:
         return list((self.result.get("worker") or {}).get("reports") or [])
