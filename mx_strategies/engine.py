@@ -106,8 +106,7 @@ def declared_unused(model: Any) -> Optional[Callable[[str], bool]]:
     nothing. It is an upper bound: a name it calls unused is never loaded; a
     name it does not may still be skipped (embedding and head copies).
     """
-    method = getattr(type(model), "is_unused_checkpoint_weight", None) if model is not None else None
-    if method is None or not callable(method):
+    if model is None:
         return None
     owner = next((cls for cls in type(model).__mro__ if "is_unused_checkpoint_weight" in vars(cls)), None)
     if owner is None or owner.__module__.endswith("interfaces_base"):

@@ -26,7 +26,7 @@ Rules, each decided here only:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from .checkpoint import Checkpoint, Shard
 from . import mtp_table
@@ -189,8 +189,13 @@ def _plan_for_row(
     )
 
 
+def _shards_holding(shards: Iterable[Shard], names: frozenset[str]) -> tuple[Shard, ...]:
+    """The shards that hold at least one of ``names``, in their order: the only ones a draft reads."""
+    return tuple(s for s in shards if any(n in names for n in s.tensors))
+
+
 def _draft_plan(checkpoint: Checkpoint, names: frozenset[str], convention: str, shared: frozenset[str]) -> LoadPlan:
-    shards = tuple(s for s in checkpoint.loadable_shards if any(n in names for n in s.tensors))
+    shards = _shards_holding(checkpoint.loadable_shards, names)
     return LoadPlan(checkpoint.uri, shards, names, role="draft", convention=convention, shared=shared)
 
 
@@ -208,8 +213,7 @@ def narrow_to_model(plan: LoadPlan, unused: Optional[Callable[[str], bool]]) -> 
     if not dropped:
         return plan
     names = frozenset(plan.names - dropped)
-    shards = tuple(s for s in plan.shards if any(n in names for n in s.tensors))
-    return replace(plan, names=names, shards=shards, shared=plan.shared - dropped, unused_by_model=dropped)
+    return replace(plan, names=names, shards=_shards_holding(plan.shards, names), shared=plan.shared - dropped, unused_by_model=dropped)
 
 
 def is_target_source(candidate: Candidate, engine: EngineView, settings: RobustSettings) -> bool:

@@ -121,7 +121,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         rank = ctx.global_rank
         engine = engine_view(ctx)
         distributed = engine.tensor_parallel_size > 1 and envs.MX_MS_DISTRIBUTED
-        unused = declared_unused(result.model) if engine.is_draft else None
+        unused = declared_unused(result.model)  # narrow_to_model leaves a target's plan as it is
         try:
             if distributed:
                 resolution, plan = agreed_plan(

@@ -61,3 +61,11 @@ def plan_order(monkeypatch):
 
     for key, value in PLAN_ORDER.items():
         monkeypatch.setenv(key, value)
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory):
+    """The mx-strategies wheel built from this checkout, once per session (helpers.wheel.build_wheel)."""
+    from helpers.wheel import build_wheel
+
+    return build_wheel(tmp_path_factory.mktemp("wheel"))

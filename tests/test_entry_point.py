@@ -19,7 +19,7 @@ import textwrap
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from helpers.wheel import PIP, build_wheel
+from helpers.wheel import PIP
 
 from mx_strategies import activation
 
@@ -34,11 +34,11 @@ def test_installed_distribution_exposes_the_plugin():
     assert plugin.load() is activation.register
 
 
-def test_wheel_built_from_this_checkout_registers_the_plugin(tmp_path):
+def test_wheel_built_from_this_checkout_registers_the_plugin(tmp_path, built_wheel):
     assert importlib.util.find_spec("setuptools") is not None, (
         "building the wheel without isolation needs setuptools (and wheel) from the `test` extra"
     )
-    wheel, target = build_wheel(tmp_path), tmp_path / "site"
+    wheel, target = built_wheel, tmp_path / "site"
     subprocess.run(
         PIP + ["install", "--no-deps", "--no-compile", "--target", str(target), str(wheel)],
         check=True,

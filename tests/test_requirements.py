@@ -18,7 +18,7 @@ import zipfile
 from importlib.metadata import version
 
 import pytest
-from helpers.wheel import PIP, REPO, build_wheel, metadata_only_wheel
+from helpers.wheel import PIP, REPO, metadata_only_wheel
 from packaging.requirements import Requirement
 
 # The torch our own test installs pin (scripts/test.sh), and so the one installed here.
@@ -28,11 +28,6 @@ PINNED = next(
 )  # fmt: skip
 # Engines and libraries whose versions users pick; we must not cap them.
 UNCAPPED = ("torch", "vllm", "sglang", "runai-model-streamer", "safetensors", "pydantic-settings")
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def _requires(wheel) -> list[Requirement]:
@@ -59,33 +54,33 @@ def _installs(report: dict) -> dict[str, str]:
     return found
 
 
-def test_no_requirement_caps_torch_or_an_engine(wheel):
-    for req in _requires(wheel):
+def test_no_requirement_caps_torch_or_an_engine(built_wheel):
+    for req in _requires(built_wheel):
         if req.name.lower() in UNCAPPED:
             capped = [spec for spec in req.specifier if spec.operator in ("<", "<=", "==", "===", "~=")]
             assert not capped, f"{req}: an upper bound narrows the user's environment"
-    torch = [r for r in _requires(wheel) if r.name == "torch"]
+    torch = [r for r in _requires(built_wheel) if r.name == "torch"]
     assert torch and all(r.specifier.contains(v) for r in torch for v in ("2.13.0", "2.14.0", "2.14.1", "3.0.0"))
 
 
-def test_installing_the_wheel_here_changes_nothing_but_itself(wheel, tmp_path):
-    installs = _installs(_dry_run(wheel, tmp_path))
+def test_installing_the_wheel_here_changes_nothing_but_itself(built_wheel, tmp_path):
+    installs = _installs(_dry_run(built_wheel, tmp_path))
     assert installs == {}, installs
     assert version("torch").split("+")[0] == PINNED  # what the test venv holds (scripts/test.sh)
 
 
 @pytest.mark.parametrize("torch_version", ["2.14.0", "2.14.1"])
-def test_the_wheel_resolves_beside_the_torch_of_vllm_033_and_sglang_0523(wheel, tmp_path, torch_version):
+def test_the_wheel_resolves_beside_the_torch_of_vllm_033_and_sglang_0523(built_wheel, tmp_path, torch_version):
     links = tmp_path / "links"
     metadata_only_wheel(links, "torch", torch_version)
     constraints = tmp_path / "constraints.txt"
     constraints.write_text(f"torch=={torch_version}\n")
-    installs = _installs(_dry_run(wheel, tmp_path, "--find-links", str(links), "-c", str(constraints)))
+    installs = _installs(_dry_run(built_wheel, tmp_path, "--find-links", str(links), "-c", str(constraints)))
     # pip installs the engine's torch (the stand-in here) and us; it downgrades nothing.
     assert installs == {"torch": torch_version}, installs
 
 
-def test_the_wheel_resolves_with_torch_pinned_to_what_is_installed(wheel, tmp_path):
+def test_the_wheel_resolves_with_torch_pinned_to_what_is_installed(built_wheel, tmp_path):
     constraints = tmp_path / "constraints.txt"
     constraints.write_text(f"torch=={PINNED}\n")
-    assert _installs(_dry_run(wheel, tmp_path, "-c", str(constraints))) == {}
+    assert _installs(_dry_run(built_wheel, tmp_path, "-c", str(constraints))) == {}

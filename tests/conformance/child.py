@@ -77,7 +77,6 @@ def _drop(folder: str, name: str) -> None:
 
 
 def run(arch: str, workdir: str) -> dict:
-    import torch
     from conformance.archs import ARCHS
 
     spec = ARCHS[arch]
@@ -167,7 +166,6 @@ def run(arch: str, workdir: str) -> dict:
     result["compared"] = len(ref)
     result["differ"] = sorted(n for n in ref if n not in got or not same_bytes(ref[n], got[n]))
     result["buffers"] = sum(1 for n in ref if n not in dict(reference.named_parameters(remove_duplicate=False)))
-    del torch
     return result
 
 

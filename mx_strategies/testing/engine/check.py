@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .harness import DEVICES, EngineRun, cpu_binding, run_engine, tensor_mismatches
+from .harness import DEVICES, EngineRun, coverage_counts, cpu_binding, run_engine, tensor_mismatches
 
 STRATEGY = "mx_strategies.robust"
 # ModelExpress's line when a strategy that touched the model failed and the chain rebuilt it.
@@ -111,14 +111,7 @@ def coverage_problems(run: EngineRun) -> list[str]:
 def compared_counts(run: EngineRun) -> dict[str, dict[str, int]]:
     """Rank 0's ``{role: {"parameters", "compared", "from_before_post_load"}}``: for notes and assertions."""
     coverage = rank_results(run)[0].get("coverage") or {}
-    return {
-        role: {
-            "parameters": c.get("parameters", 0),
-            "compared": c.get("compared", 0),
-            "from_before_post_load": len(c.get("from_before_post_load") or []),
-        }
-        for role, c in sorted(coverage.items())
-    }
+    return {role: coverage_counts(c) for role, c in sorted(coverage.items())}
 
 
 def rank_reports(run: EngineRun) -> list[list[dict]]:

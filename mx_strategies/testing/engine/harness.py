@@ -220,7 +220,8 @@ def tensor_mismatches(reference: dict, candidate: dict) -> dict[str, list]:
     return out
 
 
-def _counts(coverage: dict) -> dict:
+def coverage_counts(coverage: dict) -> dict:
+    """``{"parameters", "compared", "from_before_post_load"}`` of one model's ``coverage`` (counts only)."""
     return {
         "parameters": coverage.get("parameters", 0),
         "compared": coverage.get("compared", 0),
@@ -232,7 +233,7 @@ def coverage_note(run: EngineRun) -> str:
     """``; target 45/45 parameters by real data (20 repacked: before post-load), draft ...`` or ""."""
     parts = []
     for role, coverage in sorted((run.result.get("coverage") or {}).items()):
-        c = _counts(coverage)
+        c = coverage_counts(coverage)
         parts.append(f"{role} {c['compared']}/{c['parameters']} parameters by real data "
                      f"({c['from_before_post_load']} repacked by post-load processing: compared before it)")  # fmt: skip
     return "; " + ", ".join(parts) if parts else ""
@@ -327,7 +328,7 @@ class EngineSet:
                 "seconds": round(run.seconds, 1),
                 "bytes_served": run.bytes_served,
                 "timings": run.result.get("timings"),
-                "coverage": {role: _counts(c) for role, c in (run.result.get("coverage") or {}).items()},
+                "coverage": {role: coverage_counts(c) for role, c in (run.result.get("coverage") or {}).items()},
                 "root_cause": None if run.ok else root_cause(run.log),
             }
             for name, run in self.runs.items()
