@@ -122,6 +122,21 @@ def declared_unused(model: Any) -> Optional[Callable[[str], bool]]:
     return unused
 
 
+def held_names(model: Any) -> Optional[frozenset[str]]:
+    """Every name the built model holds a parameter or buffer under (aliases included), or None.
+
+    The model's structure is the last word on whether a checkpoint tensor can
+    be its: a target that holds a parameter under an MTP layer's prefix keeps
+    that layer in its plan (``planning.target_selection``).
+    """
+    named = getattr(model, "named_parameters", None)
+    if named is None:
+        return None
+    names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    names |= {name for name, _ in model.named_buffers(remove_duplicate=False)}
+    return frozenset(names)
+
+
 def engine_view(ctx: Any) -> EngineView:
     """Read the draft marker, parallel sizes, the target's sources and loader options."""
     model_config = ctx.model_config

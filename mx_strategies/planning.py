@@ -12,7 +12,9 @@ Rules, each decided here only:
 - shards load in natural order (``checkpoint.shards``), empty ones left
   out unless ``MX_ROBUST_SKIP_EMPTY_SHARDS=false``;
 - a checkpoint with errors (bad header, index mismatch) is not loaded;
-- a target loads every tensor of every loadable shard;
+- a target loads every tensor of every loadable shard but its MTP draft's
+  own layers, where the table has a row for it (:func:`target_selection`;
+  ``MX_ROBUST_TARGET_SELECTION=all`` loads everything);
 - an MTP draft on the target's checkpoint loads its own tensors, only from
   the shards that hold them: as the row of :mod:`.mtp_table` for its
   architecture says (less what vLLM skips or replaces for that engine
@@ -53,6 +55,8 @@ class LoadPlan:
     architecture: Optional[str] = None  # the mtp_table row that decided a draft's tensors (its key)
     skipped: frozenset[str] = field(default_factory=frozenset)  # draft-side names left out: vLLM skips or replaces them
     unused_by_model: frozenset[str] = field(default_factory=frozenset)  # selected, then dropped: the model said so
+    left_to_draft: frozenset[str] = field(default_factory=frozenset)  # a target's: the MTP draft's own, not streamed
+    left_to_draft_bytes: int = 0
 
     @property
     def expected(self) -> list[str]:
@@ -89,11 +93,14 @@ def plan_for(
     settings: RobustSettings,
     *,
     source_is_target: bool,
+    held: Optional[frozenset[str]] = None,
 ) -> LoadPlan:
     """What to stream from ``checkpoint`` for this engine load.
 
     ``source_is_target``: the checkpoint is the target's (an MTP draft takes
     its own tensors out of it; any other draft must not be fed it).
+    ``held``: the names of the built model's parameters and buffers
+    (:func:`target_selection`); None where there is no model (doctor).
     Raises InconsistentCheckpoint or DraftPlanError, both before the model
     is touched.
     """
@@ -101,7 +108,7 @@ def plan_for(
         raise InconsistentCheckpoint(describe_errors(checkpoint))
     full = LoadPlan(checkpoint.uri, tuple(loaded_shards(checkpoint, settings)), None, role=engine.role)
     if not engine.is_draft:
-        return full
+        return target_selection(full, checkpoint, engine, settings, held)
     row = architecture_row(engine)
     if not source_is_target:
         # A draft with a checkpoint of its own (whatever the method): all of it.
@@ -130,6 +137,47 @@ def plan_for(
     except DraftPlanError as exc:
         raise DraftPlanError(f"draft load from {checkpoint.uri}: {exc}") from None
     return _draft_plan(checkpoint, frozenset(selection.names), selection.convention, frozenset(selection.shared))
+
+
+def target_selection(
+    full: LoadPlan,
+    checkpoint: Checkpoint,
+    engine: EngineView,
+    settings: RobustSettings,
+    held: Optional[frozenset[str]],
+) -> LoadPlan:
+    """A target's plan: every tensor but its MTP draft's own layers, which only the draft reads.
+
+    The row of :mod:`.mtp_table` that vLLM picks for this target's draft
+    names the MTP layers (:func:`mtp_table.draft_roots`); the target's
+    ``load_weights`` skips them, and the draft streams them itself, so they
+    cross the network once. A layer the built model holds parameters under
+    (``held``) stays in: the model's own structure overrides the table. The
+    completeness check still guards the load. Without a row, with
+    ``MX_ROBUST_TARGET_SELECTION=all`` or when N or the MTP layer count is
+    unknown, the plan is the whole checkpoint.
+    """
+    if settings.target_selection == "all":
+        return full
+    row = mtp_table.match_target(engine.hf_config) or mtp_table.match_target(checkpoint.config)
+    if row is None:
+        return full
+    roots = mtp_table.draft_roots(row, row_layout_for(row, checkpoint, engine))
+    if held is not None:
+        roots = tuple(r for r in roots if not any(name.startswith(r) for name in held))
+    draft_only = frozenset(n for n in full.expected if n.startswith(roots)) if roots else frozenset()
+    if not draft_only:
+        return replace(full, architecture=row.key)
+    names = frozenset(n for n in full.expected if n not in draft_only)
+    left_bytes = sum(t.nbytes for s in full.shards for n, t in s.tensors.items() if n in draft_only)
+    return replace(
+        full,
+        names=names,
+        shards=_shards_holding(full.shards, names),
+        architecture=row.key,
+        left_to_draft=draft_only,
+        left_to_draft_bytes=left_bytes,
+    )
 
 
 def architecture_row(engine: EngineView) -> Optional[mtp_table.MtpArchitecture]:
@@ -200,19 +248,21 @@ def _draft_plan(checkpoint: Checkpoint, names: frozenset[str], convention: str, 
 
 
 def narrow_to_model(plan: LoadPlan, unused: Optional[Callable[[str], bool]]) -> LoadPlan:
-    """A draft plan less the tensors the model itself says it will not load (``engine.declared_unused``).
+    """A plan less the tensors the model itself says it will not load (``engine.declared_unused``).
 
     Such a tensor in the plan is a selection error (a table row, the generic
-    conventions or ``MX_ROBUST_DRAFT_EXTRA_PREFIXES`` picked too much): it is
-    left out and named in ``unused_by_model``, so no byte is streamed that
-    ``load_weights`` throws away. Full (target) plans are left as they are.
+    conventions, ``MX_ROBUST_DRAFT_EXTRA_PREFIXES``, or a target's whole
+    checkpoint where the table knows no MTP layers): it is left out and named
+    in ``unused_by_model``, so no byte is streamed that ``load_weights``
+    throws away. With ``MX_ROBUST_TARGET_SELECTION=all`` a target's plan stays whole
+    (the caller passes no ``unused``).
     """
-    if unused is None or plan.names is None:
+    if unused is None:
         return plan
     dropped = frozenset(n for n in plan.expected if unused(n))
     if not dropped:
         return plan
-    names = frozenset(plan.names - dropped)
+    names = frozenset(n for n in plan.expected if n not in dropped)
     return replace(plan, names=names, shards=_shards_holding(plan.shards, names), shared=plan.shared - dropped, unused_by_model=dropped)
 
 
@@ -229,11 +279,13 @@ def plan_load(
     engine: EngineView,
     settings: RobustSettings,
     unused: Optional[Callable[[str], bool]] = None,
+    held: Optional[frozenset[str]] = None,
 ) -> tuple[Resolution, LoadPlan]:
     """Walk the source chain, then plan the load from the chosen source.
 
     ``unused``: the model's own word on names it does not load
-    (:func:`narrow_to_model`). Raises NoStreamableSource,
+    (:func:`narrow_to_model`); ``held``: the built model's parameter and
+    buffer names (:func:`target_selection`). Raises NoStreamableSource,
     InconsistentCheckpoint or DraftPlanError (all ``mutated=False``).
     """
     resolution = resolve(cands, settings)
@@ -242,12 +294,15 @@ def plan_load(
         engine,
         settings,
         source_is_target=is_target_source(resolution.candidate, engine, settings),
+        held=held,
     )
+    if plan.role == "target" and settings.target_selection == "all":
+        unused = None
     narrowed = narrow_to_model(plan, unused)
-    if plan.names is not None and not narrowed.names:
+    if plan.expected and not narrowed.expected:
         raise DraftPlanError(
-            f"draft load from {resolution.checkpoint.uri}: the model says it loads none of the "
-            f"{len(plan.names)} tensors selected for it (is_unused_checkpoint_weight)"
+            f"{plan.role} load from {resolution.checkpoint.uri}: the model says it loads none of the "
+            f"{len(plan.expected)} tensors selected for it (is_unused_checkpoint_weight)"
         )
     return resolution, narrowed
 
@@ -262,4 +317,5 @@ __all__ = [
     "plan_for",
     "plan_load",
     "row_layout_for",
+    "target_selection",
 ]

@@ -52,6 +52,10 @@ class LoadReport:
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds: resolve, stream, post_load, total
     # Tensors the selection picked and the model said it does not load (is_unused_checkpoint_weight): not streamed.
     unused_by_model: tuple[str, ...] = ()
+    # A target's: the MTP draft's own tensors it left to the draft (mtp_table row ``architecture``).
+    architecture: Optional[str] = None
+    left_to_draft: int = 0
+    left_to_draft_bytes: int = 0
 
     def as_dict(self) -> dict:
         return {"outcome": "loaded", **asdict(self), "trail": self.trail()}
@@ -66,10 +70,16 @@ class LoadReport:
         share = 100.0 * self.bytes_streamed / self.checkpoint_bytes if self.checkpoint_bytes else 0.0
         convention = f", convention {self.convention}" if self.convention else ""
         distributed = ", distributed" if self.distributed else ""
+        left = (
+            f", {self.left_to_draft} tensors ({self.left_to_draft_bytes} bytes) left to the MTP draft "
+            f"({self.architecture})"
+            if self.left_to_draft
+            else ""
+        )
         return (
             f"{self.role} loaded from {self.source_label}={self.source!r}{convention}: "
             f"{self.tensors} tensors verified, {self.bytes_streamed} of {self.checkpoint_bytes} "
-            f"checkpoint bytes streamed ({share:.1f}%){distributed} in {self.timings.get('total', 0.0):.2f}s"
+            f"checkpoint bytes streamed ({share:.1f}%){distributed}{left} in {self.timings.get('total', 0.0):.2f}s"
         )
 
 

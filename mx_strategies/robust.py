@@ -20,7 +20,7 @@ from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
 from . import completeness
-from .engine import EngineView, declared_unused, engine_view
+from .engine import EngineView, declared_unused, engine_view, held_names
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .distributed import agreed_plan, sees_same_files
 from .planning import LoadPlan, plan_load
@@ -121,14 +121,18 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         rank = ctx.global_rank
         engine = engine_view(ctx)
         distributed = engine.tensor_parallel_size > 1 and envs.MX_MS_DISTRIBUTED
-        unused = declared_unused(result.model)  # narrow_to_model leaves a target's plan as it is
+        unused = declared_unused(result.model)
+        held = held_names(result.model)
         try:
             if distributed:
                 resolution, plan = agreed_plan(
-                    ctx.adapter, rank, lambda: plan_load(cands, engine, settings, unused), sees_same_files(settings)
+                    ctx.adapter,
+                    rank,
+                    lambda: plan_load(cands, engine, settings, unused, held),
+                    sees_same_files(settings),
                 )
             else:
-                resolution, plan = plan_load(cands, engine, settings, unused)
+                resolution, plan = plan_load(cands, engine, settings, unused, held)
         except MxStrategiesError as exc:
             logger.warning(f"[Worker {rank}] {self.name} {engine.role} load not started: {exc}")
             raise StrategyFailed(str(exc), mutated=False) from exc
@@ -137,8 +141,14 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             logger.info(f"[Worker {rank}] {problem.kind}: {problem.message}")
         if plan.shared:
             logger.info(f"[Worker {rank}] draft also streams shared weights: {sorted(plan.shared)}")
-        if plan.architecture:
+        if plan.architecture and engine.is_draft:
             logger.info(f"[Worker {rank}] draft architecture {plan.architecture}: {len(plan.skipped)} tensor(s) not streamed")
+        if plan.left_to_draft:
+            logger.info(
+                f"[Worker {rank}] target: {len(plan.left_to_draft)} tensor(s), {plan.left_to_draft_bytes} bytes, are "
+                f"the MTP draft's own ({plan.architecture}); not streamed for the target "
+                f"(MX_ROBUST_TARGET_SELECTION=all streams them)"
+            )
         if plan.unused_by_model:
             # The model's own word overrides the selection: a table row or a convention picked too much.
             shown = ", ".join(sorted(plan.unused_by_model)[:10])
@@ -192,6 +202,9 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             held_peak_bytes=stream.held_peak_bytes,
             timings=timings,
             unused_by_model=tuple(sorted(plan.unused_by_model)),
+            architecture=plan.architecture,
+            left_to_draft=len(plan.left_to_draft),
+            left_to_draft_bytes=plan.left_to_draft_bytes,
         )
 
     def _stream(

