@@ -157,16 +157,27 @@ class Site:
     shard_uris: list[str]  # non-empty shards, natural order
     shard_files: int  # every *.safetensors file, empty ones included
     empty_shards: int
-    tensors: dict[str, tuple[str, list[int]]]  # name -> (safetensors dtype, shape)
+    tensors: dict[str, tuple[str, list[int]]]  # name -> (safetensors dtype, shape), every loadable tensor
+    target_names: list[str]  # what a robust target streams: all but the MTP draft's own (planning.plan_for)
     draft_names: list[str]
     draft_names_source: str
     data_bytes: int
+    target_bytes: int  # what a robust target streams of data_bytes
     draft_bytes: int
     metadata_bytes: int  # every shard header + index + config
     config_only: str  # what vLLM's runai pull leaves: the *.json files only
     reference: Optional[str]  # a local folder with the same files, for value checks
     bytes_counter: str  # how bytes read are counted here
     identity_recheck_s: float = 0.0  # one identity re-check of the target's shards (a load does two)
+
+    def expected(self, loader: str) -> list[str]:
+        """The tensors ``loader`` delivers: the draft's own; a robust target's (all but the MTP draft's own,
+        which it leaves to the draft); everything for the others (runai + copy, plain ModelExpress)."""
+        if loader == "draft":
+            return self.draft_names
+        if loader in ("robust", "robust_plan"):
+            return self.target_names
+        return list(self.tensors)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -201,7 +212,10 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
         target = plan_for(checkpoint, target_view, settings, source_is_target=True)
     except InconsistentCheckpoint as exc:
         raise BenchError(f"{uri}: {exc}") from exc
-    info = {n: i for s in target.shards for n, i in s.tensors.items()}
+    # Every loadable tensor: what runai + copy and plain ModelExpress stream, and the models hold.
+    everything = plan_for(checkpoint, target_view, settings.model_copy(update={"target_selection": "all"}),
+                          source_is_target=True)  # fmt: skip
+    info = {n: i for s in everything.shards for n, i in s.tensors.items()}
     tensors = {n: (i.dtype, list(i.shape)) for n, i in info.items()}
     try:
         draft_view = EngineView(True, "mtp", (), 1, 1, None, {})
@@ -222,13 +236,15 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
     return Site(
         name=name,
         uri=checkpoint.uri,
-        shard_uris=target.uris,
+        shard_uris=everything.uris,
         shard_files=sum(1 for k in at_root if k.endswith(".safetensors")),
         empty_shards=sum(1 for p in checkpoint.problems if p.kind == "empty_shard"),
         tensors=tensors,
+        target_names=sorted(target.expected),
         draft_names=draft,
         draft_names_source=draft_source,
-        data_bytes=target.bytes,
+        data_bytes=everything.bytes,
+        target_bytes=target.bytes,
         draft_bytes=sum(info[n].nbytes for n in draft),
         metadata_bytes=checkpoint.metadata_bytes + json_bytes,
         config_only=config_only,

@@ -187,7 +187,7 @@ class Harness:
 
     def check(self, loader: str, delivered: int) -> None:
         """Every expected tensor arrived, and (where a local copy exists) with the right values."""
-        expected = self.site.draft_names if loader == "draft" else list(self.site.tensors)
+        expected = self.site.expected(loader)
         if delivered != len(expected):
             raise BenchError(f"{loader}: {delivered} tensors delivered, {len(expected)} expected")
         model = self.model_for(loader)
@@ -330,7 +330,7 @@ def measure_site(
             if verify:
                 harness.check(loader, delivered)
                 checked.add(loader)
-            elif delivered != (len(site.draft_names) if loader == "draft" else len(site.tensors)):
+            elif delivered != len(site.expected(loader)):
                 raise BenchError(f"{loader}: {delivered} tensors delivered")
             tag = "" if timed else " (warm-up)"
             print(f"  [{site.name}] round {round_index + 1}/{warmup + reps} {loader:12s} {seconds:7.3f}s{tag}", flush=True)

@@ -105,8 +105,17 @@ def main() -> int:
     # 1. correctness: target and draft into CUDA tensors
     ck = mtp_checkpoint(os.path.join(work, "small"), style="deepseek", hidden=256, empty_shards=(1,))
     os.environ["MX_MODEL_URI"] = ck.path
+    from mx_strategies.engine import EngineView
+    from mx_strategies.planning import plan_load
+    from mx_strategies.settings import load_settings
+    from mx_strategies.sources import Candidate
+
+    target_view = EngineView(False, None, (), 1, 1, None, {})
     model, adapter = run(Cfg(model=ck.path, model_weights=None, runner_type="generate", hf_config=None), ck.tensors, ck.tensors)
-    figures["target_ok"] = equal(model, ck.path, set(ck.tensors)) and adapter.reinit_calls == 0
+    # The target gets what the strategy plans for it: everything but the MTP layer, which the draft streams.
+    _, target_plan = plan_load([Candidate("explicit", ck.path)], target_view, load_settings())
+    assert target_plan.left_to_draft, "the target plan should leave the MTP layer to the draft"
+    figures["target_ok"] = equal(model, ck.path, set(target_plan.expected)) and adapter.reinit_calls == 0
     cache = config_only_copy(ck.path, os.path.join(work, "cache"))
     vcfg = Cfg(speculative_config=Cfg(method="mtp", target_model_config=None), parallel_config=Cfg(tensor_parallel_size=1, pipeline_parallel_size=1))
     model, adapter = run(Cfg(model=cache, model_weights=None, runner_type="draft", hf_config=None), ck.tensors, ck.draft_names, vcfg, True)
@@ -119,13 +128,10 @@ def main() -> int:
                          layers_per_shard=max(1, layers // 8), empty_shards=(3,))  # fmt: skip
     size = big.nbytes(big.tensors)
     os.environ["MX_MODEL_URI"] = big.path
+    # Like for like with raw runai, which streams whole files: the target streams every tensor here.
+    os.environ["MX_ROBUST_TARGET_SELECTION"] = "all"
     # The files a target load streams, as the strategy plans them (empty shards left out).
-    from mx_strategies.engine import EngineView
-    from mx_strategies.planning import plan_load
-    from mx_strategies.settings import load_settings
-    from mx_strategies.sources import Candidate
-
-    _, plan = plan_load([Candidate("explicit", big.path)], EngineView(False, None, (), 1, 1, None, {}), load_settings())
+    _, plan = plan_load([Candidate("explicit", big.path)], target_view, load_settings())
     files = [shard.uri for shard in plan.shards]
     raw_t, robust_t = [], []
     for rep in range(args.reps + 1):

@@ -59,9 +59,11 @@ def test_demo_engine_vllm_runs_robust_against_the_default_loader(tmp_path):
     assert check["ok"] and check["problems"] == [], check
     assert check["line"].startswith("PASS: deepseek_v3 on cpu: robust from s3://mx-engine-check/deepseek_v3 = vLLM's default loader")
     target, draft = check["reports"][0]
-    assert (target["role"], target["bytes_streamed"]) == ("target", check["checkpoint_bytes"])
+    # The target leaves the MTP layer to the draft; together they stream at most the checkpoint.
+    assert target["role"] == "target" and target["left_to_draft_bytes"] > 0
+    assert target["bytes_streamed"] + target["left_to_draft_bytes"] == check["checkpoint_bytes"]
     assert (draft["role"], draft["convention"], draft["bytes_streamed"]) == ("draft", "nextn_layers", check["draft_needed_bytes"])
-    assert check["robust"]["bytes_served"] < 2 * check["checkpoint_bytes"]
+    assert check["robust"]["bytes_served"] < 1.01 * check["checkpoint_bytes"] + 512 * 1024
     # Progress went to stderr, one line per step; the engines' logs are in the work folder.
     assert "deepseek_v3: robust from S3: started" in run.stderr
     assert os.path.isfile(os.path.join(tmp_path, "deepseek_v3", "runs", "deepseek_v3-robust.log"))

@@ -190,7 +190,10 @@ def test_robust_served_both_loads_and_the_draft_streamed_only_its_own_tensors(en
     # target's at pipeline parallel 1), from the shards that hold them. No rebuild.
     assert robust_load_problems(robust, manifest, uri) == []
     target, draft = robust.reports()
-    assert target["bytes_streamed"] == target["checkpoint_bytes"] == manifest["checkpoint_bytes"]
+    # The target leaves the MTP layer (the draft's tensors and, for DeepSeek, its copies) to the draft.
+    assert target["checkpoint_bytes"] == manifest["checkpoint_bytes"]
+    assert target["bytes_streamed"] + target["left_to_draft_bytes"] == manifest["checkpoint_bytes"]
+    assert target["left_to_draft_bytes"] == manifest["draft_bytes"] > 0
     if arch == "deepseek_v3":  # the checkpoint's MTP layer carries copies the draft does not read
         assert draft["bytes_streamed"] == manifest["draft_needed_bytes"] < manifest["draft_bytes"]
     # The worker timed both loads (the benchmark's engine section reads these), outermost loader only.
@@ -198,9 +201,14 @@ def test_robust_served_both_loads_and_the_draft_streamed_only_its_own_tensors(en
     draft_class = {"deepseek_v3": "DeepSeekMTP", "qwen3_next": "Qwen3NextMTP"}[arch]
     assert timed == [("ModelExpressModelLoader", manifest["architectures"][0]), ("ModelExpressModelLoader", draft_class)]
     assert all(t["seconds"] > 0 for t in worker["load_times"])
-    # On the wire: the whole checkpoint once, plus the draft's tensors; never the checkpoint twice.
+    # On the wire: each tensor byte once for target and draft together, within 1% of the checkpoint
+    # plus configs, headers and HTTP (issue 23: 1.35x before the target left the MTP layer to the draft).
     assert wire_problems(robust, manifest) == []
-    assert robust.bytes_served < 2 * manifest["checkpoint_bytes"]
+    assert robust.bytes_served <= 1.01 * manifest["checkpoint_bytes"] + WIRE_OVERHEAD, robust.bytes_served
+    engines.note(
+        f"engine-e2e: {arch}: S3 served {robust.bytes_served} bytes for target + draft, "
+        f"{robust.bytes_served / manifest['checkpoint_bytes']:.3f}x the checkpoint's {manifest['checkpoint_bytes']}"
+    )
 
 
 @pytest.mark.timeout(TWO_ENGINES)

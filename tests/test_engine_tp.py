@@ -68,6 +68,7 @@ from mx_strategies.testing.loopback import CountingProxy, _close, free_port  # n
 from mx_strategies.testing.loopback import LoopbackS3  # noqa: E402
 
 from mx_strategies.testing.engine.check import (  # noqa: E402
+    loaded_bytes,
     rank_reports,
     robust_env,
     robust_load_problems,
@@ -167,8 +168,8 @@ class TpEngines(EngineSet):
 
     @property
     def loaded_bytes(self) -> int:
-        """What one rank loads: every checkpoint tensor for the target, the MTP tensors for the draft."""
-        return self.manifest["checkpoint_bytes"] + self.manifest["draft_needed_bytes"]
+        """What one rank loads: the target's tensors (the MTP layer left to the draft) and the draft's."""
+        return loaded_bytes(self.manifest)
 
     def configs(self) -> dict[str, dict]:
         robust = {**robust_env(self.uri), **TP_ENV}

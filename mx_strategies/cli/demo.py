@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Optional
 
+from .. import mtp_table
 from ..report import METADATA_KEY, clear_reports, recent_reports
 
 NAME = "demo"
@@ -116,6 +117,8 @@ class LoadOutcome:
     tensors_loaded: int = 0
     tensors_matching: int = 0
     tensors_skipped: int = 0
+    tensors_left_to_draft: int = 0  # a robust target's: the MTP draft's own, not streamed
+    bytes_left_to_draft: int = 0
     bytes_streamed: int = 0  # tensor bytes handed to the model
     bytes_served: int = 0  # what the S3 server sent (probes, headers, HTTP included)
     checkpoint_bytes: int = 0
@@ -279,8 +282,14 @@ def _model_configs(ckpt: DemoCheckpoint):
 
 
 def _owned(ckpt: DemoCheckpoint, role: str) -> set[str]:
+    """The names the stand-in model keeps: the draft's own, or for the target everything outside the MTP
+    layers (which vLLM's target classes skip; mtp_table says where they are)."""
     synthetic = ckpt.synthetic
-    return set(synthetic.draft_names) if role == "draft" else set(synthetic.tensors) - set(synthetic.draft_names)
+    if role == "draft":
+        return set(synthetic.draft_names)
+    row = mtp_table.match_target(synthetic.config)
+    roots = mtp_table.draft_roots(row, mtp_table.row_layout(row, ("config.json", synthetic.config))) if row else ()
+    return {name for name in synthetic.tensors if not (roots and name.startswith(roots))}
 
 
 def _run_chain(ckpt, role, loader, model_config, vllm_config, server, display) -> LoadOutcome:
@@ -315,6 +324,8 @@ def _run_chain(ckpt, role, loader, model_config, vllm_config, server, display) -
             outcome.source_label, outcome.source = report["source_label"], report["source"]
             outcome.bytes_streamed = report["bytes_streamed"]
             outcome.tensors_verified = report["tensors"]
+            outcome.tensors_left_to_draft = report.get("left_to_draft", 0)
+            outcome.bytes_left_to_draft = report.get("left_to_draft_bytes", 0)
             outcome.why = report["trail"]
         elif outcome.ok:
             outcome.source_label, outcome.source = "MX_MODEL_URI", os.environ.get("MX_MODEL_URI")
@@ -555,6 +566,11 @@ def _explain(console, o: LoadOutcome) -> None:
             text += (
                 f" [dim](the model skipped {o.tensors_skipped} streamed tensors that belong to the other model, "
                 "as vLLM's models do)[/dim]"
+            )
+        if o.tensors_left_to_draft:
+            text += (
+                f" [dim](not streamed: the MTP draft's own {o.tensors_left_to_draft} tensors, "
+                f"{_human(o.bytes_left_to_draft)}, which the draft streams itself)[/dim]"
             )
     else:
         text = head + "[red]" + escape(o.error or "failed") + "[/red]"

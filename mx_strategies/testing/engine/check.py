@@ -181,13 +181,22 @@ def robust_load_problems(
                 problems.append(f"{where}: {role} loaded from {report['source_label']}={report['source']!r}, not {label}={uri!r}")
             if distributed is not None and bool(report.get("distributed")) != distributed:
                 problems.append(f"{where}: {role} load distributed={report.get('distributed')}, expected {distributed}")
-        if target["tensors"] != manifest["tensor_count"] or target["bytes_streamed"] != manifest["checkpoint_bytes"]:
+        # The target: every tensor but the MTP layer (the draft's own and its copies), left to the draft.
+        target_tensors = manifest["tensor_count"] - len(manifest["draft_tensors"])
+        target_bytes = manifest["checkpoint_bytes"] - manifest["draft_bytes"]
+        if target["tensors"] != target_tensors or target["bytes_streamed"] != target_bytes:
             problems.append(
                 f"{where}: target streamed {target['tensors']} tensors, {target['bytes_streamed']} bytes; "
-                f"the checkpoint has {manifest['tensor_count']}, {manifest['checkpoint_bytes']}"
+                f"the target's share of the checkpoint is {target_tensors}, {target_bytes}"
             )
-        if sorted(target["shards"]) != non_empty:
-            problems.append(f"{where}: target read shards {sorted(target['shards'])}, expected the non-empty {non_empty}")
+        if (target.get("left_to_draft"), target.get("left_to_draft_bytes")) != (len(manifest["draft_tensors"]), manifest["draft_bytes"]):
+            problems.append(
+                f"{where}: target left {target.get('left_to_draft')} tensors, {target.get('left_to_draft_bytes')} bytes to "
+                f"the draft; the MTP layer has {len(manifest['draft_tensors'])}, {manifest['draft_bytes']}"
+            )
+        expected_shards = sorted(s for s in manifest.get("target_shards", non_empty) if s in non_empty)
+        if sorted(target["shards"]) != expected_shards:
+            problems.append(f"{where}: target read shards {sorted(target['shards'])}, expected {expected_shards}")
         if draft.get("convention") != manifest["draft_convention"]:
             problems.append(f"{where}: draft convention {draft.get('convention')!r}, expected {manifest['draft_convention']!r}")
         if draft["tensors"] != len(manifest["draft_needed"]) or draft["bytes_streamed"] != manifest["draft_needed_bytes"]:
@@ -202,12 +211,18 @@ def robust_load_problems(
     return problems
 
 
+def loaded_bytes(manifest: dict) -> int:
+    """The tensor bytes one reader streams for target and draft: the target's share of the checkpoint
+    (the MTP layer left to the draft) and the draft's kept tensors; at most the checkpoint's bytes."""
+    return manifest["checkpoint_bytes"] - manifest["draft_bytes"] + manifest["draft_needed_bytes"]
+
+
 def wire_problems(run: EngineRun, manifest: dict, *, readers: int = 1) -> list[str]:
-    """The store served the checkpoint once and the draft's kept tensors once, per reading rank,
-    plus at most ``WIRE_OVERHEAD`` per rank; never the checkpoint twice for one rank."""
+    """The store served the target's tensors and the draft's kept tensors once, per reading rank,
+    plus at most ``WIRE_OVERHEAD`` per rank: together no more than the checkpoint's tensor bytes."""
     if run.bytes_served is None:
         return []
-    once = manifest["checkpoint_bytes"] + manifest["draft_needed_bytes"]
+    once = loaded_bytes(manifest)
     low, high = readers * once, readers * (once + WIRE_OVERHEAD)
     if low <= run.bytes_served <= high:
         return []

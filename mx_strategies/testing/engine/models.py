@@ -296,6 +296,8 @@ def make_model(arch: str, out_dir: str, seed: int = 0, profile: str = "cpu") -> 
         "shards": shard_names,
         "empty_shards": [name for name, shard in zip(shard_names, shards) if not shard],
         "draft_shards": sorted({name for name, shard in zip(shard_names, shards) if set(shard) & set(draft)}),
+        # What a robust target reads: the shards holding target tensors (it leaves the MTP layer to the draft).
+        "target_shards": sorted({name for name, shard in zip(shard_names, shards) if set(shard) & set(target)}),
         "tensor_count": len(every),
         "draft_tensors": sorted(draft),
         "draft_convention": DRAFT_CONVENTION[arch],
