@@ -91,6 +91,28 @@ def _block(prefix: str, hidden: int, generator: torch.Generator) -> dict[str, to
     }
 
 
+# The MTP layer's share of a real checkpoint: DeepSeek-V3's is about 11.5 GB of 689 GB (1.7%), Qwen3-Next-80B's
+# about 1.5 GB of 80 GB (1.9%). The target leaves it to the draft; runai + copy streams it anyway.
+MTP_SHARE = 0.017
+
+
+def mtp_head(hidden: int, size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Qwen3-Next-style ``mtp.*`` tensors of about ``MTP_SHARE`` of ``size``: the fc, norms and experts."""
+    head = {
+        "mtp.fc.weight": _randn(generator, hidden, 2 * hidden),
+        "mtp.norm.weight": _randn(generator, hidden),
+        "mtp.pre_fc_norm_embedding.weight": _randn(generator, hidden),
+        "mtp.pre_fc_norm_hidden.weight": _randn(generator, hidden),
+        "mtp.layers.0.input_layernorm.weight": _randn(generator, hidden),
+    }
+    expert = hidden * (hidden // 2) * 2  # bf16 bytes of one expert's down projection
+    have = sum(t.numel() * t.element_size() for t in head.values())
+    experts = max(1, round((MTP_SHARE * size - have) / expert))
+    for e in range(experts):
+        head[f"mtp.layers.0.mlp.experts.{e}.down_proj.weight"] = _randn(generator, hidden, hidden // 2)
+    return head
+
+
 def generate_checkpoint(path: str, size: int) -> None:
     """bf16 weights in 8 shards (one empty) with an ``mtp.*`` head, + config.json.
 
@@ -108,11 +130,7 @@ def generate_checkpoint(path: str, size: int) -> None:
         target_shards[i * len(target_shards) // layout.layers].update(_block(f"model.layers.{i}", hidden, generator))
     target_shards[-1]["model.norm.weight"] = _randn(generator, hidden)
     target_shards[-1]["lm_head.weight"] = _randn(generator, layout.vocab, hidden)
-    mtp = _block("mtp.layers.0", hidden, generator)
-    mtp["mtp.fc.weight"] = _randn(generator, hidden, 2 * hidden)
-    mtp["mtp.norm.weight"] = _randn(generator, hidden)
-    mtp["mtp.pre_fc_norm_embedding.weight"] = _randn(generator, hidden)
-    mtp["mtp.pre_fc_norm_hidden.weight"] = _randn(generator, hidden)
+    mtp = mtp_head(hidden, size, generator)
     shards = target_shards + [mtp]
     shards.insert(EMPTY_SHARD_POSITION, {})
     write_shards(path, shards, index=True)
@@ -133,7 +151,7 @@ def generate_checkpoint(path: str, size: int) -> None:
 
 def cached_checkpoint(workdir: str, size: int) -> str:
     """The generated checkpoint of ``size`` under ``workdir``, made once."""
-    path = os.path.join(workdir, f"checkpoint-{size}")
+    path = os.path.join(workdir, f"checkpoint-{size}-mtp{MTP_SHARE}")
     if os.path.exists(os.path.join(path, ".complete")):
         logger.info(f"reusing {path}")
         return path

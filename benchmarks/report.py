@@ -103,16 +103,24 @@ def evaluate_targets(sites: dict[str, dict]) -> list[dict]:
             ratio = robust.get(f"ratio_to_{baseline}") if robust else None
             if ratio is None or kind not in targets:
                 continue
+            site = summary["site"]
+            data, mine = site["data_bytes"], site.get("target_bytes", site["data_bytes"])
+            share = (data - mine) / data if data else 0.0  # the MTP layers the robust target leaves to the draft
+            wanted = targets[kind] + (share if baseline == "runai_copy" and kind == "local" else 0.0)
             verdicts.append({
-                "site": name, "target": f"robust target load >= {targets[kind]:.2f}x {label}",
-                "value": ratio, "met": ratio >= targets[kind],
+                "site": name,
+                "target": f"robust target on an MTP checkpoint (MTP share {share:.1%}, left to the draft) "
+                          f">= {wanted:.2f}x {label} (which streams everything)"
+                          if baseline == "runai_copy" else f"robust target load >= {wanted:.2f}x {label}",
+                "value": ratio, "met": ratio >= wanted,
                 "note": f"{robust['median_s']:.3f} s vs {rows[baseline]['median_s']:.3f} s (medians)",
             })  # fmt: skip
         if robust and "overhead_share" in robust:
+            limit = TARGET_OVERHEAD_SHARE[kind]
             verdicts.append({
-                "site": name, "target": f"inspection + verification <= {TARGET_OVERHEAD_SHARE:.0%} of the load",
+                "site": name, "target": f"inspection + verification <= {limit:.0%} of the load",
                 "value": robust["overhead_share"],
-                "met": robust["overhead_share"] <= TARGET_OVERHEAD_SHARE,
+                "met": robust["overhead_share"] <= limit,
                 "note": f"resolve {robust['resolve_s'] * 1e3:.1f} ms + identity re-checks {robust['identity_recheck_s'] * 1e3:.1f} ms "
                         f"of {robust['median_s']:.3f} s ({human(summary['site']['data_bytes'])}, "
                         f"{summary['site']['shard_files']} shard files)",

@@ -43,7 +43,7 @@ class LoadReport:
     convention: Optional[str]  # the draft naming convention that matched; None for a full load
     shards: tuple[str, ...]  # shard keys streamed, in plan order
     tensors: int
-    bytes_streamed: int  # tensor bytes the plan streamed (this rank's share when distributed)
+    bytes_streamed: int  # tensor bytes the plan delivered to this rank's model
     checkpoint_bytes: int  # tensor bytes in the whole checkpoint
     metadata_bytes: int  # header bytes the probe read
     distributed: bool
@@ -56,9 +56,16 @@ class LoadReport:
     architecture: Optional[str] = None
     left_to_draft: int = 0
     left_to_draft_bytes: int = 0
+    # Of bytes_streamed, what this rank read from storage itself (all of it unless distributed; its share of
+    # runai's partition when distributed, the rest from the other ranks). None: runai did not say.
+    bytes_from_storage: Optional[int] = None
+
+    @property
+    def bytes_from_peers(self) -> Optional[int]:
+        return None if self.bytes_from_storage is None else max(self.bytes_streamed - self.bytes_from_storage, 0)
 
     def as_dict(self) -> dict:
-        return {"outcome": "loaded", **asdict(self), "trail": self.trail()}
+        return {"outcome": "loaded", **asdict(self), "bytes_from_peers": self.bytes_from_peers, "trail": self.trail()}
 
     def trail(self) -> str:
         steps = [f"passed over {r.label}={r.uri!r}: {r.reason}" for r in self.rejected]
@@ -70,6 +77,8 @@ class LoadReport:
         share = 100.0 * self.bytes_streamed / self.checkpoint_bytes if self.checkpoint_bytes else 0.0
         convention = f", convention {self.convention}" if self.convention else ""
         distributed = ", distributed" if self.distributed else ""
+        if self.distributed and self.bytes_from_storage is not None:
+            distributed += f" ({self.bytes_from_storage} read from storage, {self.bytes_from_peers} from the other ranks)"
         left = (
             f", {self.left_to_draft} tensors ({self.left_to_draft_bytes} bytes) left to the MTP draft "
             f"({self.architecture})"

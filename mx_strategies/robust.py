@@ -205,6 +205,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             architecture=plan.architecture,
             left_to_draft=len(plan.left_to_draft),
             left_to_draft_bytes=plan.left_to_draft_bytes,
+            bytes_from_storage=stream.bytes_from_storage,
         )
 
     def _stream(

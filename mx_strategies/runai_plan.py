@@ -64,5 +64,23 @@ class PlannedStreamer(SafetensorsStreamer):
         self.file_streamer.stream_files(requests, credentials=None, device=device, is_distributed=is_distributed, owned=True)
         self._log_ring()
 
+    def bytes_from_storage(self) -> Optional[int]:
+        """The tensor bytes this process reads from storage itself: all of them unless runai streams
+        distributed, then its share of runai's partition (the rest arrives from the other ranks).
+        None when runai's internals (0.17's ``DistributedStreamer``) do not say."""
+        streamer = self.file_streamer
+        if not getattr(streamer, "is_distributed", False):
+            return self.total_size
+        inner = getattr(streamer, "distributed_streamer", None)
+        chunks = getattr(inner, "rank_file_chunks_list", None)
+        if chunks is None:
+            return None
+        if not getattr(inner, "reading_from_storage", True):
+            return 0
+        try:
+            return sum(int(fc.total_size()) for fc in chunks)
+        except Exception:  # noqa: BLE001 - an internal of runai; a figure, never a failed load
+            return None
+
 
 __all__ = ["PlannedStreamer", "shard_request"]

@@ -336,6 +336,7 @@ class VerifiedStream:
         self._warned_unordered = False
         self._env = None
         self._streamer = None
+        self._from_storage: Optional[int] = 0  # nothing planned: nothing read
         self._iter = None
         self._first = None
         self._in_order: Optional[InOrder] = None  # only with MX_ROBUST_DELIVERY_ORDER=plan
@@ -382,6 +383,7 @@ class VerifiedStream:
         if self.plan.shards:
             # The probe's headers, not a second read of them (runai_plan).
             self._streamer.stream_plan(self.plan, device=self.device, is_distributed=self.distributed)
+            self._from_storage = self._streamer.bytes_from_storage()
             self._iter = self._streamer.get_tensors()
             self._first = next(self._iter, None)
             if self.settings.delivery_order == "plan":
@@ -452,6 +454,11 @@ class VerifiedStream:
     @property
     def held_peak_bytes(self) -> int:
         return 0 if self._in_order is None else self._in_order.peak_bytes
+
+    @property
+    def bytes_from_storage(self) -> Optional[int]:
+        """What this rank read from storage itself (runai's partition share when distributed), or None."""
+        return self._from_storage
 
     def _warn_if_unordered(self) -> None:
         if not self._in_order.ordered and not self._warned_unordered:

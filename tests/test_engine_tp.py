@@ -253,6 +253,19 @@ def test_tp2_distributed_reads_each_byte_once_and_every_rank_holds_the_default_l
     assert dist.bytes_served is not None and wire_problems(dist, engines.manifest, readers=1) == []
     # gloo distributes only with runai's own variable, which the strategy sets for the load.
     assert "Using distributed streaming between 2 processes" in dist.log
+    # Each rank's report says what it read from storage and what it got from the other rank; across the
+    # ranks the reads add up to the bytes streamed once, for the target and for the draft.
+    per_rank = rank_reports(dist)
+    for role in (0, 1):  # target, draft
+        reports = [reports[role] for reports in per_rank]
+        streamed = {r["bytes_streamed"] for r in reports}
+        assert len(streamed) == 1, reports
+        read = [r["bytes_from_storage"] for r in reports]
+        assert None not in read and sum(read) == streamed.pop(), reports
+        for r in reports:
+            assert r["bytes_from_storage"] + r["bytes_from_peers"] == r["bytes_streamed"]
+            assert f"({r['bytes_from_storage']} read from storage, {r['bytes_from_peers']} from the other ranks)" in dist.log
+    assert all(reports[0]["bytes_from_peers"] > 0 for reports in per_rank)  # the target's reads were shared
 
 
 @pytest.mark.timeout(TWO_ENGINES)
@@ -261,6 +274,8 @@ def test_tp2_not_distributed_reads_everything_on_every_rank(engines):
     nodist = _started(engines.get("tp2-nodist"))
     _assert_same_weights_on_every_rank(default, nodist)
     _assert_reports(nodist, engines.manifest, engines.uri, distributed=False)
+    for reports in rank_reports(nodist):  # each rank read everything itself
+        assert all(r["bytes_from_storage"] == r["bytes_streamed"] and r["bytes_from_peers"] == 0 for r in reports)
     # Every rank reads it all (measured 413 KiB of overhead for the two ranks).
     assert nodist.bytes_served is not None and wire_problems(nodist, engines.manifest, readers=TP) == []
     assert "Using distributed streaming" not in nodist.log
