@@ -46,7 +46,9 @@ def request_counts(requests: list[tuple[str, str, object]]) -> dict[str, int]:
     """Requests by kind: listings, HEADs, ranged GETs, whole-object GETs."""
     kinds: Counter = Counter()
     for method, path, ranged in requests:
-        if method == "GET" and ("list-type" in path or path.rstrip("/").count("/") <= 1 and "?" in path):
+        base, _, query = path.partition("?")
+        presigned = "X-Amz-Signature=" in query or "Signature=" in query  # the probe's ranged GETs
+        if method == "GET" and not presigned and ("list-type" in query or base.rstrip("/").count("/") <= 1 and query):
             kinds["list"] += 1
         elif method == "GET":
             kinds["ranged_get" if ranged else "get"] += 1

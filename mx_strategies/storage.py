@@ -2,7 +2,7 @@
 
 Probing a candidate source must never read tensor data: a 700 GB checkpoint
 is inspected by listing its prefix and reading each shard's header with two
-ranged reads. runai-model-streamer streams data but has no ranged-read or
+ranged read. runai-model-streamer streams data but has no ranged-read or
 listing-with-sizes API, so this module uses the clients the runai extras
 already install (boto3, google-cloud-storage, azure-storage-blob), configured
 from the same environment variables runai reads.
@@ -276,7 +276,9 @@ class S3Store:
         self.bucket, self.prefix = _split_bucket(uri, S3_PREFIX)
         if not self.bucket:
             raise StoreError(f"{uri}: no bucket in the URI")
-        self._client = _s3_client(timeout_s, max_attempts, tuple(os.environ.get(v) for v in S3_CLIENT_ENV))
+        env = tuple(os.environ.get(v) for v in S3_CLIENT_ENV)
+        self._client = _s3_client(timeout_s, max_attempts, env)
+        self._reader = _s3_reader(timeout_s, max_attempts, env)
         self._max_attempts = max_attempts
 
     def _fail(self, what: str, exc: Exception) -> StoreError:
@@ -304,25 +306,18 @@ class S3Store:
         return found
 
     def read(self, obj: ObjectInfo, start: int, length: int) -> bytes:
+        """A ranged GET through :mod:`.s3_ranged` (presigned by this store's client, sent by urllib3)."""
         if length <= 0:
             return b""
-        from botocore.exceptions import ConnectionClosedError, ReadTimeoutError, ResponseStreamingError
+        from .s3_ranged import RangedReadError
 
         key = obj.uri[len(f"s3://{self.bucket}/") :]
-        what = f"{obj.uri}: ranged read of bytes {start}-{start + length - 1} failed"
-        for attempt in range(1, self._max_attempts + 1):
-            try:
-                response = self._client.get_object(
-                    Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}"
-                )
-                return response["Body"].read()
-            except (ResponseStreamingError, ReadTimeoutError, ConnectionClosedError) as exc:
-                # A body cut or reset after the headers: botocore's retries end at the headers.
-                if attempt == self._max_attempts:
-                    raise self._fail(what, exc) from exc
-            except Exception as exc:
-                raise self._fail(what, exc) from exc
-        raise AssertionError("unreachable")  # the loop returns or raises
+        try:
+            return self._reader.read(self.bucket, key, start, length)
+        except RangedReadError as exc:
+            raise StoreError(f"{obj.uri}: ranged read of bytes {start}-{start + length - 1} failed: {exc}") from exc
+        except Exception as exc:  # presigning: credentials or configuration botocore refuses
+            raise self._fail(f"{obj.uri}: ranged read of bytes {start}-{start + length - 1} failed", exc) from exc
 
     def identity(self, obj: ObjectInfo) -> Optional[str]:
         key = obj.uri[len(f"s3://{self.bucket}/") :]
@@ -370,10 +365,21 @@ def _s3_client(timeout_s: float, max_attempts: int, env: tuple):
         read_timeout=timeout_s,
         retries={"total_max_attempts": max_attempts, "mode": "standard"},  # attempts, first included
         s3={"addressing_style": "path"} if (values["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] or "1") == "0" else None,
-        signature_version=UNSIGNED if values["RUNAI_STREAMER_S3_UNSIGNED"] == "1" else None,
+        # SigV4 also for the presigned ranged reads (botocore presigns S3 with SigV2 by default, which newer
+        # regions refuse).
+        signature_version=UNSIGNED if values["RUNAI_STREAMER_S3_UNSIGNED"] == "1" else "s3v4",
         max_pool_connections=S3_POOL_CONNECTIONS,
     )
     return boto3.session.Session().client("s3", config=config)
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_reader(timeout_s: float, max_attempts: int, env: tuple):
+    """The ranged-GET path (:mod:`.s3_ranged`) of the client for the same configuration."""
+    from .s3_ranged import RangedReader
+
+    client = _s3_client(timeout_s, max_attempts, env)
+    return RangedReader(client, timeout_s=timeout_s, max_attempts=max_attempts, pool_size=S3_POOL_CONNECTIONS)
 
 
 def _etag(value: Optional[str]) -> Optional[str]:

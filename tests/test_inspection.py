@@ -94,7 +94,9 @@ def test_an_empty_shard_costs_one_request(s3, tmp_path):
     s3.proxy.reset()
     checkpoint = inspect(open_store(uri), DEPTH)
     assert [s.empty for s in checkpoint.shards] == [False, True]
-    gets = [(path.rsplit("/", 1)[-1], byte_range) for method, path, byte_range in s3.proxy.requests if method == "GET" and byte_range]
+    # (the probe's GETs carry a presigned query string: mx_strategies.s3_ranged)
+    gets = [(path.split("?", 1)[0].rsplit("/", 1)[-1], byte_range)
+            for method, path, byte_range in s3.proxy.requests if method == "GET" and byte_range]  # fmt: skip
     empty_size = os.path.getsize(folder / "model-00002-of-00002.safetensors")
     assert sorted(gets) == [
         ("model-00001-of-00002.safetensors", "bytes=0-15"),  # 1/1024 of 16 KiB: the length, then

@@ -99,6 +99,18 @@ TARGET_CONFIGS = {
                          layer_types=["full_attention", "full_attention"], sliding_window=64)),
  "pangu_ultra_moe": cfg(model_type="pangu_ultra_moe", architectures=["PanguUltraMoEForCausalLM"], num_nextn_predict_layers=1,
         _remote=("pangu_ultra_moe", "transformers.DeepseekV3Config"), **MOE, **MLA),
+ # HY-V4 (vLLM's HYV4Config, transformers_utils/configs/hy_v4.py): dense MLPs and full (not DSA) attention build
+ # on the CPU; the MTP layer copies the last entry of each list (vLLM 0.32 nvidia/mtp.py:355). iHC off: the MTP
+ # layers are built without it anyway (nvidia/mtp.py:354).
+ "hy_v4": cfg(model_type="hy_v4", architectures=["HYV4ForCausalLM"], num_nextn_predict_layers=1,
+        moe_intermediate_size=32, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        mlp_layer_types=["dense", "dense"], layer_types=["full_attention", "full_attention"],
+        index_topk=16, index_head_dim=16, index_n_heads=2, enable_ihc=False, hc_mult=2,
+        pad_token_id=None, bos_token_id=0, eos_token_id=1, **MLA),
+ # Inkling's text target (models/inkling/configs.py); the MTP depths are described by mtp_config, which
+ # hf_config_override promotes onto the draft config (config/speculative.py:1000).
+ "inkling": cfg(model_type="inkling_model", architectures=["InklingForCausalLM"], use_embed_norm=True,
+        mtp_config={"num_nextn_predict_layers": 1, "chain_hidden_post_norm": True, "local_layer_ids": []}),
 }
 
 import importlib.metadata  # noqa: E402

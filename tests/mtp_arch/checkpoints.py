@@ -17,6 +17,7 @@ skipped by ``load_weights`` and the completeness check names the parameter.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -29,9 +30,16 @@ FUSED = {
     "fused_qkv_a_proj": ("q_a_proj", "kv_a_proj_with_mqa"),
 }
 
+# Per-architecture overrides of FUSED (Inkling: qkvr is four checkpoint tensors, and its MLP's gate_up_proj is
+# one ColumnParallelLinear the checkpoint holds whole, as mlp.w13_dn).
+ARCH_FUSED = {
+    "inkling": {"qkvr": ("wq_du", "wk_dv", "wv_dv", "wr_du")},
+}
+
 _MTP_BLOCK = [(r"^model\.layers\.(\d+)\.mtp_block\.", r"model.layers.\1.")]
+_TARGET_LAYERS = 2  # num_hidden_layers of every tiny target (builders.BASE)
 # Module name -> checkpoint name, per architecture (applied in order, first match of each rule).
-RENAMES: dict[str, list[tuple[str, str]]] = {
+RENAMES: dict[str, list[tuple[str, str | Callable[[re.Match], str]]]] = {
     "deepseek_v3": _MTP_BLOCK,
     "glm4_moe": _MTP_BLOCK,
     "glm4_moe_lite": _MTP_BLOCK,
@@ -67,6 +75,20 @@ RENAMES: dict[str, list[tuple[str, str]]] = {
     "exaone_moe": [(r"^model\.(?!embed_tokens)", "mtp.")],
     "exaone4_5": [(r"^model\.(?!embed_tokens)", "mtp.")],
     "gemma4_assistant": [(r"^model\.(pre_projection|post_projection)\.", r"\1.")],
+    # HY-V4 checkpoints name MTP layer i model.mtp_layers.{i}; load_weights maps it to model.layers.{N+i}
+    # (vLLM 0.32 nvidia/mtp.py:801) and adds mtp_block. but for enorm/hnorm/eh_proj/final_layernorm (nvidia/mtp.py:614).
+    "hy_v4": [
+        (r"^model\.layers\.(\d+)\.(?:mtp_block\.)?", lambda m: f"model.mtp_layers.{int(m.group(1)) - _TARGET_LAYERS}."),
+    ],
+    # Inkling (vLLM 0.32 nvidia/mtp.py:341): model.mtp.layers.{i} / model.mtp.chain_norm, the target's embed_norm as the
+    # draft's backbone_embed_norm (nvidia/mtp.py:386), w13_dn / w2_md for the MLP (nvidia/mtp.py:421).
+    "inkling": [
+        (r"^model\.layers\.", "model.mtp.layers."),
+        (r"^model\.chain_norm\.", "model.mtp.chain_norm."),
+        (r"^model\.backbone_embed_norm\.", "model.llm.embed_norm."),
+        (r"\.mlp\.gate_up_proj\.", ".mlp.w13_dn."),
+        (r"\.mlp\.down_proj\.", ".mlp.w2_md."),
+    ],
 }
 
 # The target's own tensors each checkpoint also holds (hidden 64, vocab 128).
@@ -75,14 +97,21 @@ TARGET_EMBED = {
     "bailing_moe_v3": "model.word_embeddings.weight",
     "nemotron_h": "backbone.embeddings.weight",
     "glm_ocr": "model.language_model.embed_tokens.weight",
+    "inkling": "model.llm.embed.weight",
 }
 TARGET_LAYER = {
     "glm_ocr": "model.language_model.layers.1.",
     "nemotron_h": "backbone.layers.1.",
     "glm4_moe_lite": "model.layers.1.",
+    "inkling": "model.llm.layers.1.",
 }
+TARGET_HEAD = {"inkling": "model.llm.unembed.weight"}
+TARGET_NORM = {"nemotron_h": "backbone.norm_f.weight", "inkling": "model.llm.norm.weight"}
 # Exporters that write the target's embedding/head into each MTP layer too (vLLM's proposer replaces them).
-LAYER_COPIES = {"deepseek_v3", "glm4_moe", "glm4_moe_lite", "pangu_ultra_moe", "glm_ocr", "hy_v3", "bailing_hybrid"}
+LAYER_COPIES = {"deepseek_v3", "glm4_moe", "glm4_moe_lite", "pangu_ultra_moe", "glm_ocr", "hy_v3", "bailing_hybrid",
+                "hy_v4"}
+# Per-MTP-layer tensors some exporters also write and the class skips (HY-V4: shared_head.*, nvidia/mtp.py:611).
+LAYER_EXTRAS = {"hy_v4": ("shared_head.norm.weight",)}
 
 
 def _rename(arch: str, name: str) -> str:
@@ -105,8 +134,10 @@ def persistent_buffers(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]
     return [(name, buf) for name, buf in model.named_buffers() if required.get(name) == "buffer"]
 
 
-def split(model: torch.nn.Module, name: str, value: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-    """The checkpoint parts (module-side names) of one draft parameter's value."""
+def split(
+    model: torch.nn.Module, name: str, value: torch.Tensor, fused: dict[str, tuple[str, ...]] = FUSED
+) -> list[tuple[str, torch.Tensor]]:
+    """The checkpoint parts (module-side names) of one draft parameter's value (``fused``: ARCH_FUSED's)."""
     owner_name, leaf = name.rsplit(".", 1)
     parts = owner_name.split(".")
     if leaf in ("w13_weight", "w2_weight") and "experts" in parts:
@@ -119,14 +150,15 @@ def split(model: torch.nn.Module, name: str, value: torch.Tensor) -> list[tuple[
             else:
                 out.append((f"{base}.{expert}.down_proj.weight", value[expert]))
         return out
-    if parts[-1] in FUSED:
+    if parts[-1] in fused:
         owner = model.get_submodule(owner_name)
         sizes = list(getattr(owner, "output_sizes", None) or _qkv_sizes(owner))
         if parts[-1] == "qkv_proj" and len(sizes) != 3:
             sizes = _qkv_sizes(owner)
         pieces = value.split(sizes, dim=0)
         stem = ".".join(parts[:-1])
-        return [(f"{stem}.{part}.{leaf}", piece) for part, piece in zip(FUSED[parts[-1]], pieces)]
+        assert len(pieces) == len(fused[parts[-1]]), (name, sizes)
+        return [(f"{stem}.{part}.{leaf}", piece) for part, piece in zip(fused[parts[-1]], pieces)]
     return [(name, value)]
 
 
@@ -170,7 +202,7 @@ def draft_checkpoint(
         truth[name] = value
         if name in skip_params:
             continue
-        for part_name, part in split(model, name, value):
+        for part_name, part in split(model, name, value, ARCH_FUSED.get(arch, FUSED)):
             ckpt = _rename(arch, part_name)
             assert ckpt not in tensors, (arch, ckpt)
             tensors[ckpt] = part.contiguous().clone()
@@ -183,13 +215,11 @@ def draft_checkpoint(
     extra[TARGET_EMBED.get(arch, "model.embed_tokens.weight")] = torch.randn(128, hidden, generator=generator).to(
         torch.bfloat16
     )
-    extra["lm_head.weight"] = torch.randn(128, hidden, generator=generator).to(torch.bfloat16)
-    extra["model.norm.weight" if arch not in ("nemotron_h",) else "backbone.norm_f.weight"] = torch.randn(
-        hidden, generator=generator
-    ).to(torch.bfloat16)
+    extra[TARGET_HEAD.get(arch, "lm_head.weight")] = torch.randn(128, hidden, generator=generator).to(torch.bfloat16)
+    extra[TARGET_NORM.get(arch, "model.norm.weight")] = torch.randn(hidden, generator=generator).to(torch.bfloat16)
     if arch in LAYER_COPIES:
         for ckpt, param in list(owner.items()):
-            match = re.match(r"^(model\.(?:language_model\.)?layers\.\d+\.)", ckpt)
+            match = re.match(r"^(model\.(?:language_model\.)?(?:mtp_)?layers\.\d+\.)", ckpt)
             if match and param.startswith("model.layers.") and ".enorm." in ckpt:
                 prefix = match.group(1)
                 extra.setdefault(f"{prefix}embed_tokens.weight", torch.randn(128, hidden, generator=generator).to(torch.bfloat16))
@@ -197,6 +227,8 @@ def draft_checkpoint(
                     extra.setdefault(
                         f"{prefix}shared_head.head.weight", torch.randn(128, hidden, generator=generator).to(torch.bfloat16)
                     )
+                for suffix in LAYER_EXTRAS.get(arch, ()):
+                    extra.setdefault(f"{prefix}{suffix}", torch.randn(hidden, generator=generator).to(torch.bfloat16))
     if arch == "mimo_v2_flash":
         # MiMo-V2-Flash checkpoints hold more MTP layers than vLLM builds (layer 0 only).
         for ckpt in list(owner):
@@ -210,4 +242,4 @@ def draft_checkpoint(
     return DraftCheckpoint(folder, truth, tensors, owner, set(tensors) - set(owner))
 
 
-__all__ = ["DraftCheckpoint", "RENAMES", "draft_checkpoint", "split", "write_checkpoint"]
+__all__ = ["ARCH_FUSED", "RENAMES", "DraftCheckpoint", "draft_checkpoint", "split", "write_checkpoint"]
