@@ -50,6 +50,7 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "mx_strategies.report",
         "mx_strategies.robust",
         "mx_strategies.runai_plan",
+        "mx_strategies.s3_ranged",
         "mx_strategies.settings",
         "mx_strategies.sources",
         "mx_strategies.storage",
