@@ -69,7 +69,7 @@ def _run(
 ):
     if reports is None:
         reports = [
-            _report("target", 10, 1000, ["m-3.safetensors", "m-2.safetensors"]),
+            _report("target", 7, 700, ["m-3.safetensors", "m-2.safetensors"], left_to_draft=3, left_to_draft_bytes=300),
             _report("draft", 2, 200, ["m-3.safetensors"], convention="nextn_layers"),
         ]
     result = {
@@ -137,16 +137,20 @@ def test_spec_decode_needs_the_counters_drafts_and_the_reference_counts():
 def test_robust_load_passes_the_right_reports_and_names_each_wrong_one():
     assert robust_load_problems(_run(), MANIFEST, URI) == []
 
+    # The whole checkpoint for both: the target did not leave the MTP layer, the draft took its copies.
     whole = [_report("target", 10, 1000, ["m-3.safetensors", "m-2.safetensors"]),
              _report("draft", 3, 300, ["m-3.safetensors"], convention="nextn_layers")]  # fmt: skip
     assert robust_load_problems(_run(reports=whole), MANIFEST, URI) == [
-        "rank 0: draft streamed 3 tensors, 300 bytes; the draft module keeps 2, 200"
+        "rank 0: target streamed 10 tensors, 1000 bytes; the target's share of the checkpoint is 7, 700",
+        "rank 0: target left None tensors, None bytes to the draft; the MTP layer has 3, 300",
+        "rank 0: draft streamed 3 tensors, 300 bytes; the draft module keeps 2, 200",
     ]
-    empty_read = [_report("target", 10, 1000, ["m-1.safetensors", "m-2.safetensors", "m-3.safetensors"]),
+    empty_read = [_report("target", 7, 700, ["m-1.safetensors", "m-2.safetensors", "m-3.safetensors"],
+                          left_to_draft=3, left_to_draft_bytes=300),
                   _report("draft", 2, 200, ["m-3.safetensors"], convention="mtp")]  # fmt: skip
     assert robust_load_problems(_run(reports=empty_read), MANIFEST, URI) == [
-        "rank 0: target read shards ['m-1.safetensors', 'm-2.safetensors', 'm-3.safetensors'], expected the "
-        "non-empty ['m-2.safetensors', 'm-3.safetensors']",
+        "rank 0: target read shards ['m-1.safetensors', 'm-2.safetensors', 'm-3.safetensors'], expected "
+        "['m-2.safetensors', 'm-3.safetensors']",
         "rank 0: draft convention 'mtp', expected 'nextn_layers'",
     ]
     assert robust_load_problems(_run(reports=[]), MANIFEST, URI) == [
@@ -166,7 +170,7 @@ def test_robust_load_passes_the_right_reports_and_names_each_wrong_one():
 
 
 def test_wire_bounds_what_the_store_served():
-    once = 1000 + 200
+    once = 700 + 200  # the target's share, the draft's kept tensors: less than the checkpoint
     assert wire_problems(_run(served=once), MANIFEST) == []
     assert wire_problems(_run(served=once + WIRE_OVERHEAD), MANIFEST) == []
     assert wire_problems(_run(served=2 * 1000 + 300), MANIFEST) == []  # tiny files: overhead dominates
@@ -182,7 +186,7 @@ def test_engine_check_line_and_dict():
     check = EngineCheck("deepseek_v3", "cpu", 1, MANIFEST, URI, default=_run("default"), robust=_run())
     assert check.ok
     assert check.line() == (
-        f"PASS: deepseek_v3 on cpu: robust from {URI} = vLLM's default loader, bit for bit (target 10 tensors, "
+        f"PASS: deepseek_v3 on cpu: robust from {URI} = vLLM's default loader, bit for bit (target 7 tensors, "
         "draft 2 own tensors, nextn_layers, 20.0% of the checkpoint bytes), same greedy tokens, spec decoding ran; "
         "S3 served 1300 bytes"
     )

@@ -69,6 +69,8 @@ BUILT = {
     "qwen3_next": ("Qwen3NextMTP", "qwen3_next_mtp"),
     "exaone_moe": ("ExaoneMoeMTP", "exaone_moe_mtp"),
     "exaone4_5": ("Exaone4_5_MTP", "exaone4_5_mtp"),
+    "hy_v4": ("HYV4MTP", "hy_v4_mtp"),  # the modular classes that build on a CPU (vllm/models/<family>/)
+    "inkling": ("InklingMTP", "inkling_mtp"),
 }
 NOT_BUILT = {
     "qwen3_5": (
@@ -356,7 +358,7 @@ def test_declared_unused_needs_the_models_own_method():
 
 
 # Rows for vLLM 0.32's modular MTP classes (vllm/models/<family>/), on names their load_weights reads,
-# read from the class and simulated on it (2026-12-01). Built here: none yet (see NOT_BUILT_CLASSES).
+# read from the class and simulated on it (2026-12-01). Built here: HY-V4 and Inkling (BUILT); the rest not (NOT_BUILT_CLASSES).
 # row: (config, own, copies of the embedding/head the proposer replaces at PP=1, skipped, ignored)
 NAMES_ONLY = {
     "kimi_k3_mtp": (
@@ -434,10 +436,9 @@ NOT_BUILT_CLASSES = {
     "qwen4_exp_mtp": "vllm.models.qwen4_exp imports qwen3_vl.py, which imports torchvision, absent here",
     "kimi_k3_mtp": "the CUDA class is used on CPU too; its __init__ creates torch.cuda.Stream (nvidia/mtp.py:103)",
     "minimax_m3_mtp": "vllm.models.minimax_m3 imports torchvision (nvidia/model.py:78), absent here",
-    "hy_v4_mtp": "builds on CPU with dense layer types; the test-side builder and checkpoint writer do not "
-    "know HY-V4 yet",
-    "inkling_mtp": "builds on CPU in bf16; the test-side builder and checkpoint writer do not know Inkling yet",
 }
+# Built here too (BUILT: dense HY-V4 layers, bf16 Inkling), and also checked on their load_weights names.
+NAMES_ALSO_BUILT = {"hy_v4_mtp", "inkling_mtp"}
 
 
 @pytest.mark.parametrize("pp", [1, 2])
@@ -446,7 +447,7 @@ def test_modular_mtp_rows_select_what_their_load_weights_reads(key, pp):
     config, own, copies, skipped, ignored = NAMES_ONLY[key]
     (row,) = [r for r in mtp_table.TABLE if r.key == key]
     assert mtp_table.match(row.draft_architectures, None, "mtp") is row
-    assert key in NOT_BUILT_CLASSES
+    assert key in NOT_BUILT_CLASSES or (key in NAMES_ALSO_BUILT and key in {r for _, r in BUILT.values()})
     layout = mtp_table.row_layout(row, ("config", config))
     selection = mtp_table.select(row, own | copies | skipped | ignored, layout, shares_target_weights=pp == 1)
     assert selection.own == own
