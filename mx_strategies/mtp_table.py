@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 VLLM_VERSION_CHECKED = "0.32.0"
@@ -127,6 +127,21 @@ _TOP_HEAD = r"^lm_head\.weight$"
 # Bailing reads only model.word_embeddings.weight; a per-layer copy names no parameter (load_param skips it).
 _BAILING_LAYER_EMBED = r"^model\.layers\.{L}\.embed_tokens\."
 _NOT_FIRST_EMBED = r"^(model\.|model\.language_model\.)?layers\.{Lrest}\.embed_tokens\.weight$"
+
+# Nemotron-H's draft as vLLM 0.32 reads it; vLLM 0.33 changed the rule (the second row in TABLE).
+_NEMOTRON_H = MtpArchitecture(
+    key="nemotron_h_mtp",
+    targets=("nemotron_h", "nemotron_h_puzzle", "NemotronH_Super_Omni_Reasoning_V3", "NemotronH_Omni_Reasoning_V3"),
+    family="Nemotron-H / Nemotron-3 (and the Omni VLMs)",
+    draft_architectures=("NemotronHMTPModel",),
+    model_types=("nemotron_h_mtp",),
+    load_weights=_m("nemotron_h_mtp.py", 434),
+    override=_s(832),
+    layout="prefix",
+    prefixes=("mtp.", "language_model.mtp."),
+    embed=(r"(^|\.)embeddings\.weight$",),
+    head=(r"^(language_model\.)?lm_head\.",),
+)
 
 TABLE: tuple[MtpArchitecture, ...] = (
     MtpArchitecture(
@@ -475,33 +490,16 @@ TABLE: tuple[MtpArchitecture, ...] = (
         embed=(_ANY_EMBED,),
         head=(_TOP_HEAD,),
     ),
-    MtpArchitecture(
-        key="nemotron_h_mtp",
-        targets=("nemotron_h", "nemotron_h_puzzle", "NemotronH_Super_Omni_Reasoning_V3", "NemotronH_Omni_Reasoning_V3"),
-        family="Nemotron-H / Nemotron-3 (and the Omni VLMs)",
-        draft_architectures=("NemotronHMTPModel",),
-        model_types=("nemotron_h_mtp",),
-        load_weights=_m("nemotron_h_mtp.py", 434),
-        override=_s(832),
-        layout="prefix",
-        prefixes=("mtp.", "language_model.mtp."),
-        embed=(r"(^|\.)embeddings\.weight$",),
-        head=(r"^(language_model\.)?lm_head\.",),
-        until=(0, 33),
-    ),
-    MtpArchitecture(
-        # vLLM 0.33 changed the class: load_weights skips every name outside mtp.* (is_unused_checkpoint_weight,
-        # nemotron_h_mtp.py:419, called at :456), so the embedding and head copies are never read, at any
-        # pipeline parallel size; lm_head is always the target's (the has_own_lm_head path is gone).
-        key="nemotron_h_mtp",
-        targets=("nemotron_h", "nemotron_h_puzzle", "NemotronH_Super_Omni_Reasoning_V3", "NemotronH_Omni_Reasoning_V3"),
-        family="Nemotron-H / Nemotron-3 (and the Omni VLMs)",
-        draft_architectures=("NemotronHMTPModel",),
-        model_types=("nemotron_h_mtp",),
+    replace(_NEMOTRON_H, until=(0, 33)),
+    # vLLM 0.33 changed the class: load_weights skips every name outside mtp.* (is_unused_checkpoint_weight,
+    # nemotron_h_mtp.py:419, called at :456), so the embedding and head copies are never read, at any
+    # pipeline parallel size; lm_head is always the target's (the has_own_lm_head path is gone).
+    replace(
+        _NEMOTRON_H,
         load_weights=_m("nemotron_h_mtp.py", 426) + " (vLLM 0.33.0)",
         override=_s(902) + " (vLLM 0.33.0)",
-        layout="prefix",
-        prefixes=("mtp.", "language_model.mtp."),
+        embed=(),
+        head=(),
         since=(0, 33),
         notes="vLLM 0.33 reads mtp.* only; at pipeline parallel > 1 its proposer does not share the embedding "
         "either (llm_base_proposer.py:1424), so the draft's embed_tokens stays as built, and the completeness "

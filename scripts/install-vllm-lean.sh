@@ -72,28 +72,8 @@ tokenspeed-mla humming-kernels"
   for p in $GPU_ONLY; do echo "${p}<0"; done
 } >"$work/constraints.txt"
 
-"$PY" - "$wheel" $GPU_ONLY >"$work/requirements.txt" <<'PYREQ'
-import sys, zipfile
-try:
-    from packaging.requirements import Requirement
-except ImportError:
-    from pip._vendor.packaging.requirements import Requirement
-canon = lambda n: n.lower().replace("_", "-")
-skip = {canon(n) for n in sys.argv[2:]} | {"torch", "xgrammar", "oss-harmony"}
-with zipfile.ZipFile(sys.argv[1]) as wheel:
-    meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
-    lines = wheel.read(meta).decode().splitlines()
-for line in lines:
-    if not line.startswith("Requires-Dist:"):
-        continue
-    req = Requirement(line.split(":", 1)[1].strip())
-    if canon(req.name) in skip:
-        continue
-    if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in ("", "runai")):
-        continue
-    req.marker = None
-    print(req)
-PYREQ
+"$PY" "$(dirname "$0")/wheel_requirements.py" "$wheel" --extra runai \
+  --skip torch xgrammar oss-harmony $GPU_ONLY >"$work/requirements.txt"
 
 "${PIP[@]}" install -q -c "$work/constraints.txt" -r "$work/requirements.txt"
 "${PIP[@]}" install -q --no-deps -c "$work/constraints.txt" \

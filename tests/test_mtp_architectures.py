@@ -444,19 +444,24 @@ NAMES_ALSO_BUILT = {"hy_v4_mtp", "inkling_mtp"}
 @pytest.mark.parametrize("pp", [1, 2])
 @pytest.mark.parametrize("key", sorted(NAMES_ONLY))
 def test_modular_mtp_rows_select_what_their_load_weights_reads(key, pp):
-    config, own, copies, skipped, ignored = NAMES_ONLY[key]
     (row,) = [r for r in mtp_table.TABLE if r.key == key]
     assert mtp_table.match(row.draft_architectures, None, "mtp") is row
     assert key in NOT_BUILT_CLASSES or (key in NAMES_ALSO_BUILT and key in {r for _, r in BUILT.values()})
+    assert_selects_on_names(row, NAMES_ONLY[key], KEPT_AT_PP1.get(key, set()), pp)
+
+
+def assert_selects_on_names(row, spec, kept: set, pp: int) -> None:
+    """``row`` selects exactly the draft's own tensors of ``spec`` (a NAMES_ONLY entry), the copies only
+    where the proposer does not replace them (``kept`` at pipeline parallel 1), nothing it ignores."""
+    config, own, copies, skipped, ignored = spec
     layout = mtp_table.row_layout(row, ("config", config))
     selection = mtp_table.select(row, own | copies | skipped | ignored, layout, shares_target_weights=pp == 1)
     assert selection.own == own
-    kept = KEPT_AT_PP1.get(key, set())
     assert selection.shared == (kept if pp == 1 else copies)
     assert skipped <= set(selection.skipped)
     assert not selection.names & ignored
     replaced = mtp_table.filled_by_engine(row, shares_target_weights=pp == 1)
-    assert replaced("model.embed_tokens.weight") is (pp == 1 and not kept)
+    assert replaced("model.embed_tokens.weight") is (pp == 1 and not row.embed_kept)
 
 
 # Rows for the MTP classes vLLM 0.33.0 added (since=(0, 33)), on names their load_weights reads: read from the
@@ -520,21 +525,12 @@ BUILT_033_ELSEWHERE = {  # built on CPU (0.33), but not by the test-side builder
 @pytest.mark.parametrize("pp", [1, 2])
 @pytest.mark.parametrize("key", sorted(NAMES_ONLY_033))
 def test_vllm_033_rows_select_what_their_load_weights_reads(key, pp):
-    config, own, copies, skipped, ignored = NAMES_ONLY_033[key]
     (row,) = [r for r in mtp_table.TABLE if r.key == key]
     assert key in NOT_BUILT_033 or key in BUILT_033_ELSEWHERE
     model_type = row.model_types[0] if row.model_types else None
     assert mtp_table.match(row.draft_architectures, model_type, "mtp", vllm=(0, 33)) is row
     assert mtp_table.match(row.draft_architectures, model_type, "mtp", vllm=(0, 32)) is not row  # not a 0.32 class
-    layout = mtp_table.row_layout(row, ("config", config))
-    selection = mtp_table.select(row, own | copies | skipped | ignored, layout, shares_target_weights=pp == 1)
-    assert selection.own == own
-    kept = KEPT_AT_PP1_033.get(key, set())
-    assert selection.shared == (kept if pp == 1 else copies)
-    assert skipped <= set(selection.skipped)
-    assert not selection.names & ignored
-    replaced = mtp_table.filled_by_engine(row, shares_target_weights=pp == 1)
-    assert replaced("model.embed_tokens.weight") is (pp == 1 and not row.embed_kept)
+    assert_selects_on_names(row, NAMES_ONLY_033[key], KEPT_AT_PP1_033.get(key, set()), pp)
 
 
 @pytest.mark.parametrize("pp", [1, 2])

@@ -113,6 +113,29 @@ TARGET_CONFIGS = {
         mtp_config={"num_nextn_predict_layers": 1, "chain_hidden_post_norm": True, "local_layer_ids": []}),
 }
 
+# vLLM >= 0.33 only. The Transformers modeling backend's MTP drafts (TransformersMoEForMTP, transformers/mtp.py;
+# model_impl="transformers", TARGET_MODEL_IMPL): the layers the class reads are the regex transformers hard-codes
+# per model class (MtpModel.get_mtp_weights_regex, modeling_layers.py:600), model\.layers\.61.* for DeepSeek-V3
+# and model\.layers\.(46|92).* for GLM-4.5, kept only at >= num_hidden_layers: hence 61 / 46 layers. Only the
+# draft is built (one MTP layer, hidden 64), so the layer count costs nothing.
+TARGET_CONFIGS["deepseek_v3-transformers"] = dict(TARGET_CONFIGS["deepseek_v3"], num_hidden_layers=61)
+TARGET_CONFIGS["glm4_moe-transformers"] = dict(TARGET_CONFIGS["glm4_moe"], num_hidden_layers=46)
+# Nemotron Parse 3.5 (RADIO encoder + mBART decoder with a causal visual prefix): hf_config_override makes
+# ParseAuxMTPModel only when decoder.causal_vision_prefix (speculative.py:721); the class reads decoder.vocab_size
+# and decoder.d_model (nemotron_parse3_5_mtp.py:46). The checkpoint's configuration module (auto_map, as the real
+# one's) makes encoder / decoder sub-configs (REMOTE_CONFIG_CLASSES); the RADIO encoder is never built here.
+TARGET_CONFIGS["nemotron_parse3_5"] = dict(
+    model_type="nemotron_parse", architectures=["RadioMBartPrefixForCausalLM"], torch_dtype="bfloat16",
+    tie_word_embeddings=False, _remote="nemotron_parse",
+    decoder=dict(vocab_size=128, d_model=64, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=128,
+                 encoder_layers=0, encoder_attention_heads=4, encoder_ffn_dim=128, max_position_embeddings=256,
+                 causal_vision_prefix=True, add_cross_attention=False, is_decoder=True),
+    encoder=dict(patch_size=16, image_size=64, hidden_size=32),
+)
+# model_impl passed to the target's ModelConfig (None: vLLM's default, "auto"); the draft ModelConfig vLLM makes
+# inherits none (speculative.py:1406), its architecture Transformers{MoE}ForMTP says it (speculative.py:1396).
+TARGET_MODEL_IMPL = {"deepseek_v3-transformers": "transformers", "glm4_moe-transformers": "transformers"}
+
 import importlib.metadata  # noqa: E402
 
 VLLM_VERSION = tuple(int(p) for p in importlib.metadata.version(
@@ -171,6 +194,31 @@ class TinyConfig(getattr(importlib.import_module(_module), _name)):
 """
 
 
+# Configuration modules that are not REMOTE_CONFIG's one-line subclass, per _remote model type.
+REMOTE_CONFIG_CLASSES = {
+    # A composite config as the Parse checkpoints' own (encoder and decoder sub-configs, not dicts): the override
+    # and ParseAuxMTPModel read attributes of config.decoder.
+    "nemotron_parse": """from transformers import MBartConfig, PretrainedConfig
+
+
+class TinyConfig(PretrainedConfig):
+    model_type = "nemotron_parse"
+
+    def __init__(self, encoder=None, decoder=None, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = PretrainedConfig(**encoder) if isinstance(encoder, dict) else encoder
+        self.decoder = MBartConfig(**decoder) if isinstance(decoder, dict) else decoder
+
+    def to_dict(self):
+        out = super().to_dict()
+        for key in ("encoder", "decoder"):
+            if isinstance(out.get(key), PretrainedConfig):
+                out[key] = out[key].to_dict()
+        return out
+""",
+}
+
+
 def write_config(folder: str, name: str) -> dict:
     """config.json (and a configuration module for remote-code types) of target ``name``; returns the config."""
     configs = {"gemma4_assistant": GEMMA4_ASSISTANT, "gemma4_target": GEMMA4_TARGET}
@@ -181,7 +229,7 @@ def write_config(folder: str, name: str) -> dict:
         model_type, base = remote if isinstance(remote, tuple) else (remote, "transformers.PretrainedConfig")
         config["auto_map"] = {"AutoConfig": "configuration_tiny.TinyConfig"}
         with open(os.path.join(folder, "configuration_tiny.py"), "w") as handle:
-            handle.write(REMOTE_CONFIG.format(base=base, model_type=model_type))
+            handle.write(REMOTE_CONFIG_CLASSES.get(model_type) or REMOTE_CONFIG.format(base=base, model_type=model_type))
     with open(os.path.join(folder, "config.json"), "w") as handle:
         json.dump(config, handle)
     return config
@@ -249,6 +297,8 @@ def configs_for(folder: str, name: str, *, trust_remote_code: bool, draft_folder
     common = dict(dtype="bfloat16", max_model_len=256, trust_remote_code=trust_remote_code)
     standin = TARGET_ARCHITECTURE_STANDIN.get(name)
     overrides = {"hf_overrides": {"architectures": [standin]}} if standin else {}
+    if name in TARGET_MODEL_IMPL:
+        overrides["model_impl"] = TARGET_MODEL_IMPL[name]
     target = ModelConfig(model=folder, **overrides, **common)
     spec = SpeculativeConfig(
         method="mtp", model=draft_folder, num_speculative_tokens=1, target_model_config=target,
@@ -298,6 +348,6 @@ def build_draft(folder: str, name: str, *, draft_folder: Optional[str] = None) -
 
 
 __all__ = [
-    "BuiltDraft", "GEMMA4_ASSISTANT", "GEMMA4_TARGET", "TARGET_CONFIGS", "configs_for", "engine_config", "build_module", "build_draft", "distributed_env", "in_process_inspection",
+    "BuiltDraft", "GEMMA4_ASSISTANT", "GEMMA4_TARGET", "TARGET_CONFIGS", "TARGET_MODEL_IMPL", "configs_for", "engine_config", "build_module", "build_draft", "distributed_env", "in_process_inspection",
     "write_config",
 ]

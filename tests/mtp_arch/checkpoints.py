@@ -91,6 +91,30 @@ RENAMES: dict[str, list[tuple[str, str | Callable[[re.Match], str]]]] = {
     ],
 }
 
+
+# vLLM >= 0.33. The Transformers modeling backend's MTP drafts (transformers/mtp.py): the module is transformers'
+# MtpModel, MTP layer k at model.layers.{k} (enorm / hnorm / eh_proj / post_norm, the decoder layer as mtp_block),
+# read from checkpoint layer N+k by its WeightRenaming (transformers modeling_layers.py:626); vLLM's MoE fuser puts
+# the routed experts, the router and the shared experts under mlp.experts (routed_experts / gate /
+# _shared_experts._layer.shared_experts).
+def _transformers_mtp(first_layer: int) -> list:
+    return [
+        (r"\.mlp\.experts\._shared_experts\._layer\.shared_experts\.", ".mlp.shared_experts."),
+        (r"\.mlp\.experts\.gate\.", ".mlp.gate."),
+        (r"^model\.layers\.(\d+)\.post_norm\.", r"model.layers.\1.shared_head.norm."),
+        (r"^model\.layers\.(\d+)\.(?:mtp_block\.)?", lambda m: f"model.layers.{first_layer + int(m.group(1))}."),
+    ]
+
+
+RENAMES["deepseek_v3-transformers"] = _transformers_mtp(61)
+RENAMES["glm4_moe-transformers"] = _transformers_mtp(46)
+# vLLM >= 0.33. Nemotron Parse 3.5's ParseAuxMTPModel (nemotron_parse3_5_mtp.py:34): its mapper's inverse.
+RENAMES["nemotron_parse3_5"] = [
+    (r"^model\.embed_tokens\.", "decoder.embed_tokens."),
+    (r"^model\.extra_head\.", "decoder.extra_heads.0."),
+    (r"^model\.extra_proj\.", "decoder.extra_proj.0."),
+]
+
 # The target's own tensors each checkpoint also holds (hidden 64, vocab 128).
 TARGET_EMBED = {
     "bailing_hybrid": "model.word_embeddings.weight",
@@ -98,18 +122,23 @@ TARGET_EMBED = {
     "nemotron_h": "backbone.embeddings.weight",
     "glm_ocr": "model.language_model.embed_tokens.weight",
     "inkling": "model.llm.embed.weight",
+    "nemotron_parse3_5": "decoder.embed_tokens.weight",
 }
 TARGET_LAYER = {
     "glm_ocr": "model.language_model.layers.1.",
     "nemotron_h": "backbone.layers.1.",
     "glm4_moe_lite": "model.layers.1.",
     "inkling": "model.llm.layers.1.",
+    "deepseek_v3-transformers": "model.layers.60.",  # the last target layer, next to the MTP layer's regex
+    "glm4_moe-transformers": "model.layers.45.",
+    "nemotron_parse3_5": "decoder.layers.1.",
 }
 TARGET_HEAD = {"inkling": "model.llm.unembed.weight"}
-TARGET_NORM = {"nemotron_h": "backbone.norm_f.weight", "inkling": "model.llm.norm.weight"}
+TARGET_NORM = {"nemotron_h": "backbone.norm_f.weight", "inkling": "model.llm.norm.weight",
+               "nemotron_parse3_5": "decoder.layer_norm.weight"}
 # Exporters that write the target's embedding/head into each MTP layer too (vLLM's proposer replaces them).
 LAYER_COPIES = {"deepseek_v3", "glm4_moe", "glm4_moe_lite", "pangu_ultra_moe", "glm_ocr", "hy_v3", "bailing_hybrid",
-                "hy_v4"}
+                "hy_v4", "deepseek_v3-transformers", "glm4_moe-transformers"}
 # Per-MTP-layer tensors some exporters also write and the class skips (HY-V4: shared_head.*, nvidia/mtp.py:611).
 LAYER_EXTRAS = {"hy_v4": ("shared_head.norm.weight",)}
 
