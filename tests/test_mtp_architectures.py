@@ -185,7 +185,23 @@ def assert_kept_parameters_hold_checkpoint_bytes(arch, built, ckpt, row):
 # -- the matrix ----------------------------------------------------------------
 
 
-MATRIX = sorted(BUILT) + [
+# vLLM 0.33's own MTP classes that build on a CPU (the Transformers backend's, Nemotron Parse 3.5's).
+BUILT_033 = {
+    "deepseek_v3-transformers": ("TransformersMoEForMTP", "transformers_mtp_deepseek_v3"),  # layer 61, as transformers
+    "glm4_moe-transformers": ("TransformersMoEForMTP", "transformers_mtp_glm4_moe"),  # layer 46 (GLM-4.5-Air)
+    "nemotron_parse3_5": ("ParseAuxMTPModel", "nemotron_parse3_5_mtp"),
+}
+BUILT.update(BUILT_033)
+
+MATRIX = sorted(set(BUILT) - set(BUILT_033)) + [
+    pytest.param(
+        name,
+        marks=pytest.mark.skipif(
+            builders.VLLM_VERSION < (0, 33), reason=f"{BUILT_033[name][0]} exists only in vLLM >= 0.33"
+        ),
+    )
+    for name in sorted(BUILT_033)
+] + [
     pytest.param(name, marks=pytest.mark.skip(reason=f"cannot be built on this CPU: {reason}"))
     for name, reason in NOT_BUILT.items()
 ]
@@ -512,21 +528,14 @@ NOT_BUILT_033 = {
     "step5_mtp": "vllm.models.step5 imports nvidia/vl.py -> model_executor/models/step3p7.py:13 -> step3_vl.py:42 -> "
     "transformers_utils/processors/step3_vl.py:9, which imports torchvision, absent here (its __init__ also "
     "needs a sparse_config section, model.py:1855, and dense MTP layers, nvidia/mtp.py:300)",
-    "nemotron_parse3_5_mtp": "its __init__ builds on CPU from the override's draft config (verify_parse_aux.py), but "
-    "the test-side builder and checkpoint writer do not know Nemotron Parse 3.5 (a RADIO + mBART target config) yet",
-}
-BUILT_033_ELSEWHERE = {  # built on CPU (0.33), but not by the test-side builder yet
-    "transformers_mtp_glm4_moe": "the Transformers backend's MTP class builds on CPU (46-layer GLM-4.5-Air config); "
-    "tests/mtp_arch/builders.py does not pass model_impl='transformers' yet",
-    "transformers_mtp_deepseek_v3": "as transformers_mtp_glm4_moe, with a 61-layer DeepSeek-V3 config",
-}
+}  # the other 0.33 rows are built here too (BUILT_033) and also checked on names
 
 
 @pytest.mark.parametrize("pp", [1, 2])
 @pytest.mark.parametrize("key", sorted(NAMES_ONLY_033))
 def test_vllm_033_rows_select_what_their_load_weights_reads(key, pp):
     (row,) = [r for r in mtp_table.TABLE if r.key == key]
-    assert key in NOT_BUILT_033 or key in BUILT_033_ELSEWHERE
+    assert key in NOT_BUILT_033 or key in {r for _, r in BUILT_033.values()}
     model_type = row.model_types[0] if row.model_types else None
     assert mtp_table.match(row.draft_architectures, model_type, "mtp", vllm=(0, 33)) is row
     assert mtp_table.match(row.draft_architectures, model_type, "mtp", vllm=(0, 32)) is not row  # not a 0.32 class

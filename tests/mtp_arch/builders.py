@@ -135,6 +135,10 @@ TARGET_CONFIGS["nemotron_parse3_5"] = dict(
 # model_impl passed to the target's ModelConfig (None: vLLM's default, "auto"); the draft ModelConfig vLLM makes
 # inherits none (speculative.py:1406), its architecture Transformers{MoE}ForMTP says it (speculative.py:1396).
 TARGET_MODEL_IMPL = {"deepseek_v3-transformers": "transformers", "glm4_moe-transformers": "transformers"}
+# Environment the engine's config is made (and the draft built) under, per target. Parse 3.5's MTP runs on the V2
+# model runner only (VllmConfig._get_v1_model_runner_unsupported_features, config/vllm.py:3127, raises on V1), which
+# vLLM picks by default but not without Triton (config/vllm.py:752), as here.
+ENGINE_ENV = {"nemotron_parse3_5": {"VLLM_USE_V2_MODEL_RUNNER": "1"}}
 
 import importlib.metadata  # noqa: E402
 
@@ -233,6 +237,22 @@ def write_config(folder: str, name: str) -> dict:
     with open(os.path.join(folder, "config.json"), "w") as handle:
         json.dump(config, handle)
     return config
+
+
+@contextmanager
+def engine_env(name: str) -> Iterator[None]:
+    """ENGINE_ENV[name] set, and the environment as it was afterwards."""
+    env = ENGINE_ENV.get(name, {})
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @contextmanager
@@ -343,11 +363,12 @@ def build_draft(folder: str, name: str, *, draft_folder: Optional[str] = None) -
     target, spec, draft = configs_for(
         folder, name, trust_remote_code="auto_map" in config, draft_folder=draft_folder
     )
-    vc = engine_config(draft if name == "step3p5" else target, spec)
-    return BuiltDraft(build_module(vc, draft), vc, draft, target)
+    with engine_env(name):
+        vc = engine_config(draft if name == "step3p5" else target, spec)
+        return BuiltDraft(build_module(vc, draft), vc, draft, target)
 
 
 __all__ = [
-    "BuiltDraft", "GEMMA4_ASSISTANT", "GEMMA4_TARGET", "TARGET_CONFIGS", "TARGET_MODEL_IMPL", "configs_for", "engine_config", "build_module", "build_draft", "distributed_env", "in_process_inspection",
+    "BuiltDraft", "GEMMA4_ASSISTANT", "GEMMA4_TARGET", "TARGET_CONFIGS", "TARGET_MODEL_IMPL", "ENGINE_ENV", "configs_for", "engine_config", "build_module", "build_draft", "distributed_env", "engine_env", "in_process_inspection",
     "write_config",
 ]
