@@ -129,8 +129,7 @@ def held_names(model: Any) -> Optional[frozenset[str]]:
     be its: a target that holds a parameter under an MTP layer's prefix keeps
     that layer in its plan (``planning.target_selection``).
     """
-    named = getattr(model, "named_parameters", None)
-    if named is None:
+    if not hasattr(model, "named_parameters"):
         return None
     names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     names |= {name for name, _ in model.named_buffers(remove_duplicate=False)}

@@ -978,6 +978,22 @@ def draft_roots(row: MtpArchitecture, layout: RowLayout) -> tuple[str, ...]:
     return ()
 
 
+def draft_only(
+    row: MtpArchitecture, layout: RowLayout, names: Iterable[str], held: Optional[Iterable[str]] = None
+) -> frozenset[str]:
+    """The ``names`` under ``row``'s MTP layers (:func:`draft_roots`): what a target leaves to its draft.
+
+    ``held``: the names the built target model holds parameters and buffers
+    under; a layer it holds anything under is the target's after all, and
+    stays out of this set.
+    """
+    roots = draft_roots(row, layout)
+    if held is not None:
+        held = list(held)
+        roots = tuple(r for r in roots if not any(name.startswith(r) for name in held))
+    return frozenset(n for n in names if n.startswith(roots)) if roots else frozenset()
+
+
 # -- the engine's side ---------------------------------------------------------
 
 _EMBED_PARAM = re.compile(r"^model\.embed_tokens\.")
@@ -1040,6 +1056,7 @@ __all__ = [
     "convention_name",
     "VLLM_VERSION_CHECKED",
     "describe",
+    "draft_only",
     "draft_roots",
     "filled_by_engine",
     "installed_vllm",

@@ -162,10 +162,7 @@ def target_selection(
     row = mtp_table.match_target(engine.hf_config) or mtp_table.match_target(checkpoint.config)
     if row is None:
         return full
-    roots = mtp_table.draft_roots(row, row_layout_for(row, checkpoint, engine))
-    if held is not None:
-        roots = tuple(r for r in roots if not any(name.startswith(r) for name in held))
-    draft_only = frozenset(n for n in full.expected if n.startswith(roots)) if roots else frozenset()
+    draft_only = mtp_table.draft_only(row, row_layout_for(row, checkpoint, engine), full.expected, held)
     if not draft_only:
         return replace(full, architecture=row.key)
     names = frozenset(n for n in full.expected if n not in draft_only)

@@ -122,7 +122,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         engine = engine_view(ctx)
         distributed = engine.tensor_parallel_size > 1 and envs.MX_MS_DISTRIBUTED
         unused = declared_unused(result.model)
-        held = held_names(result.model)
+        held = None if engine.is_draft else held_names(result.model)  # only a target's plan asks the structure
         try:
             if distributed:
                 resolution, plan = agreed_plan(

@@ -1,8 +1,8 @@
 """Listing and ranged reads on local folders and object stores.
 
 Probing a candidate source must never read tensor data: a 700 GB checkpoint
-is inspected by listing its prefix and reading each shard's header with two
-ranged read. runai-model-streamer streams data but has no ranged-read or
+is inspected by listing its prefix and reading each shard's header with one
+ranged read (two for a header larger than the first read). runai-model-streamer streams data but has no ranged-read or
 listing-with-sizes API, so this module uses the clients the runai extras
 already install (boto3, google-cloud-storage, azure-storage-blob), configured
 from the same environment variables runai reads.
@@ -279,7 +279,6 @@ class S3Store:
         env = tuple(os.environ.get(v) for v in S3_CLIENT_ENV)
         self._client = _s3_client(timeout_s, max_attempts, env)
         self._reader = _s3_reader(timeout_s, max_attempts, env)
-        self._max_attempts = max_attempts
 
     def _fail(self, what: str, exc: Exception) -> StoreError:
         return StoreError(f"{what}: {type(exc).__name__}: {exc}")

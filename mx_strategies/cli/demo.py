@@ -288,8 +288,10 @@ def _owned(ckpt: DemoCheckpoint, role: str) -> set[str]:
     if role == "draft":
         return set(synthetic.draft_names)
     row = mtp_table.match_target(synthetic.config)
-    roots = mtp_table.draft_roots(row, mtp_table.row_layout(row, ("config.json", synthetic.config))) if row else ()
-    return {name for name in synthetic.tensors if not (roots and name.startswith(roots))}
+    if row is None:
+        return set(synthetic.tensors)
+    layout = mtp_table.row_layout(row, ("config.json", synthetic.config))
+    return set(synthetic.tensors) - mtp_table.draft_only(row, layout, synthetic.tensors)
 
 
 def _run_chain(ckpt, role, loader, model_config, vllm_config, server, display) -> LoadOutcome:

