@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import shutil
 import time
 
@@ -64,7 +65,7 @@ if _missing():
         pytest.fail(f"CI=true but {_missing()}: scripts/test.sh installs both", pytrace=False)
     pytest.skip(_missing(), allow_module_level=True)
 
-from mx_strategies.testing.loopback import CountingProxy, _close, free_port  # noqa: E402
+from mx_strategies.testing.loopback import CountingProxy, _close  # noqa: E402
 from mx_strategies.testing.loopback import LoopbackS3  # noqa: E402
 
 from mx_strategies.testing.engine.check import (  # noqa: E402
@@ -159,8 +160,12 @@ class TpEngines(EngineSet):
         self.manifest = make_model(ARCH, folder)
         self.local = shutil.copytree(folder, os.path.join(self.workdir, "local", ARCH))
         self.uri = self.s3.upload(folder, BUCKET, ARCH)
-        # Nothing listens there: connections are refused at once.
-        self.dead_endpoint = f"http://127.0.0.1:{free_port()}"
+        # A port bound and never listened on: connections are refused at once, and no other listener (vLLM's
+        # gloo and ZMQ sockets bind free ports too) can take it while the module runs. A port merely found
+        # free was once taken by such a listener, which accepted and never answered: 3 read timeouts.
+        self._dead = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._dead.bind(("127.0.0.1", 0))
+        self.dead_endpoint = f"http://127.0.0.1:{self._dead.getsockname()[1]}"
         moto_port = int(self.s3.direct.rsplit(":", 1)[1])
         # One per run: once cut, a proxy stays cut.
         self.cutting = {name: CuttingProxy(moto_port, CUT_AFTER).start() for name in STREAM_FAULTS}
@@ -216,6 +221,7 @@ def engines(tmp_path_factory, request):
         finally:
             for proxy in engines.cutting.values():
                 proxy.stop()
+            engines._dead.close()
     engines.finish(time.perf_counter() - started, os.environ.get("MX_E2E_TP_TIMINGS"), loaded_bytes=engines.loaded_bytes)
 
 
