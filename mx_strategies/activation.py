@@ -7,8 +7,14 @@ We wrap that function once, substituting our strategy for the built-in one it
 other caller of the chain use it. With ``MX_STRATEGY`` unset or empty nothing
 is touched.
 
-vLLM calls general plugins in every process, sometimes more than once, so
-everything here is idempotent and logs once per process.
+Two entry points call :func:`activate` in every engine process: vLLM's
+``vllm.general_plugins`` (:func:`register`) and SGLang's
+``sglang.srt.plugins`` (:func:`register_sglang`, loaded by SGLang's
+``load_plugins()`` in each scheduler process it spawns). SGLang's also
+applies the compatibility patches ModelExpress's SGLang adapter needs on the
+SGLang installed (:mod:`mx_strategies.patches`). Engines call plugins in
+every process, sometimes more than once, so everything here is idempotent
+and logs once per process.
 """
 
 from __future__ import annotations
@@ -132,15 +138,21 @@ def uninstall() -> None:
         _rebind_aliases({current}, original)
 
 
-def activate(spec: Optional[str] = None) -> Optional[type]:
+def activate(spec: Optional[str] = None, *, engine: Optional[str] = None) -> Optional[type]:
     """Install the strategy named by ``spec`` (default: ``$MX_STRATEGY``).
 
-    Returns the installed class, or None when nothing was asked for. For
-    hosts without vLLM plugins (SGLang, scripts), call this before loading.
+    Returns the installed class, or None when nothing was asked for (then
+    nothing is touched, patches included). ``engine="sglang"`` also applies
+    the SGLang compatibility patches. Hosts without either plugin mechanism
+    (scripts) call this before loading.
     """
     spec = (os.environ.get(STRATEGY_ENV, "") if spec is None else spec).strip()
     if not spec:
         return None
+    if engine == "sglang":
+        from .patches import apply_sglang_patches
+
+        apply_sglang_patches()
     cls = resolve_strategy_class(spec)
     validate = getattr(cls, "validate_settings", None)
     if validate is not None:
@@ -154,4 +166,9 @@ def activate(spec: Optional[str] = None) -> Optional[type]:
 
 def register() -> None:
     """vLLM ``vllm.general_plugins`` entry point."""
-    activate()
+    activate(engine="vllm")
+
+
+def register_sglang() -> None:
+    """SGLang ``sglang.srt.plugins`` entry point: the strategy, and the patches ModelExpress needs there."""
+    activate(engine="sglang")

@@ -248,7 +248,7 @@ def engine_fills(engine: EngineView) -> Callable[[str], bool]:
     """The parameters the engine writes after this load: none for a target; a draft's shared embedding and head."""
     if not engine.is_draft:
         return lambda name: False
-    row = mtp_table.match(engine.architectures, engine.model_type, engine.speculative_method)
+    row = mtp_table.match(engine.architectures, engine.model_type, engine.speculative_method, engine=engine.engine)
     return mtp_table.filled_by_engine(row, shares_target_weights=engine.shares_target_weights)
 
 

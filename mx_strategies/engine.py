@@ -2,14 +2,18 @@
 
 ModelExpress hands strategies a ``LoadContext``: the engine's own
 ``model_config``, an adapter (vLLM's ``VllmAdapter`` carries ``vllm_config``
-and ``load_config``; SGLang's its server args) and a ``SourceIdentity`` the
-adapter built, which holds the parallel sizes for every engine. Every reader
-here falls back to "unknown" rather than failing: SGLang and scripts give
-less than vLLM.
+and ``load_config``; SGLang's ``SglangAdapter`` SGLang's ``LoadConfig`` and
+``ModelConfig``) and a ``SourceIdentity`` the adapter built, which holds the
+parallel sizes for every engine. Every reader falls back to "unknown"
+rather than failing: scripts give less than an engine.
 
-This module is the one place that decides what a draft is (the same rule as
-ModelExpress's vLLM adapter: a speculative config is present *and* the
-model runs as the draft) and whether it is an MTP draft.
+:func:`engine_view` is the one place that decides which engine a load runs
+in, what a draft is and whether it is an MTP draft; each engine has its
+reader (vLLM's here, SGLang's in :mod:`.engine_sglang`), and everything
+downstream (planning, completeness, the strategy, doctor) reads the
+:class:`EngineView` they return, never the engine's objects. vLLM's rule is
+ModelExpress's vLLM adapter's: a speculative config is present *and* the
+model runs as the draft.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 MTP_METHODS = ("mtp",)
+VLLM = "vllm"
+SGLANG = "sglang"
+TRTLLM = "trtllm"
+ENGINES = (VLLM, SGLANG, TRTLLM)
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,10 @@ class EngineView:
     # The target's hf_config: vLLM builds a draft with the target's VllmConfig
     # (llm_base_proposer.py:1266), so most MTP classes read N from it.
     target_hf_config: Any = None
+    # Which engine's classes load the model: picks the mtp_table rows (vLLM's or SGLang's).
+    engine: str = VLLM
+    # The engine reader's verdict on an MTP draft; None: vLLM's rule on the method (is_mtp).
+    mtp: Optional[bool] = None
 
     @property
     def role(self) -> str:
@@ -46,6 +58,8 @@ class EngineView:
     @property
     def is_mtp(self) -> bool:
         """An MTP draft: its tensors live in the target's checkpoint (vLLM method ``mtp``, ``*_mtp``)."""
+        if self.mtp is not None:
+            return self.mtp
         method = (self.speculative_method or "").lower()
         return method in MTP_METHODS or method.endswith("_mtp")
 
@@ -136,8 +150,40 @@ def held_names(model: Any) -> Optional[frozenset[str]]:
     return frozenset(names)
 
 
+def engine_of(ctx: Any) -> str:
+    """The engine a context comes from: its adapter's package, else the identity's backend framework."""
+    module = type(getattr(ctx, "adapter", None)).__module__ or ""
+    for name in (SGLANG, TRTLLM, VLLM):
+        if module.startswith(f"modelexpress.engines.{name}."):
+            return name
+    framework = getattr(getattr(ctx, "identity", None), "backend_framework", 0)
+    return {2: SGLANG, 3: TRTLLM}.get(framework if isinstance(framework, int) else 0, VLLM)
+
+
+def loader_options(load_config: Any) -> dict:
+    """``model_loader_extra_config`` as a dict ({} when none; SGLang's CLI gives it as JSON text)."""
+    extra = getattr(load_config, "model_loader_extra_config", None)
+    if isinstance(extra, str) and extra.strip():
+        import json
+
+        try:
+            extra = json.loads(extra)
+        except ValueError:
+            return {}
+    return dict(extra) if isinstance(extra, Mapping) else {}
+
+
 def engine_view(ctx: Any) -> EngineView:
-    """Read the draft marker, parallel sizes, the target's sources and loader options."""
+    """The engine facts of this load, read by the reader of the engine it runs in."""
+    if engine_of(ctx) == SGLANG:
+        from .engine_sglang import sglang_view
+
+        return sglang_view(ctx)
+    return vllm_view(ctx)
+
+
+def vllm_view(ctx: Any) -> EngineView:
+    """vLLM's draft marker, parallel sizes, the target's sources and loader options (also scripts')."""
     model_config = ctx.model_config
     adapter = getattr(ctx, "adapter", None)
     vllm_config = getattr(adapter, "vllm_config", None)
@@ -150,7 +196,6 @@ def engine_view(ctx: Any) -> EngineView:
         if isinstance(uri, str) and uri
     )
     load_config = getattr(adapter, "load_config", None) or getattr(vllm_config, "load_config", None)
-    extra = getattr(load_config, "model_loader_extra_config", None)
     hf_config = getattr(model_config, "hf_config", None)
     architectures, model_type = model_identity(hf_config)
     target_hf_config = getattr(target, "hf_config", None)
@@ -163,8 +208,36 @@ def engine_view(ctx: Any) -> EngineView:
         tensor_parallel_size=_parallel_size(ctx, parallel, "tensor_parallel_size"),
         pipeline_parallel_size=_parallel_size(ctx, parallel, "pipeline_parallel_size"),
         hf_config=hf_config,
-        loader_extra_config=dict(extra) if isinstance(extra, Mapping) else {},
+        loader_extra_config=loader_options(load_config),
         architectures=architectures,
         model_type=model_type,
         target_hf_config=target_hf_config,
+        engine=engine_of(ctx),
     )
+
+
+# ModelExpress's adapter class for each engine: what a strategy's ``requires`` is checked against.
+ADAPTER_CLASSES = {
+    VLLM: ("modelexpress.engines.vllm.adapter", "VllmAdapter"),
+    SGLANG: ("modelexpress.engines.sglang.adapter", "SglangAdapter"),
+    TRTLLM: ("modelexpress.engines.trtllm.adapter", "TrtllmAdapter"),
+}
+
+
+def missing_hooks(engine: str, requires: tuple) -> Optional[list[str]]:
+    """The ``requires`` hooks the installed ModelExpress's adapter for ``engine`` does not override.
+
+    ModelExpress's own rule (``LoadStrategy.is_available``): a strategy runs only where
+    the adapter's class overrides every method it requires. None when the adapter
+    cannot be imported. TensorRT-LLM's adapter in ModelExpress 0.7.0 overrides neither
+    ``apply_weight_iter`` nor ``build_model_streamer_weight_iter``: neither robust nor
+    upstream ``model_streamer`` is ever offered there.
+    """
+    import importlib
+
+    module_name, class_name = ADAPTER_CLASSES[engine]
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except Exception:  # noqa: BLE001 - an adapter that does not import offers nothing
+        return None
+    return [hook.__name__ for hook in requires if getattr(cls, hook.__name__, hook) is hook]

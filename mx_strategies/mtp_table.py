@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 VLLM_VERSION_CHECKED = "0.32.0"
 DATE_CHECKED = "2026-11-30"
 
+SGLANG = "sglang"
 MODELS = "vllm/model_executor/models"
 SPECULATIVE = "vllm/config/speculative.py"
 PROPOSER = "vllm/v1/spec_decode/llm_base_proposer.py"
@@ -86,11 +87,13 @@ class MtpArchitecture:
     # The target's architectures / model types hf_config_override turns into this draft (doctor's key).
     targets: tuple[str, ...] = ()
     # The vLLM releases whose class this row describes: [since, until), (major, minor); None: open.
-    since: Optional[tuple[int, int]] = None
-    until: Optional[tuple[int, int]] = None
+    since: Optional[tuple[int, ...]] = None
+    until: Optional[tuple[int, ...]] = None
+    # The engine whose class this row reads ("vllm" or "sglang"); since/until are that engine's releases.
+    engine: str = "vllm"
 
-    def describes(self, vllm: Optional[tuple[int, int]]) -> bool:
-        """Whether this row is the rule of vLLM ``vllm`` (None: the newest release the table knows)."""
+    def describes(self, vllm: Optional[tuple[int, ...]]) -> bool:
+        """Whether this row is the rule of release ``vllm`` of its engine (None: the newest the table knows)."""
         if vllm is None:
             return self.until is None
         return (self.since is None or vllm >= self.since) and (self.until is None or vllm < self.until)
@@ -717,10 +720,25 @@ def installed_vllm() -> Optional[tuple[int, int]]:
     return None
 
 
-def rows_for(vllm: Any = _INSTALLED) -> tuple[MtpArchitecture, ...]:
-    """The table as vLLM ``vllm`` (major, minor) builds its drafts; by default the installed vLLM's."""
-    version = installed_vllm() if vllm is _INSTALLED else vllm
-    return tuple(row for row in TABLE if row.describes(version))
+@functools.lru_cache(maxsize=1)
+def installed_sglang() -> Optional[tuple[int, int, int]]:
+    """(major, minor, patch) of the SGLang installed here, or None: the rows for it."""
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    parts = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    return (int(parts.group(1)), int(parts.group(2)), int(parts.group(3) or 0)) if parts else None
+
+
+def rows_for(vllm: Any = _INSTALLED, *, engine: str = "vllm") -> tuple[MtpArchitecture, ...]:
+    """The rows of ``engine`` ("vllm" or "sglang") as release ``vllm`` of it builds its drafts.
+
+    By default the installed release's (vLLM's (major, minor), SGLang's (major, minor, patch)).
+    """
+    if vllm is _INSTALLED:
+        vllm = installed_sglang() if engine == SGLANG else installed_vllm()
+    return tuple(row for row in TABLE if row.engine == engine and row.describes(vllm))
 
 
 def _method_fits(row: MtpArchitecture, method: str) -> bool:
@@ -733,6 +751,7 @@ def match(
     method: Optional[str] = None,
     *,
     vllm: Any = _INSTALLED,
+    engine: str = "vllm",
 ) -> Optional[MtpArchitecture]:
     """The row for a draft with these architectures / model type and speculative method, or None.
 
@@ -740,7 +759,7 @@ def match(
     when none is installed, as for doctor on a laptop). The architecture decides before the model type.
     """
     method = (method or "mtp").lower()
-    rows = rows_for(vllm)
+    rows = rows_for(vllm, engine=engine)
     for arch in architectures or ():
         for row in rows:
             if arch in row.draft_architectures and _method_fits(row, method):
@@ -751,8 +770,11 @@ def match(
     return None
 
 
-def match_target(config: Any, *, vllm: Any = _INSTALLED) -> Optional[MtpArchitecture]:
-    """The row vLLM's hf_config_override picks for a target with this config.json (a mapping or object)."""
+def match_target(config: Any, *, vllm: Any = _INSTALLED, engine: str = "vllm") -> Optional[MtpArchitecture]:
+    """The row ``engine`` makes the draft of a target with this config.json (a mapping or object) from.
+
+    vLLM's ``hf_config_override``; SGLang's ``ModelConfig._config_draft_model``.
+    """
     if config is None:
         return None
 
@@ -762,7 +784,7 @@ def match_target(config: Any, *, vllm: Any = _INSTALLED) -> Optional[MtpArchitec
     architectures = get(config, "architectures") or []
     first = architectures[0] if isinstance(architectures, (list, tuple)) and architectures else None
     model_type = get(config, "model_type")
-    for row in rows_for(vllm):
+    for row in rows_for(vllm, engine=engine):
         if first in row.targets or model_type in row.targets:
             return row
     return None

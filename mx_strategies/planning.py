@@ -159,7 +159,9 @@ def target_selection(
     """
     if settings.target_selection == "all":
         return full
-    row = mtp_table.match_target(engine.hf_config) or mtp_table.match_target(checkpoint.config)
+    row = mtp_table.match_target(engine.hf_config, engine=engine.engine) or mtp_table.match_target(
+        checkpoint.config, engine=engine.engine
+    )
     if row is None:
         return full
     draft_only = mtp_table.draft_only(row, row_layout_for(row, checkpoint, engine), full.expected, held)
@@ -181,7 +183,7 @@ def architecture_row(engine: EngineView) -> Optional[mtp_table.MtpArchitecture]:
     """The mtp_table row for this engine's draft, or None (a target, or an architecture the table lacks)."""
     if not engine.is_draft:
         return None
-    return mtp_table.match(engine.architectures, engine.model_type, engine.speculative_method)
+    return mtp_table.match(engine.architectures, engine.model_type, engine.speculative_method, engine=engine.engine)
 
 
 def row_layout_for(

@@ -29,7 +29,7 @@ from typing import Any, Optional
 from .. import mtp_table
 from ..checkpoint import ERROR, WARNING, Checkpoint, ProbeLimits, Problem, Shard, inspect, natural_key
 from ..draft import describe_conventions, layer_layout
-from ..engine import EngineView
+from ..engine import ENGINES, SGLANG, TRTLLM, VLLM, EngineView, missing_hooks
 from ..errors import (
     ConfigurationError,
     DraftPlanError,
@@ -75,6 +75,13 @@ class DoctorUsageError(MxStrategiesError):
 # What doctor plans for: the engine loading a target, and an MTP draft with pipeline parallel 1.
 TARGET = EngineView(False, None, (), 1, 1, None, {})
 MTP_DRAFT = EngineView(True, "mtp", (), 1, 1, None, {})
+# The method each engine gives an MTP draft: vLLM's "mtp"; SGLang's NEXTN runs as "EAGLE".
+DRAFT_METHODS = {VLLM: "mtp", SGLANG: "eagle", TRTLLM: "mtp"}
+
+
+def target_engine(engine: str = VLLM) -> EngineView:
+    """The target load doctor plans for, in ``engine``."""
+    return replace(TARGET, engine=engine)
 
 
 @dataclass
@@ -89,6 +96,7 @@ class DoctorReport:
     settings: dict = field(default_factory=dict)
     loaded: tuple[str, ...] = ()  # shard keys a target load streams, from planning.plan_for
     target: Optional[dict] = None  # what a target load streams (target_view)
+    engine: Optional[dict] = None  # the engine planned for, and whether ModelExpress offers robust there
 
     @property
     def errors(self) -> list[Problem]:
@@ -157,6 +165,8 @@ class DoctorReport:
             "draft": self.draft,
             "settings": self.settings,
         }
+        if self.engine is not None:
+            result["engine"] = self.engine
         if self.chain is not None:
             result["chain"] = self.chain
         return result
@@ -238,18 +248,67 @@ def inspect_uri(uri: str, settings: RobustSettings) -> tuple[Optional[Checkpoint
     return checkpoint, list(checkpoint.problems)
 
 
-def draft_engine(checkpoint: Checkpoint) -> tuple[EngineView, Optional[mtp_table.MtpArchitecture]]:
-    """The MTP draft doctor plans for: the mtp_table row vLLM would pick for this config.json, if any."""
-    row = mtp_table.match_target(checkpoint.config)
+def draft_engine(
+    checkpoint: Checkpoint, engine: str = VLLM
+) -> tuple[EngineView, Optional[mtp_table.MtpArchitecture]]:
+    """The MTP draft doctor plans for: the mtp_table row ``engine`` would pick for this config.json, if any."""
+    base = replace(MTP_DRAFT, engine=engine, speculative_method=DRAFT_METHODS[engine], mtp=True)
+    row = mtp_table.match_target(checkpoint.config, engine=engine)
     if row is None:
-        return MTP_DRAFT, None
-    engine = replace(
-        MTP_DRAFT,
+        return base, None
+    view = replace(
+        base,
         architectures=row.draft_architectures[:1],
-        model_type=row.model_types[0],
+        model_type=row.model_types[0] if row.model_types else None,
         target_hf_config=checkpoint.config,
     )
-    return engine, row
+    return view, row
+
+
+def engine_support(engine: str) -> dict:
+    """Whether ModelExpress offers robust (and upstream model_streamer) in ``engine`` at all.
+
+    Asked of the installed ModelExpress's adapter class, by ModelExpress's own rule
+    (:func:`mx_strategies.engine.missing_hooks`).
+    """
+    from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
+
+    from ..robust import RobustModelStreamerStrategy
+
+    view: dict[str, Any] = {"name": engine, "strategies": {}}
+    for strategy in (RobustModelStreamerStrategy, ModelStreamerStrategy):
+        missing = missing_hooks(engine, strategy.requires)
+        view["strategies"][strategy.name] = {
+            "eligible": missing == [],
+            "missing_hooks": missing if missing is not None else [],
+            "adapter_importable": missing is not None,
+        }
+    return view
+
+
+def engine_problems(support: dict) -> list[Problem]:
+    """An error when robust is never offered in this engine (TensorRT-LLM's adapter with ModelExpress 0.7.0)."""
+    robust = support["strategies"]["robust_model_streamer"]
+    if robust["eligible"]:
+        return []
+    engine = support["name"]
+    if not robust["adapter_importable"]:
+        why = f"ModelExpress has no importable adapter for {engine}"
+    else:
+        hooks = ", ".join(robust["missing_hooks"])
+        why = f"ModelExpress's {engine} adapter does not override {hooks}"
+    upstream = support["strategies"]["model_streamer"]
+    also = " nor upstream model_streamer" if not upstream["eligible"] else ""
+    return [
+        Problem(
+            "strategy_not_offered",
+            ERROR,
+            None,
+            None,
+            f"{why}, so ModelExpress never offers mx_strategies.robust{also} in {engine}: MX_STRATEGY has no effect "
+            f"there and the chain loads by its other strategies",
+        )
+    ]
 
 
 def architecture_view(row: Optional[mtp_table.MtpArchitecture], plan: Optional[LoadPlan] = None) -> Optional[dict]:
@@ -267,10 +326,10 @@ def architecture_view(row: Optional[mtp_table.MtpArchitecture], plan: Optional[L
     }
 
 
-def target_plan(checkpoint: Checkpoint, settings: RobustSettings) -> Optional[LoadPlan]:
+def target_plan(checkpoint: Checkpoint, settings: RobustSettings, engine: str = VLLM) -> Optional[LoadPlan]:
     """The target load's plan, as the strategy makes it (without a built model to cross-check)."""
     try:
-        return plan_for(checkpoint, TARGET, settings, source_is_target=True)
+        return plan_for(checkpoint, target_engine(engine), settings, source_is_target=True)
     except InconsistentCheckpoint:
         return None
 
@@ -290,15 +349,16 @@ def target_view(plan: Optional[LoadPlan], checkpoint: Checkpoint) -> Optional[di
     }
 
 
-def draft_view(checkpoint: Checkpoint, settings: RobustSettings) -> dict:
+def draft_view(checkpoint: Checkpoint, settings: RobustSettings, engine_name: str = VLLM) -> dict:
     """What an MTP draft would stream from this checkpoint (pipeline parallel 1: the engine shares embed/lm_head).
 
-    The draft's architecture is the mtp_table row vLLM's hf_config_override picks for the
-    checkpoint's config.json; without one, the generic conventions apply.
+    The draft's architecture is the mtp_table row the engine picks for the checkpoint's
+    config.json (vLLM's hf_config_override, SGLang's _config_draft_model); without one,
+    the generic conventions apply.
     """
     layout = layer_layout(checkpoint.config)
     tried = describe_conventions(settings, layout)
-    engine, row = draft_engine(checkpoint)
+    engine, row = draft_engine(checkpoint, engine_name)
     if row is not None:
         tried = f"{mtp_table.describe(row)} (mtp_table row for this config.json)"
     try:
@@ -376,6 +436,7 @@ def diagnose(
     model_weights: Optional[str] = None,
     model: Optional[str] = None,
     settings: Optional[RobustSettings] = None,
+    engine: str = VLLM,
 ) -> DoctorReport:
     """Inspect ``uri`` and/or the source chain; raise DoctorUsageError for exit 2.
 
@@ -416,15 +477,17 @@ def diagnose(
         )
     if chain is not None and chain["chosen"] is None:
         problems.insert(0, Problem("no_streamable_source", ERROR, None, None, chain["error"]))
+    support = engine_support(engine)
+    problems[:0] = engine_problems(support)
     draft = target = None
     loaded: tuple[str, ...] = ()
     if checkpoint is not None:
-        draft = draft_view(checkpoint, settings)
-        plan = target_plan(checkpoint, settings)
+        draft = draft_view(checkpoint, settings, engine)
+        plan = target_plan(checkpoint, settings, engine)
         target = target_view(plan, checkpoint)
         # A checkpoint with errors is not loaded; its shards still show what a load would stream.
         loaded = tuple(plan.shard_keys) if plan is not None else tuple(s.key for s in loaded_shards(checkpoint, settings))
-    return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), loaded, target)
+    return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), loaded, target, support)
 
 
 # -- human output --------------------------------------------------------------
@@ -660,12 +723,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", help="the engine's model (vLLM's config-only model_streamer/<hash> copy, a snapshot)"
     )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=VLLM,
+        help="the engine that loads the checkpoint: its MTP draft classes (vLLM's or SGLang's), and whether "
+        "ModelExpress offers robust there at all (not in TensorRT-LLM with ModelExpress 0.7) (default: vllm)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (docs/doctor-json.md)")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        report = diagnose(args.uri, model_weights=args.model_weights, model=args.model)
+        report = diagnose(args.uri, model_weights=args.model_weights, model=args.model, engine=args.engine)
     except DoctorUsageError as exc:
         print(f"mx-strategies doctor: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,0 +1,106 @@
+"""SGLang's side of :func:`mx_strategies.engine.engine_view`.
+
+SGLang reaches ModelExpress through ``--load-format remote_instance
+--remote-instance-weight-loader-backend modelexpress``: its
+``RemoteInstanceModelLoader`` hands ``MxModelLoader`` the model it built and
+its own ``ModelConfig``, for the target and (unless
+``--speculative-draft-load-format`` says otherwise) for the draft. What
+differs from vLLM, read from SGLang 0.5.23:
+
+- the draft marker is ``ModelConfig.is_draft_model``; there is no
+  ``runner_type`` and no ``speculative_config``;
+- ``speculative_algorithm`` is ``"EAGLE"`` for NEXTN too (SGLang turns
+  NEXTN into EAGLE), so the method alone does not say MTP: the draft's
+  architecture does. ``ModelConfig._config_draft_model``
+  (``sglang/srt/configs/model_config.py:1010``) rewrites ``architectures[0]``
+  to the draft class (``DeepseekV3ForCausalLMNextN``, ``Qwen3NextForCausalLMMTP``,
+  ``MiMoV2MTP``...) and keeps the target's ``model_type`` and
+  ``num_hidden_layers``: N is read from the draft's own hf_config;
+- the target's checkpoint is the server's ``model_path``; the draft's
+  ``model_path`` is ``speculative_draft_model_path``, which SGLang defaults to
+  the target's for DeepSeek and GLM;
+- the parallel sizes are SGLang's ``get_parallel()`` (``runtime_context.py``),
+  the identity's as a fallback;
+- ``model_loader_extra_config`` is on SGLang's ``LoadConfig`` (JSON text from
+  the CLI, parsed by ``LoadConfig.__post_init__``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .engine import SGLANG, EngineView, _parallel_size, _positive_int, loader_options, model_identity
+
+# SGLang's speculative algorithms that run a draft out of the target's checkpoint (NEXTN becomes EAGLE).
+SGLANG_MTP_METHODS = ("eagle", "nextn", "mtp")
+# Suffixes of SGLang's MTP draft classes (model_config.py _config_draft_model).
+MTP_ARCHITECTURE_SUFFIXES = ("NextN", "MTP", "Mtp")
+
+
+def _server_args() -> Optional[Any]:
+    """SGLang's process-wide ServerArgs, or None (not set, or an SGLang without runtime_context)."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return get_server_args()
+    except Exception:  # noqa: BLE001 - "Global server args is not set yet!", or no SGLang
+        return None
+
+
+def _parallel(field: str) -> Optional[int]:
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return _positive_int(getattr(get_parallel(), field))
+    except Exception:  # noqa: BLE001 - parallel state not initialised (scripts, tests without a group)
+        return None
+
+
+def method_of(model_config: Any) -> Optional[str]:
+    """SGLang's speculative algorithm, lower case (a string or its SpeculativeAlgorithm enum)."""
+    algorithm = getattr(model_config, "speculative_algorithm", None)
+    algorithm = getattr(algorithm, "name", algorithm)
+    return algorithm.lower() if isinstance(algorithm, str) and algorithm else None
+
+
+def is_mtp_draft(is_draft: bool, method: Optional[str], architectures: tuple[str, ...]) -> bool:
+    """An SGLang draft whose class reads its layers out of the target's checkpoint (NextN / MTP)."""
+    if not is_draft or method not in SGLANG_MTP_METHODS or not architectures:
+        return False
+    from . import mtp_table
+
+    if mtp_table.match(architectures, None, method, engine=SGLANG) is not None:
+        return True
+    return architectures[0].endswith(MTP_ARCHITECTURE_SUFFIXES)
+
+
+def sglang_view(ctx: Any) -> EngineView:
+    """What robust needs from an SGLang load context."""
+    model_config = ctx.model_config
+    adapter = getattr(ctx, "adapter", None)
+    is_draft = bool(getattr(model_config, "is_draft_model", False))
+    method = method_of(model_config) if is_draft else None
+    hf_config = getattr(model_config, "hf_config", None)
+    architectures, model_type = model_identity(hf_config)
+    server = _server_args()
+    target_uris = tuple(
+        uri for uri in (getattr(server, "model_path", None),) if isinstance(uri, str) and uri
+    )
+    load_config = getattr(adapter, "load_config", None) or getattr(ctx, "load_config", None)
+    return EngineView(
+        is_draft=is_draft,
+        speculative_method=method,
+        target_uris=target_uris,
+        tensor_parallel_size=_parallel("tp_size") or _parallel_size(ctx, None, "tensor_parallel_size"),
+        pipeline_parallel_size=_parallel("pp_size") or _parallel_size(ctx, None, "pipeline_parallel_size"),
+        hf_config=hf_config,
+        loader_extra_config=loader_options(load_config),
+        architectures=architectures,
+        model_type=model_type,
+        target_hf_config=None,  # SGLang's draft hf_config keeps the target's num_hidden_layers
+        engine=SGLANG,
+        mtp=is_mtp_draft(is_draft, method, architectures) if is_draft else False,
+    )
+
+
+__all__ = ["SGLANG_MTP_METHODS", "is_mtp_draft", "method_of", "sglang_view"]
