@@ -50,6 +50,8 @@ class EngineView:
     engine: str = VLLM
     # The engine reader's verdict on an MTP draft; None: vLLM's rule on the method (is_mtp).
     mtp: Optional[bool] = None
+    # The one MTP layer this draft runner serves (SGLang's LoadConfig.draft_model_idx, multi-layer EAGLE).
+    draft_layer: Optional[int] = None
 
     @property
     def role(self) -> str:

@@ -22,7 +22,14 @@ differs from vLLM, read from SGLang 0.5.23:
 - the parallel sizes are SGLang's ``get_parallel()`` (``runtime_context.py``),
   the identity's as a fallback;
 - ``model_loader_extra_config`` is on SGLang's ``LoadConfig`` (JSON text from
-  the CLI, parsed by ``LoadConfig.__post_init__``).
+  the CLI, parsed by ``LoadConfig.__post_init__``);
+- under multi-layer EAGLE (MiMo-V2) each draft runner serves one MTP layer,
+  ``LoadConfig.draft_model_idx`` (``managers/tp_worker.py:498, 519``), which
+  SGLang's own iterator filters on (``model_loader/loader.py:739``).
+
+SGLang's weight iterator does more than list shards, and robust streams
+without it: :func:`bypassed_features` names what a model relies on that
+robust would drop, so the load is refused before the model is touched.
 """
 
 from __future__ import annotations
@@ -100,7 +107,31 @@ def sglang_view(ctx: Any) -> EngineView:
         target_hf_config=None,  # SGLang's draft hf_config keeps the target's num_hidden_layers
         engine=SGLANG,
         mtp=is_mtp_draft(is_draft, method, architectures) if is_draft else False,
+        draft_layer=_index(getattr(load_config, "draft_model_idx", None)) if is_draft else None,
     )
 
 
-__all__ = ["SGLANG_MTP_METHODS", "is_mtp_draft", "method_of", "sglang_view"]
+def _index(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def bypassed_features(model: Any) -> list[str]:
+    """What SGLang's iterator would give this model that a stream of one checkpoint cannot.
+
+    ``secondary_weights``: extra sources a model lists (``DefaultModelLoader._get_all_weights``,
+    ``model_loader/loader.py:759``; cosmos3 in 0.5.23), each with its own path and prefix.
+    """
+    secondary = getattr(model, "secondary_weights", None) if model is not None else None
+    try:
+        count = len(secondary) if secondary else 0
+    except TypeError:
+        count = 1
+    if not count:
+        return []
+    return [
+        f"{type(model).__name__}.secondary_weights lists {count} more weight source(s), which SGLang's own "
+        f"loader reads after the checkpoint (model_loader/loader.py:759) and robust does not"
+    ]
+
+
+__all__ = ["SGLANG_MTP_METHODS", "bypassed_features", "is_mtp_draft", "method_of", "sglang_view"]

@@ -74,6 +74,8 @@ class MtpArchitecture:
     default_count: Optional[int] = None  # what the class assumes when the config has none
     layers_built: Optional[int] = None  # MTP layers the class builds (later ones are skipped)
     text_config: bool = False  # N and the count come from hf_config.text_config
+    # SGLang's multi-layer EAGLE: each draft runner serves one MTP layer (LoadConfig.draft_model_idx).
+    per_runner_layer: bool = False
     # Checkpoint names (regexes; {L} = an MTP layer index, {L0} = the first) the draft reads into ...
     embed: tuple[str, ...] = ()  # ... its embedding, preferred first
     head: tuple[str, ...] = ()  # ... its head(s), preferred first
@@ -701,6 +703,103 @@ TABLE: tuple[MtpArchitecture, ...] = (
         notes="as transformers_mtp_glm4_moe; the Transformers regex is model\\.layers\\.61.*, so only a 61-layer "
         "checkpoint's layer 61 is read",
     ),
+    # ------------------------------------------------------------------------------------- SGLang (0.5.23) ------
+    # SGLang's draft classes, read from sglang 0.5.23 (sglang/srt/...). ModelConfig._config_draft_model
+    # (configs/model_config.py:1010) renames architectures[0] and keeps the target's model_type and
+    # num_hidden_layers, so rows match on the draft architecture only. For EAGLE/NEXTN/MTP the draft worker
+    # replaces the draft's embedding and lm_head with the target's, unconditionally (set_embed_and_head,
+    # speculative/eagle_worker_v2.py:378; multi_layer_eagle_worker_v2.py:379): none of them is streamed.
+    MtpArchitecture(
+        key="sglang_deepseek_nextn",
+        engine=SGLANG,
+        targets=("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "deepseek_v3",
+                 "deepseek_v32", "glm_moe_dsa"),
+        family="SGLang: DeepSeek-V3/R1, DeepSeek-V3.2, GLM-5 (GlmMoeDsaForCausalLMNextN subclasses it)",
+        draft_architectures=("DeepseekV3ForCausalLMNextN", "GlmMoeDsaForCausalLMNextN"),
+        model_types=(),
+        load_weights="sglang/srt/models/deepseek_common/deepseek_weight_loader.py:319",
+        override="sglang/srt/configs/model_config.py:1032",
+        layout="nextn",
+        prefixes=("model.layers.",),
+        count_keys=("num_nextn_predict_layers",),
+        layers_built=1,
+        dropped=(r"^model\.layers\.{L}\.(embed_tokens|shared_head\.head)\.",),
+        methods=("eagle", "nextn", "mtp"),
+        notes="load_weights (DeepseekV3ForCausalLMNextN, deepseek_nextn.py:316, is_nextn=True) keeps "
+        "model.layers.{N}.* only, N = num_hidden_layers (0 when that is 1, deepseek_weight_loader.py:563), and "
+        "skips the layer's embed_tokens and shared_head.head (:324, 'use shared head and embed weights from "
+        "target model'); enorm/hnorm/eh_proj/shared_head.norm become model.*, the rest model.decoder.* (:331); "
+        "one NextN layer only (assert, :566); model.embed_tokens.weight and lm_head.weight are never read; "
+        "q_a_proj and kv_a_proj_with_mqa are fused once both arrive (:438); returns no names; the target's "
+        "load_weights drops layers >= num_hidden_layers (deepseek_weight_loader.py:301)",
+    ),
+    MtpArchitecture(
+        key="sglang_glm4_moe_nextn",
+        engine=SGLANG,
+        targets=("Glm4MoeForCausalLM", "glm4_moe"),
+        family="SGLang: GLM-4.5/4.6/4.7, GLM-4.5-Air",
+        draft_architectures=("Glm4MoeForCausalLMNextN",),
+        model_types=(),
+        load_weights="sglang/srt/models/glm4_moe.py:1157",
+        override="sglang/srt/configs/model_config.py:1063",
+        layout="nextn",
+        prefixes=("model.layers.",),
+        count_keys=("num_nextn_predict_layers",),
+        layers_built=1,
+        dropped=(r"^model\.layers\.{L}\.(embed_tokens|shared_head\.head)\.",),
+        methods=("eagle", "nextn", "mtp"),
+        notes="as sglang_deepseek_nextn (glm4_moe_nextn.py:160 -> glm4_moe.py:1128): model.layers.{N}.* less "
+        "embed_tokens and shared_head.head; SGLang's loader also reads an mtp.safetensors the index does not "
+        "name (maybe_add_mtp_safetensors, model_loader/weight_utils.py:811, for mis-packaged GLM checkpoints): "
+        "robust streams indexed shards only and names that file when the draft's layer is missing; the target "
+        "drops layers >= num_hidden_layers (glm4_moe.py:1147)",
+    ),
+    MtpArchitecture(
+        key="sglang_qwen3_next_mtp",
+        engine=SGLANG,
+        targets=("Qwen3NextForCausalLM", "qwen3_next"),
+        family="SGLang: Qwen3-Next",
+        draft_architectures=("Qwen3NextForCausalLMMTP",),
+        model_types=(),
+        load_weights="sglang/srt/models/qwen3_next.py:1173",
+        override="sglang/srt/configs/model_config.py:1134",
+        layout="prefix",
+        prefixes=("mtp.",),
+        # The class builds one layer (qwen3_next_mtp.py:66); SGLang raises KeyError on mtp.layers.1.* (:1270).
+        dropped=(r"^mtp\.layers\.(?!0\.)\d+\.",),
+        methods=("eagle", "nextn", "mtp"),
+        notes="load_weights (Qwen3NextForCausalLMMTP, qwen3_next_mtp.py:143, is_mtp=True) keeps names containing "
+        "mtp (qwen3_next.py:1174): mtp.fc / mtp.pre_fc_norm_* lose the prefix, the rest become model.*; one "
+        "MTP layer is built (qwen3_next_mtp.py:66) and a checkpoint's mtp.layers.1+ would raise KeyError in "
+        "SGLang (qwen3_next.py:1270), so they are not streamed; model.embed_tokens.weight and lm_head.weight "
+        "are never read; the draft returns no names (the target's set is dropped, qwen3_next_mtp.py:146); "
+        "the target skips mtp.* (qwen3_next.py:1186) and returns its names",
+    ),
+    MtpArchitecture(
+        key="sglang_mimo_v2_mtp",
+        engine=SGLANG,
+        targets=("MiMoV2ForCausalLM", "MiMoV2FlashForCausalLM"),
+        family="SGLang: MiMo-V2 / MiMo-V2-Flash (multi-layer EAGLE, one draft runner per MTP layer)",
+        draft_architectures=("MiMoV2MTP",),
+        model_types=(),
+        load_weights="sglang/srt/models/mimo_v2_nextn.py:278",
+        override="sglang/srt/configs/model_config.py:1094",
+        layout="indexed",
+        prefixes=("model.mtp.layers.",),
+        # _config_draft_model sets the draft's num_nextn_predict_layers to 1; the checkpoint's config.json counts.
+        count_keys=("num_nextn_predict_layers",),
+        layers_built=1,
+        per_runner_layer=True,
+        embed=(_TOP_EMBED,),
+        head=(_TOP_HEAD,),
+        methods=("eagle", "nextn", "mtp"),
+        notes="map_model_name_to_mtp_param_name (mimo_v2_nextn.py:362) sends every model.mtp.layers.{k}.* to "
+        "the same parameters, so the layer fed last wins; SGLang's iterator keeps only runner i's layer "
+        "(LoadConfig.draft_model_idx, model_loader/loader.py:739, set per runner at managers/tp_worker.py:498 "
+        "and :519), and robust streams exactly that layer; a draft_model_idx past the checkpoint's MTP layers "
+        "is refused (SGLang would keep the layer's init values); model.embed_tokens.weight and lm_head.weight "
+        "are read, then replaced by the target's (multi_layer_eagle_worker_v2.py:379): not streamed",
+    ),
 )
 
 _INSTALLED = object()
@@ -832,6 +931,12 @@ class RowLayout:
         if self.first is None or self.count is None:
             return []
         return [self.first + i for i in range(self.count)]
+
+    def for_runner(self, index: int) -> "RowLayout":
+        """The layout of the draft runner that serves MTP layer ``index`` alone (SGLang's draft_model_idx)."""
+        if self.first is None or self.count is None:
+            return self
+        return RowLayout(self.first + index, max(self.count - index, 0), self.first_from, self.count_from)
 
 
 def row_layout(row: MtpArchitecture, *configs: tuple[str, Any]) -> RowLayout:

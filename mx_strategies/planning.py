@@ -190,13 +190,17 @@ def row_layout_for(
     row: mtp_table.MtpArchitecture, checkpoint: Optional[Checkpoint], engine: EngineView
 ) -> mtp_table.RowLayout:
     """N and the MTP layer count for ``row``: the target's config first (the VllmConfig the draft class is
-    built with carries it), then the checkpoint's config.json (the target's too), then the draft's own."""
-    return mtp_table.row_layout(
+    built with carries it), then the checkpoint's config.json (the target's too), then the draft's own.
+    A draft runner that serves one MTP layer (SGLang's ``draft_model_idx``) gets that layer alone."""
+    layout = mtp_table.row_layout(
         row,
         ("the target's hf_config", engine.target_hf_config),
         ("the checkpoint's config.json", getattr(checkpoint, "config", None)),
         ("the draft's hf_config", engine.hf_config),
     )
+    if row.per_runner_layer and engine.is_draft and engine.draft_layer is not None:
+        return layout.for_runner(engine.draft_layer)
+    return layout
 
 
 def _plan_for_row(
@@ -204,6 +208,13 @@ def _plan_for_row(
 ) -> LoadPlan:
     layout = row_layout_for(row, checkpoint, engine)
     names = set(checkpoint.tensors())
+    if row.per_runner_layer and engine.draft_layer is not None and layout.count == 0:
+        raise DraftPlanError(
+            f"draft load from {checkpoint.uri}: {mtp_table.describe(row)}: this draft runner serves MTP layer "
+            f"{engine.draft_layer} (SGLang's draft_model_idx), but the checkpoint has no MTP layer "
+            f"{engine.draft_layer} (its layer count: {layout.count_from}); SGLang would leave this runner's "
+            f"weights at their init values: lower --speculative-num-steps to the checkpoint's MTP layers"
+        )
     if row.layout in ("nextn", "indexed") and not layout.indices(row):
         missing = []
         if layout.first is None:
@@ -222,10 +233,17 @@ def _plan_for_row(
         shared_policy=settings.draft_shared_weights,
     )
     if not selection.own:
+        outside = [s.key for s in checkpoint.outside_index if s.tensors]
+        hint = (
+            f"; {', '.join(outside)} holds tensors but is not in the index, and robust streams indexed shards "
+            f"only (SGLang adds an unindexed GLM mtp.safetensors itself): add it to the index"
+            if outside
+            else ""
+        )
         raise DraftPlanError(
             f"draft load from {checkpoint.uri}: no draft tensor found among {len(names)} tensors for "
             f"{mtp_table.describe(row, layout)} (N {layout.first_from}, {layout.count} MTP layer(s) "
-            f"{layout.count_from})"
+            f"{layout.count_from}){hint}"
         )
     return replace(
         _draft_plan(

