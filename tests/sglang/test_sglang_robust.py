@@ -1,0 +1,212 @@
+"""robust in SGLang 0.5.23, through ModelExpress 0.7.0's real SglangAdapter and chain.
+
+SGLang's real classes (tests/sglang_support/builders.py) load from S3 (moto on
+127.0.0.1) the way SGLang's ``RemoteInstanceModelLoader`` calls ModelExpress
+for ``--load-format remote_instance --remote-instance-weight-loader-backend
+modelexpress``: ``MxModelLoader(load_config).load_model(model=..., model_config=...,
+device_config=...)``. The reference is SGLang's own ``DefaultModelLoader`` on a
+local copy, into a model built the same way.
+
+Stand-ins, because no real part runs here: ModelExpress's accelerator backend
+for a ``cpu`` device (0.7.0 has cuda and xpu only) is the test-only
+``mx_cpu_shim.CpuAcceleratorBackend``, and torchvision is a stub
+(tests/stubs/sglang). Everything else is SGLang's and ModelExpress's own code.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+from helpers.checkpoints import upload
+
+from mx_strategies import activation
+from mx_strategies.report import clear_reports, recent_reports
+from sglang_support import builders as sb
+
+ARCHS = ("deepseek_v3", "qwen3_next")
+DRAFT_ARCHITECTURE = {"deepseek_v3": "sglang_deepseek_nextn", "qwen3_next": "sglang_qwen3_next_mtp"}
+HTTP_OVERHEAD = 64 * 1024  # request and response headers of the probe's and runai's GETs
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    with sb.sglang_runtime() as rt:
+        yield rt
+
+
+@pytest.fixture
+def cpu_backend(monkeypatch):
+    """TEST ONLY: ModelExpress 0.7.0's accelerator backends are cuda and xpu; cpu gets the shim's."""
+    import modelexpress.engines.sglang.adapter as adapter_module
+    from mx_cpu_shim import CpuAcceleratorBackend
+
+    original = adapter_module.accelerator_backend_for
+    monkeypatch.setattr(
+        adapter_module,
+        "accelerator_backend_for",
+        lambda device: CpuAcceleratorBackend() if torch.device(device).type == "cpu" else original(device),
+    )
+
+
+@pytest.fixture
+def reinits(monkeypatch):
+    """How often the chain asked SglangAdapter to rebuild the model (the real method still runs)."""
+    from modelexpress.engines.sglang.adapter import SglangAdapter
+
+    calls = []
+    real = SglangAdapter.reinit_for_retry
+
+    def counted(self, result):
+        calls.append(result)
+        return real(self, result)
+
+    monkeypatch.setattr(SglangAdapter, "reinit_for_retry", counted)
+    return calls
+
+
+class Checkpoint:
+    """A tiny checkpoint: written locally (the reference's), on S3 (robust's), and a config-only model_path."""
+
+    def __init__(self, root, name: str, s3):
+        self.name = name
+        self.full = str(root / f"{name}-full")
+        self.tensors = sb.write_target_checkpoint(self.full, name)
+        self.config_only = str(root / f"{name}-model-path")
+        os.makedirs(self.config_only)
+        shutil.copy(os.path.join(self.full, "config.json"), self.config_only)
+        self.uri = upload(s3, self.full, name)
+        self.data_bytes = sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def nbytes(self, names) -> int:
+        return sum(self.tensors[n].numel() * self.tensors[n].element_size() for n in names)
+
+
+def delivered_names(model) -> list[str]:
+    """Record every name the model's load_weights is fed (the real method runs); returns the live list."""
+    names: list[str] = []
+    real = model.load_weights
+
+    def load_weights(weights, *args, **kwargs):
+        def seen():
+            for name, tensor in weights:
+                names.append(name)
+                yield name, tensor
+
+        return real(seen(), *args, **kwargs)
+
+    object.__setattr__(model, "load_weights", load_weights)
+    return names
+
+
+def mx_load(built):
+    """SGLang's call into ModelExpress for the remote_instance / modelexpress backend (loader.py:3230)."""
+    from modelexpress.engines.sglang.loader import MxModelLoader
+
+    return MxModelLoader(built.load_config).load_model(
+        model=built.model, model_config=built.model_config, device_config=built.device_config
+    )
+
+
+def reference(ckpt: Checkpoint, *, draft: bool):
+    built = sb.build_model(ckpt.full, draft=draft)
+    trace = sb.trace_native_load(built)
+    return built, trace
+
+
+@pytest.fixture
+def robust_sglang(monkeypatch):
+    """MX_STRATEGY=mx_strategies.robust, activated as SGLang's plugin loader does (register_sglang)."""
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    activation.register_sglang()
+    clear_reports()
+    yield
+    activation.uninstall()
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_target_then_its_mtp_draft_load_from_s3_with_robust(
+    name, runtime, cpu_backend, reinits, robust_sglang, s3, tmp_path, monkeypatch
+):
+    ckpt = Checkpoint(tmp_path, name, s3)
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.uri)
+
+    # -- the target: every tensor but the MTP layer, which only the draft reads
+    target = sb.build_model(ckpt.config_only, draft=False)
+    fed_target = delivered_names(target.model)
+    s3.proxy.reset()
+    mx_load(target)
+    target_bytes = s3.bytes_served
+    (report,) = [r for r in recent_reports() if r["role"] == "target"]
+    assert report["outcome"] == "loaded" and report["source"] == ckpt.uri
+    assert report["architecture"] == DRAFT_ARCHITECTURE[name]
+    ref_target, ref_target_trace = reference(ckpt, draft=False)
+    sb.assert_same_parameters(target.model, ref_target.model)
+    left = set(ckpt.tensors) - set(fed_target)
+    assert report["left_to_draft"] == len(left) > 0
+    assert not left & ref_target_trace.consumed  # SGLang's target reads none of what robust left out
+    assert target_bytes <= 1.01 * ckpt.nbytes(fed_target) + report["metadata_bytes"] + HTTP_OVERHEAD
+
+    # -- the draft: its own tensors only, into the module SGLang built, no rebuild
+    draft = sb.build_model(ckpt.config_only, draft=True)
+    draft_module = draft.model
+    fed_draft = delivered_names(draft.model)
+    s3.proxy.reset()
+    loaded = mx_load(draft)
+    draft_bytes = s3.bytes_served
+    assert loaded is draft_module and not reinits
+    (report,) = [r for r in recent_reports() if r["role"] == "draft"]
+    assert report["outcome"] == "loaded" and report["architecture"] == DRAFT_ARCHITECTURE[name]
+    ref_draft, ref_draft_trace = reference(ckpt, draft=True)
+    assert sorted(fed_draft) == sorted(ref_draft_trace.consumed)  # exactly what SGLang's draft reads
+    assert set(fed_draft) <= left  # and nothing the target streamed
+    sb.assert_same_parameters(draft.model, ref_draft.model)
+    kept = ckpt.nbytes(fed_draft)
+    assert report["bytes_streamed"] == kept
+    assert draft_bytes <= 1.02 * kept + report["metadata_bytes"] + HTTP_OVERHEAD, (draft_bytes, kept)
+    # Target and draft together: each checkpoint byte crossed the wire once.
+    assert target_bytes + draft_bytes <= 1.02 * ckpt.data_bytes + 2 * (report["metadata_bytes"] + HTTP_OVERHEAD)
+
+
+def test_qwen3_next_target_is_checked_for_completeness(runtime, cpu_backend, robust_sglang, s3, tmp_path, monkeypatch):
+    """Qwen3-Next's SGLang target returns the names it loaded (qwen3_next.py:1276): robust checks them off."""
+    ckpt = Checkpoint(tmp_path, "qwen3_next", s3)
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.uri)
+    target = sb.build_model(ckpt.config_only, draft=False)
+    from mx_strategies import completeness
+
+    outcomes = []
+    real = completeness.check
+
+    def recorded(*args, **kwargs):
+        outcome = real(*args, **kwargs)
+        outcomes.append(outcome)
+        return outcome
+
+    monkeypatch.setattr(completeness, "check", recorded)
+    mx_load(target)
+    (outcome,) = outcomes
+    assert outcome.checked and outcome.complete and outcome.required > 0
+
+
+def test_upstream_model_streamer_on_the_same_sglang_streams_the_whole_checkpoint_for_the_draft(
+    runtime, cpu_backend, s3, tmp_path, monkeypatch
+):
+    """The baseline: plain ModelExpress (its own model_streamer), given the getters SGLang 0.5.23 lacks.
+
+    Without them it cannot start at all (tests/sglang/test_sglang_activation.py). With them, its draft
+    load reads every byte of the checkpoint: the draft is planned as a target.
+    """
+    from mx_strategies.patches import apply_sglang_patches
+
+    apply_sglang_patches()
+    ckpt = Checkpoint(tmp_path, "deepseek_v3", s3)
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.uri)
+    draft = sb.build_model(ckpt.config_only, draft=True)
+    s3.proxy.reset()
+    mx_load(draft)
+    ref_draft, ref_trace = reference(ckpt, draft=True)
+    sb.assert_same_parameters(draft.model, ref_draft.model)  # right, because SGLang's load_weights filters names
+    assert s3.bytes_served >= ckpt.data_bytes > 3 * ckpt.nbytes(ref_trace.consumed)
