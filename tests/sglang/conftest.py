@@ -1,0 +1,36 @@
+"""The SGLang suite: collected only where SGLang is installed (its own venv, .venv-sglang).
+
+The main suite runs in a vLLM venv without SGLang: there nothing here is collected. Where SGLang is
+installed without torchvision (the lean install: SGLang imports torchvision at module level), the
+test-only stub in tests/stubs/sglang goes first on sys.path, and on PYTHONPATH for child processes
+(the TP=2 ranks).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+_STUBS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "stubs", "sglang")
+
+
+def _torchvision_importable() -> bool:
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # absent, or a wheel built for another torch
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+        return False
+    return True
+
+
+if importlib.util.find_spec("sglang") is None:
+    collect_ignore_glob = ["test_*.py"]
+else:
+    if not _torchvision_importable():
+        if _STUBS not in sys.path:
+            sys.path.insert(0, _STUBS)
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if _STUBS not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([_STUBS, *paths])
