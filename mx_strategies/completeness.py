@@ -27,8 +27,10 @@ other) counts as written when any of its names was reported
 (:func:`required_tensors`).
 
 A model whose ``load_weights`` returns no set of names is not checked, with
-a warning: vLLM's default loader skips its check then too (SGLang's models
-return nothing).
+a warning: vLLM's default loader skips its check then too. In SGLang 0.5.23
+some models return their names (Qwen3-Next's target, ``qwen3_next.py:1276``,
+and about a fifth of its model files) and are checked; its MTP/NextN drafts
+and DeepSeek's target return nothing.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SGLang's Python classes (no engine) into an environment with the CPU torch: for the
-# SGLang suite (tests/sglang), which builds SGLang's real model classes on the CPU and
+# SGLang suite (tests/sglang_suite), which builds SGLang's real model classes on the CPU and
 # loads them through ModelExpress's real SglangAdapter and chain.
 #
 # Usage: scripts/install-sglang-lean.sh /path/to/venv/bin/python [VERSION]   (default 0.5.23)

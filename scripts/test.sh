@@ -53,7 +53,7 @@ if [ "$run_next" = 1 ]; then
   bash scripts/install-vllm-lean.sh "$NEXT_VENV/bin/python" "$NEXT_VLLM"
 fi
 
-# SGLang's classes (no SGLang CPU engine installs here): a venv of their own, for tests/sglang.
+# SGLang's classes (no SGLang CPU engine installs here): a venv of their own, for tests/sglang_suite.
 # MX_TEST_SGLANG: auto (as MX_TEST_NEXT), 1 always, 0 never.
 SGLANG_VENV="${MX_TEST_SGLANG_VENV:-.venv-sglang}"
 SGLANG_VERSION="0.5.23"
@@ -82,8 +82,8 @@ if [ "$run_next" = 1 ]; then
     || status=$?
 fi
 if [ "$run_sglang" = 1 ]; then
-  echo "== SGLang ${SGLANG_VERSION} (its classes, no engine): tests/sglang"
-  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider "$@" tests/sglang \
+  echo "== SGLang ${SGLANG_VERSION} (its classes, no engine): tests/sglang_suite"
+  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider "$@" tests/sglang_suite \
     || status=$?
 fi
 exit "$status"

@@ -34,6 +34,13 @@ def test_installed_distribution_exposes_the_plugin():
     assert plugin.load() is activation.register
 
 
+def test_installed_distribution_exposes_the_sglang_plugin():
+    """SGLang's load_plugins() reads this group in every scheduler process (tests/sglang_suite runs it)."""
+    (plugin,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "mx_strategies"]
+    assert plugin.value == "mx_strategies.activation:register_sglang"
+    assert plugin.load() is activation.register_sglang
+
+
 def test_wheel_built_from_this_checkout_registers_the_plugin(tmp_path, built_wheel):
     assert importlib.util.find_spec("setuptools") is not None, (
         "building the wheel without isolation needs setuptools (and wheel) from the `test` extra"

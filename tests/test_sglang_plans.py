@@ -2,7 +2,7 @@
 
 These need no SGLang: the plan is decided from the checkpoint's names and
 the engine view SGLang's reader makes (:mod:`mx_strategies.engine_sglang`).
-The real classes load through ModelExpress's chain in tests/sglang (SGLang
+The real classes load through ModelExpress's chain in tests/sglang_suite (SGLang
 venv). Each expected set below was read from SGLang 0.5.23's ``load_weights``
 (cited in the rows' ``load_weights`` and ``notes``).
 """
@@ -194,3 +194,48 @@ def test_the_sglang_reader_reads_a_target_as_a_target():
     mc = SimpleNamespace(is_draft_model=False, speculative_algorithm="EAGLE", hf_config=hf, model_path="/q")
     view = engine_view(_sglang_ctx(mc))
     assert (view.engine, view.is_draft, view.is_mtp, view.draft_layer) == (SGLANG, False, False, None)
+
+
+# -- doctor, asked for SGLang ---------------------------------------------------------------
+
+
+def _doctor_json(capsys, *args: str) -> tuple[int, dict]:
+    from mx_strategies import cli
+
+    code = cli.main(["doctor", *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_doctor_plans_sglangs_draft_and_target_with_engine_sglang(tmp_path, capsys):
+    own = layer("model.layers.2.", *DEEPSEEK_LAYER, *NEXTN_OWN)
+    copies = ["model.layers.2.embed_tokens.weight", "model.layers.2.shared_head.head.weight"]
+    target = ["model.embed_tokens.weight", "lm_head.weight", *layer("model.layers.1.", *DEEPSEEK_LAYER)]
+    folder = write_names(str(tmp_path / "ds"), own + copies + target,
+                         {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                          "num_hidden_layers": 2, "num_nextn_predict_layers": 1})
+    code, report = _doctor_json(capsys, folder, "--engine", "sglang")
+    assert code == 0
+    assert report["engine"]["name"] == "sglang"
+    assert report["engine"]["strategies"]["robust_model_streamer"]["eligible"] is True
+    assert report["draft"]["architecture"]["key"] == "sglang_deepseek_nextn"
+    assert set(report["draft"]["names"]) == set(own)
+    assert report["target"]["left_to_draft"] == len(own) + len(copies)
+    # vLLM's DeepSeekMTP reads the layer's embed_tokens too (replaced afterwards, so not streamed at PP=1).
+    code, report = _doctor_json(capsys, folder)
+    assert report["engine"]["name"] == "vllm" and report["draft"]["architecture"]["key"] == "deepseek_mtp"
+
+
+def test_doctor_says_robust_is_never_offered_in_tensorrt_llm(tmp_path, capsys):
+    """ModelExpress 0.7.0's TrtllmAdapter overrides neither hook robust and model_streamer require."""
+    folder = write_names(str(tmp_path / "t"), ["model.embed_tokens.weight", "lm_head.weight"],
+                         {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1})
+    code, report = _doctor_json(capsys, folder, "--engine", "trtllm")
+    assert code == 1
+    strategies = report["engine"]["strategies"]
+    assert strategies["robust_model_streamer"] == {"eligible": False, "missing_hooks": ["apply_weight_iter"],
+                                                   "adapter_importable": True}
+    assert strategies["model_streamer"]["eligible"] is False
+    (problem,) = [p for p in report["problems"] if p["kind"] == "strategy_not_offered"]
+    assert problem["severity"] == "error"
+    assert "does not override apply_weight_iter" in problem["message"]
+    assert "never offers mx_strategies.robust nor upstream model_streamer in trtllm" in problem["message"]

@@ -1,4 +1,4 @@
-"""TEST ONLY: loads of SGLang's real classes through ModelExpress, for tests/sglang.
+"""TEST ONLY: loads of SGLang's real classes through ModelExpress, for tests/sglang_suite.
 
 :class:`Checkpoint` writes a tiny checkpoint locally (the reference's), uploads it to the
 test S3 server (robust's source) and makes the config-only ``model_path`` SGLang is given;

@@ -6,7 +6,7 @@ import reaches. PyPI's torchvision pulls a 6.6 GB CUDA torch, and its wheel's
 operators do not register against torch 2.13.0+cpu. No test here runs a
 vision model: every name resolves to an inert placeholder, and anything that
 calls one fails loudly. Only on ``sys.path`` for the SGLang suite
-(tests/sglang/conftest.py); never installed.
+(tests/sglang_suite/conftest.py); never installed.
 """
 
 from __future__ import annotations

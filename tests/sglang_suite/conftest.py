@@ -25,7 +25,15 @@ def _torchvision_importable() -> bool:
     return True
 
 
-if importlib.util.find_spec("sglang") is None:
+def _sglang_installed() -> bool:
+    # Not just find_spec("sglang") is not None: with tests/ on sys.path (pytest's pythonpath), this very
+    # folder is an importable namespace package named sglang. A real SGLang is a regular package, with
+    # an origin (its __init__.py); a namespace package has none.
+    spec = importlib.util.find_spec("sglang")
+    return spec is not None and spec.origin is not None
+
+
+if not _sglang_installed():
     collect_ignore_glob = ["test_*.py"]
 else:
     if not _torchvision_importable():

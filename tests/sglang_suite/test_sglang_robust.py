@@ -149,7 +149,7 @@ def test_upstream_model_streamer_on_the_same_sglang_streams_the_whole_checkpoint
 ):
     """The baseline: plain ModelExpress (its own model_streamer), given the getters SGLang 0.5.23 lacks.
 
-    Without them it cannot start at all (tests/sglang/test_sglang_activation.py). With them, its draft
+    Without them it cannot start at all (tests/sglang_suite/test_sglang_activation.py). With them, its draft
     load reads every byte of the checkpoint: the draft is planned as a target.
     """
     from mx_strategies.patches import apply_sglang_patches

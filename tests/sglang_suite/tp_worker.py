@@ -1,4 +1,4 @@
-"""TEST ONLY: one rank of tests/sglang/test_sglang_tp.py (not collected: no test_ prefix).
+"""TEST ONLY: one rank of tests/sglang_suite/test_sglang_tp.py (not collected: no test_ prefix).
 
 python tp_worker.py RANK INIT_METHOD ARCH FULL_FOLDER MODEL_PATH OUT_JSON
 

@@ -1,6 +1,6 @@
 """robust at tensor parallel 2 in SGLang: two ranks over gloo, distributed streaming, each byte read once.
 
-Two processes (tests/sglang/tp_worker.py) join one gloo group through SGLang's
+Two processes (tests/sglang_suite/tp_worker.py) join one gloo group through SGLang's
 own ``init_distributed_environment``; each builds SGLang's DeepSeek-V3 target
 and NextN draft at TP=2 and loads them through ModelExpress's real chain with
 ``MX_MS_DISTRIBUTED=1``. Rank 0 plans, the plan reaches rank 1 through the
