@@ -1,0 +1,71 @@
+"""The SGLang compatibility patches (mx_strategies/patches): they apply where ModelExpress 0.7's adapter is
+broken on the installed SGLang, do nothing where it is not, and never twice.
+
+Run against SGLang 0.5.23 and ModelExpress 0.7.0 themselves; what is changed between cases is the
+state those packages are in (a getter present, an adapter with its own collectives, another
+ModelExpress version), each restored by monkeypatch.
+"""
+
+from __future__ import annotations
+
+import sglang.srt.distributed as distributed
+from modelexpress.adapter import EngineAdapter
+from modelexpress.engines.sglang.adapter import SglangAdapter
+
+from mx_strategies.patches import _versions, apply_sglang_patches, sglang_adapter_state, sglang_parallel_getters
+from mx_strategies.patches.sglang_parallel_getters import GETTERS, patch_sglang_parallel_getters
+from mx_strategies.patches.sglang_adapter_state import patch_sglang_adapter_state
+
+
+def _without_patches(monkeypatch):
+    for name in GETTERS:
+        if getattr(getattr(distributed, name, None), "__mx_strategies_patch__", False):
+            monkeypatch.delattr(distributed, name)
+    for name in ("broadcast_state", "all_gather_state"):
+        if getattr(vars(SglangAdapter).get(name), "__mx_strategies_patch__", False):
+            monkeypatch.delattr(SglangAdapter, name)
+
+
+def test_each_patch_applies_once_where_sglang_0523_lacks_what_modelexpress_07_calls(monkeypatch, caplog):
+    _without_patches(monkeypatch)
+    assert not any(hasattr(distributed, name) for name in GETTERS)
+    assert SglangAdapter.broadcast_state is EngineAdapter.broadcast_state
+    with caplog.at_level("INFO", logger="modelexpress.mx_strategies.patches"):
+        assert apply_sglang_patches() == ("patch_sglang_parallel_getters", "patch_sglang_adapter_state")
+        assert apply_sglang_patches() == ()  # idempotent: nothing left to do, nothing logged again
+    assert len(caplog.records) == 2
+    assert "get_world_group" in caplog.records[0].getMessage()
+    assert all(callable(getattr(distributed, name)) for name in GETTERS)
+    assert SglangAdapter.broadcast_state is sglang_adapter_state.broadcast_state
+
+
+def test_a_getter_sglang_still_exports_is_left_alone(monkeypatch):
+    _without_patches(monkeypatch)
+    own = lambda: 7  # noqa: E731 - SGLang's own getter, as an SGLang <= 0.5.20 exports it
+    monkeypatch.setattr(distributed, "get_tensor_model_parallel_world_size", own, raising=False)
+    assert patch_sglang_parallel_getters() is True
+    assert distributed.get_tensor_model_parallel_world_size is own
+    for name in GETTERS:
+        if name != "get_tensor_model_parallel_world_size":
+            assert getattr(distributed, name).__mx_strategies_patch__
+
+
+def test_an_adapter_with_collectives_of_its_own_keeps_them(monkeypatch):
+    _without_patches(monkeypatch)
+
+    def broadcast_state(self, state):  # a future ModelExpress's own
+        return state
+
+    monkeypatch.setattr(SglangAdapter, "broadcast_state", broadcast_state)
+    assert patch_sglang_adapter_state() is True  # all_gather_state only
+    assert SglangAdapter.broadcast_state is broadcast_state
+    assert SglangAdapter.all_gather_state is sglang_adapter_state.all_gather_state
+
+
+def test_no_patch_outside_modelexpress_07(monkeypatch):
+    _without_patches(monkeypatch)
+    real = _versions.installed
+    monkeypatch.setattr(_versions, "installed", lambda d: (0, 8, 0) if d == "modelexpress" else real(d))
+    assert apply_sglang_patches() == ()
+    assert not any(hasattr(distributed, name) for name in GETTERS)
+    assert sglang_parallel_getters.modelexpress_in((0, 7), (0, 8)) is False
