@@ -37,9 +37,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .engine import SGLANG, EngineView, _parallel_size, _positive_int, loader_options, model_identity
-
-# SGLang's speculative algorithms that run a draft out of the target's checkpoint (NEXTN becomes EAGLE).
-SGLANG_MTP_METHODS = ("eagle", "nextn", "mtp")
+from .mtp_table import SGLANG_MTP_METHODS, match
 # Suffixes of SGLang's MTP draft classes (model_config.py _config_draft_model).
 MTP_ARCHITECTURE_SUFFIXES = ("NextN", "MTP", "Mtp")
 
@@ -74,9 +72,7 @@ def is_mtp_draft(is_draft: bool, method: Optional[str], architectures: tuple[str
     """An SGLang draft whose class reads its layers out of the target's checkpoint (NextN / MTP)."""
     if not is_draft or method not in SGLANG_MTP_METHODS or not architectures:
         return False
-    from . import mtp_table
-
-    if mtp_table.match(architectures, None, method, engine=SGLANG) is not None:
+    if match(architectures, None, method, engine=SGLANG) is not None:
         return True
     return architectures[0].endswith(MTP_ARCHITECTURE_SUFFIXES)
 
@@ -134,4 +130,4 @@ def bypassed_features(model: Any) -> list[str]:
     ]
 
 
-__all__ = ["SGLANG_MTP_METHODS", "bypassed_features", "is_mtp_draft", "method_of", "sglang_view"]
+__all__ = ["bypassed_features", "is_mtp_draft", "method_of", "sglang_view"]

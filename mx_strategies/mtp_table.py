@@ -148,6 +148,35 @@ _NEMOTRON_H = MtpArchitecture(
     head=(r"^(language_model\.)?lm_head\.",),
 )
 
+# SGLang's DeepSeek-style NextN draft, as 0.5.23 reads it; GLM-4.5's row in TABLE is derived from it.
+# SGLang's speculative algorithms that run a draft out of the target's checkpoint (NEXTN arrives as EAGLE,
+# arg_groups/speculative_hook.py:109); engine_sglang reads the method against these.
+SGLANG_MTP_METHODS = ("eagle", "nextn", "mtp")
+_SGLANG_NEXTN = MtpArchitecture(
+    key="sglang_deepseek_nextn",
+    engine=SGLANG,
+    targets=("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "deepseek_v3",
+             "deepseek_v32", "glm_moe_dsa"),
+    family="SGLang: DeepSeek-V3/R1, DeepSeek-V3.2, GLM-5 (GlmMoeDsaForCausalLMNextN subclasses it)",
+    draft_architectures=("DeepseekV3ForCausalLMNextN", "GlmMoeDsaForCausalLMNextN"),
+    model_types=(),
+    load_weights="sglang/srt/models/deepseek_common/deepseek_weight_loader.py:319",
+    override="sglang/srt/configs/model_config.py:1032",
+    layout="nextn",
+    prefixes=("model.layers.",),
+    count_keys=("num_nextn_predict_layers",),
+    layers_built=1,
+    dropped=(r"^model\.layers\.{L}\.(embed_tokens|shared_head\.head)\.",),
+    methods=SGLANG_MTP_METHODS,
+    notes="load_weights (DeepseekV3ForCausalLMNextN, deepseek_nextn.py:316, is_nextn=True) keeps "
+    "model.layers.{N}.* only, N = num_hidden_layers (0 when that is 1, deepseek_weight_loader.py:563), and "
+    "skips the layer's embed_tokens and shared_head.head (:324, 'use shared head and embed weights from "
+    "target model'); enorm/hnorm/eh_proj/shared_head.norm become model.*, the rest model.decoder.* (:331); "
+    "one NextN layer only (assert, :566); model.embed_tokens.weight and lm_head.weight are never read; "
+    "q_a_proj and kv_a_proj_with_mqa are fused once both arrive (:438); returns no names; the target's "
+    "load_weights drops layers >= num_hidden_layers (deepseek_weight_loader.py:301)",
+)
+
 TABLE: tuple[MtpArchitecture, ...] = (
     MtpArchitecture(
         key="deepseek_mtp",
@@ -709,45 +738,15 @@ TABLE: tuple[MtpArchitecture, ...] = (
     # num_hidden_layers, so rows match on the draft architecture only. For EAGLE/NEXTN/MTP the draft worker
     # replaces the draft's embedding and lm_head with the target's, unconditionally (set_embed_and_head,
     # speculative/eagle_worker_v2.py:378; multi_layer_eagle_worker_v2.py:379): none of them is streamed.
-    MtpArchitecture(
-        key="sglang_deepseek_nextn",
-        engine=SGLANG,
-        targets=("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "deepseek_v3",
-                 "deepseek_v32", "glm_moe_dsa"),
-        family="SGLang: DeepSeek-V3/R1, DeepSeek-V3.2, GLM-5 (GlmMoeDsaForCausalLMNextN subclasses it)",
-        draft_architectures=("DeepseekV3ForCausalLMNextN", "GlmMoeDsaForCausalLMNextN"),
-        model_types=(),
-        load_weights="sglang/srt/models/deepseek_common/deepseek_weight_loader.py:319",
-        override="sglang/srt/configs/model_config.py:1032",
-        layout="nextn",
-        prefixes=("model.layers.",),
-        count_keys=("num_nextn_predict_layers",),
-        layers_built=1,
-        dropped=(r"^model\.layers\.{L}\.(embed_tokens|shared_head\.head)\.",),
-        methods=("eagle", "nextn", "mtp"),
-        notes="load_weights (DeepseekV3ForCausalLMNextN, deepseek_nextn.py:316, is_nextn=True) keeps "
-        "model.layers.{N}.* only, N = num_hidden_layers (0 when that is 1, deepseek_weight_loader.py:563), and "
-        "skips the layer's embed_tokens and shared_head.head (:324, 'use shared head and embed weights from "
-        "target model'); enorm/hnorm/eh_proj/shared_head.norm become model.*, the rest model.decoder.* (:331); "
-        "one NextN layer only (assert, :566); model.embed_tokens.weight and lm_head.weight are never read; "
-        "q_a_proj and kv_a_proj_with_mqa are fused once both arrive (:438); returns no names; the target's "
-        "load_weights drops layers >= num_hidden_layers (deepseek_weight_loader.py:301)",
-    ),
-    MtpArchitecture(
+    _SGLANG_NEXTN,
+    replace(
+        _SGLANG_NEXTN,
         key="sglang_glm4_moe_nextn",
-        engine=SGLANG,
         targets=("Glm4MoeForCausalLM", "glm4_moe"),
         family="SGLang: GLM-4.5/4.6/4.7, GLM-4.5-Air",
         draft_architectures=("Glm4MoeForCausalLMNextN",),
-        model_types=(),
         load_weights="sglang/srt/models/glm4_moe.py:1157",
         override="sglang/srt/configs/model_config.py:1063",
-        layout="nextn",
-        prefixes=("model.layers.",),
-        count_keys=("num_nextn_predict_layers",),
-        layers_built=1,
-        dropped=(r"^model\.layers\.{L}\.(embed_tokens|shared_head\.head)\.",),
-        methods=("eagle", "nextn", "mtp"),
         notes="as sglang_deepseek_nextn (glm4_moe_nextn.py:160 -> glm4_moe.py:1128): model.layers.{N}.* less "
         "embed_tokens and shared_head.head; SGLang's loader also reads an mtp.safetensors the index does not "
         "name (maybe_add_mtp_safetensors, model_loader/weight_utils.py:811, for mis-packaged GLM checkpoints): "
@@ -767,7 +766,7 @@ TABLE: tuple[MtpArchitecture, ...] = (
         prefixes=("mtp.",),
         # The class builds one layer (qwen3_next_mtp.py:66); SGLang raises KeyError on mtp.layers.1.* (:1270).
         dropped=(r"^mtp\.layers\.(?!0\.)\d+\.",),
-        methods=("eagle", "nextn", "mtp"),
+        methods=SGLANG_MTP_METHODS,
         notes="load_weights (Qwen3NextForCausalLMMTP, qwen3_next_mtp.py:143, is_mtp=True) keeps names containing "
         "mtp (qwen3_next.py:1174): mtp.fc / mtp.pre_fc_norm_* lose the prefix, the rest become model.*; one "
         "MTP layer is built (qwen3_next_mtp.py:66) and a checkpoint's mtp.layers.1+ would raise KeyError in "
@@ -792,7 +791,7 @@ TABLE: tuple[MtpArchitecture, ...] = (
         per_runner_layer=True,
         embed=(_TOP_EMBED,),
         head=(_TOP_HEAD,),
-        methods=("eagle", "nextn", "mtp"),
+        methods=SGLANG_MTP_METHODS,
         notes="map_model_name_to_mtp_param_name (mimo_v2_nextn.py:362) sends every model.mtp.layers.{k}.* to "
         "the same parameters, so the layer fed last wins; SGLang's iterator keeps only runner i's layer "
         "(LoadConfig.draft_model_idx, model_loader/loader.py:739, set per runner at managers/tp_worker.py:498 "

@@ -29,6 +29,9 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 STUBS="$HERE/../tests/stubs/sglang"
 CACHE="${MX_TEST_CACHE:-$HOME/.cache/mx-strategies}/wheels"
 PIP=("$PY" -m pip --disable-pip-version-check)
+NAME="install-sglang-lean"
+# shellcheck source=scripts/lean_install.sh
+. "$(dirname "$0")/lean_install.sh"
 start=$(date +%s)
 # The requirements of sglang's wheel that its model classes, loader and plugin loader import.
 NEEDED="transformers tokenizers sentencepiece einops numpy scipy pillow psutil pyzmq pydantic requests tqdm regex
@@ -50,34 +53,21 @@ import sglang.srt.plugins  # noqa: F401
 PYCHK
 }
 
-have_torch="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)"
-if [ -z "$have_torch" ]; then
-  "${PIP[@]}" install -q "torch==${TORCH_VERSION}"
-elif [ "${have_torch%%+*}" != "$TORCH_VERSION" ]; then
-  echo "install-sglang-lean: torch $have_torch installed, need $TORCH_VERSION; refusing to change torch" >&2
-  exit 3
-fi
+require_torch
 
 if check >/dev/null 2>&1; then
   echo "install-sglang-lean: sglang ${SGLANG_VERSION} classes already importable ($(( $(date +%s) - start ))s)"
   exit 0
 fi
 
-mkdir -p "$CACHE"
-wheel="$(ls "$CACHE"/sglang-"${SGLANG_VERSION}"-*.whl 2>/dev/null | head -n1 || true)"
-if [ -z "$wheel" ]; then
-  "${PIP[@]}" download -q --no-deps --only-binary=:all: --dest "$CACHE" "sglang==${SGLANG_VERSION}"
-  wheel="$(ls "$CACHE"/sglang-"${SGLANG_VERSION}"-*.whl | head -n1)"
-fi
+wheel="$(cached_wheel sglang "${SGLANG_VERSION}")"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 GPU_ONLY="torchvision torchaudio torchcodec flashinfer-python sglang-kernel nvidia-cutlass-dsl quack-kernels
 tilelang humming-kernels flash-attn-4 cuda-python nvshmem4py-cu13 sgl-deep-ep sgl-deep-gemm sgl-flash-mla"
-{
-  echo "torch==${TORCH_VERSION}"
-  for p in $GPU_ONLY; do echo "${p}<0"; done
-} >"$work/constraints.txt"
+# shellcheck disable=SC2086
+forbidding "$work/constraints.txt" $GPU_ONLY
 
 # shellcheck disable=SC2086
 "$PY" "$HERE/wheel_requirements.py" "$wheel" --only $NEEDED >"$work/requirements.txt"

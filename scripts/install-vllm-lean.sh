@@ -25,6 +25,9 @@ TORCH_VERSION="2.13.0"
 XGRAMMAR_VERSION="0.2.8"
 CACHE="${MX_TEST_CACHE:-$HOME/.cache/mx-strategies}/wheels"
 PIP=("$PY" -m pip --disable-pip-version-check)
+NAME="install-vllm-lean"
+# shellcheck source=scripts/lean_install.sh
+. "$(dirname "$0")/lean_install.sh"
 start=$(date +%s)
 
 check() {  # torch untouched, no CUDA-side packages, the classes the tests build import
@@ -41,25 +44,14 @@ from vllm.model_executor.models import ModelRegistry  # noqa: F401
 PYCHK
 }
 
-have_torch="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)"
-if [ -z "$have_torch" ]; then
-  "${PIP[@]}" install -q "torch==${TORCH_VERSION}"
-elif [ "${have_torch%%+*}" != "$TORCH_VERSION" ]; then
-  echo "install-vllm-lean: torch $have_torch installed, need $TORCH_VERSION; refusing to change torch" >&2
-  exit 3
-fi
+require_torch
 
 if check >/dev/null 2>&1; then
   echo "install-vllm-lean: vllm ${VLLM_VERSION} classes already importable ($(( $(date +%s) - start ))s)"
   exit 0
 fi
 
-mkdir -p "$CACHE"
-wheel="$(ls "$CACHE"/vllm-"${VLLM_VERSION}"-*.whl 2>/dev/null | head -n1 || true)"
-if [ -z "$wheel" ]; then
-  "${PIP[@]}" download -q --no-deps --only-binary=:all: --dest "$CACHE" "vllm==${VLLM_VERSION}"
-  wheel="$(ls "$CACHE"/vllm-"${VLLM_VERSION}"-*.whl | head -n1)"
-fi
+wheel="$(cached_wheel vllm "${VLLM_VERSION}")"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -67,10 +59,8 @@ trap 'rm -rf "$work"' EXIT
 GPU_ONLY="torchvision torchaudio torchcodec triton PyNvVideoCodec flashinfer-python tilelang
 nvidia-cudnn-frontend nvtx fastsafetensors instanttensor nvidia-cutlass-dsl quack-kernels
 tokenspeed-mla humming-kernels"
-{
-  echo "torch==${TORCH_VERSION}"
-  for p in $GPU_ONLY; do echo "${p}<0"; done
-} >"$work/constraints.txt"
+# shellcheck disable=SC2086
+forbidding "$work/constraints.txt" $GPU_ONLY
 
 "$PY" "$(dirname "$0")/wheel_requirements.py" "$wheel" --extra runai \
   --skip torch xgrammar oss-harmony $GPU_ONLY >"$work/requirements.txt"

@@ -37,40 +37,40 @@ NEXT_VLLM="0.33.0"
 # The suites that build vLLM's own classes and run ModelExpress's real VllmAdapter without an engine.
 NEXT_SUITES=(tests/test_vllm_configs.py tests/test_mtp_architectures.py tests/test_target_loads.py
              tests/test_target_conformance.py tests/test_completeness.py)
-# MX_TEST_NEXT: auto (default: when the arguments select no tests, as CI's `-q -ra`), 1 always, 0 never.
-run_next="${MX_TEST_NEXT:-auto}"
-if [ "$run_next" = auto ]; then
-  run_next=1
-  for arg in "$@"; do case "$arg" in -*) ;; *) run_next=0 ;; esac; done
-fi
+# Whether to run an extra venv's suites: MX_TEST_NEXT / MX_TEST_SGLANG = auto (default: when the
+# arguments select no tests, as CI's `-q -ra`), 1 always, 0 never.
+wanted() {
+  local value="$1"
+  shift
+  if [ "$value" = auto ]; then
+    for arg in "$@"; do case "$arg" in -*) ;; *) echo 0; return ;; esac; done
+    value=1
+  fi
+  echo "$value"
+}
+# A venv of its own with the CPU torch and the package's test extra (the engine's classes go in next).
+class_venv() {
+  [ -x "$1/bin/python" ] || "$PY" -m venv "$1"
+  "$1/bin/python" -m pip install -q --upgrade pip
+  "$1/bin/python" -m pip install -q -c scripts/constraints-cpu.txt torch
+  "$1/bin/python" -m pip install -q -c scripts/constraints-cpu.txt ".[test]"
+}
+run_next="$(wanted "${MX_TEST_NEXT:-auto}" "$@")"
 [ "${MX_TEST_SKIP_VLLM:-0}" = "1" ] && run_next=0
 if [ "$run_next" = 1 ]; then
-  [ -x "$NEXT_VENV/bin/python" ] || "$PY" -m venv "$NEXT_VENV"
-  next_pip() { "$NEXT_VENV/bin/python" -m pip "$@"; }
-  next_pip install -q --upgrade pip
-  next_pip install -q -c scripts/constraints-cpu.txt torch
-  next_pip install -q -c scripts/constraints-cpu.txt ".[test]"
+  class_venv "$NEXT_VENV"
   bash scripts/install-vllm-lean.sh "$NEXT_VENV/bin/python" "$NEXT_VLLM"
 fi
 
 # SGLang's classes (no SGLang CPU engine installs here): a venv of their own, for tests/sglang_suite.
-# MX_TEST_SGLANG: auto (as MX_TEST_NEXT), 1 always, 0 never.
 SGLANG_VENV="${MX_TEST_SGLANG_VENV:-.venv-sglang}"
 SGLANG_VERSION="0.5.23"
-run_sglang="${MX_TEST_SGLANG:-auto}"
-if [ "$run_sglang" = auto ]; then
-  run_sglang=1
-  for arg in "$@"; do case "$arg" in -*) ;; *) run_sglang=0 ;; esac; done
-fi
+run_sglang="$(wanted "${MX_TEST_SGLANG:-auto}" "$@")"
 if [ "$run_sglang" = 1 ]; then
-  [ -x "$SGLANG_VENV/bin/python" ] || "$PY" -m venv "$SGLANG_VENV"
-  sglang_pip() { "$SGLANG_VENV/bin/python" -m pip "$@"; }
-  sglang_pip install -q --upgrade pip
-  sglang_pip install -q -c scripts/constraints-cpu.txt torch
-  sglang_pip install -q -c scripts/constraints-cpu.txt ".[test]"
+  class_venv "$SGLANG_VENV"
   bash scripts/install-sglang-lean.sh "$SGLANG_VENV/bin/python" "$SGLANG_VERSION"
   # TEST ONLY: the CPU accelerator backend for ModelExpress (its vLLM hook is never called there).
-  sglang_pip install -q --no-deps ./tests/plugins/mx_cpu_shim
+  "$SGLANG_VENV/bin/python" -m pip install -q --no-deps ./tests/plugins/mx_cpu_shim
 fi
 
 status=0
