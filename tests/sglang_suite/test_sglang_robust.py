@@ -163,3 +163,4 @@ def test_upstream_model_streamer_on_the_same_sglang_streams_the_whole_checkpoint
     ref_draft, ref_trace = reference(ckpt, draft=True)
     sb.assert_same_parameters(draft.model, ref_draft.model)  # right, because SGLang's load_weights filters names
     assert s3.bytes_served >= ckpt.data_bytes > 3 * ckpt.nbytes(ref_trace.consumed)
+

@@ -1,6 +1,6 @@
 """TEST ONLY: SGLang 0.5.23's real model classes, tiny, built and loaded on the CPU.
 
-Two targets, each with the draft SGLang builds for it when serving MTP (``--speculative-algorithm
+Four targets, each with the draft SGLang builds for it when serving MTP (``--speculative-algorithm
 NEXTN``, which SGLang resolves to ``EAGLE``: sglang/srt/arg_groups/speculative_hook.py:109-115):
 
 * ``deepseek_v3``: ``DeepseekV3ForCausalLM`` (MLA, MoE with ``noaux_tc`` routing) and its draft
@@ -9,10 +9,18 @@ NEXTN``, which SGLang resolves to ``EAGLE``: sglang/srt/arg_groups/speculative_h
 * ``qwen3_next``: ``Qwen3NextForCausalLM`` (gated-delta-net linear attention every layer but each
   ``full_attention_interval``-th, MoE with a gated shared expert) and its draft
   ``Qwen3NextForCausalLMMTP`` (sglang/srt/models/qwen3_next_mtp.py), which reads ``mtp.*``.
+* ``glm4_moe``: ``Glm4MoeForCausalLM`` (GLM-4.5: q/k/v biases, q/k norms, partial rotary, MoE after one
+  dense layer) and its draft ``Glm4MoeForCausalLMNextN`` (sglang/srt/models/glm4_moe_nextn.py), which
+  reads ``model.layers.{num_hidden_layers}.*`` as DeepSeek's does.
+* ``mimo_v2_flash``: ``MiMoV2FlashForCausalLM`` (full + sliding-window attention with sink bias, MoE)
+  and its draft ``MiMoV2MTP`` (sglang/srt/models/mimo_v2_nextn.py). The checkpoint has three MTP layers
+  ``model.mtp.layers.{k}.*``; each multi-layer-EAGLE draft runner reads one, chosen by
+  ``LoadConfig.draft_model_idx`` (``build_model(draft_model_idx=k)``).
 
 What a caller uses:
 
-* :data:`TINY`: the ``config.json`` of each target (hidden 64, vocab 128, 2 layers, 1 MTP layer, bf16).
+* :data:`TINY`: the ``config.json`` of each target (hidden 64, vocab 128, 2 layers, 1 MTP layer (MiMo-V2:
+  3), bf16).
 * :func:`sglang_runtime`: SGLang's process state for building its classes on the CPU (published
   ``ServerArgs``, gloo WORLD and model-parallel groups), torn down at exit. World size 2 (TP=2) works:
   call it in two processes with one ``init_method``.
@@ -82,6 +90,30 @@ TINY: dict[str, dict] = {
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
         decoder_sparse_step=1, full_attention_interval=2, mtp_num_hidden_layers=1,
     ),
+    # GLM-4.5: layer 0 dense, layer 1 and the NextN layer MoE (the gate has an fp32
+    # e_score_correction_bias); q/k/v biases, per-head q/k norms, rotary on half of each head.
+    "glm4_moe": dict(
+        BASE, model_type="glm4_moe", architectures=["Glm4MoeForCausalLM"], num_nextn_predict_layers=1,
+        partial_rotary_factor=0.5, use_qk_norm=True, attention_bias=True, **MOE,
+    ),
+    # MiMo-V2-Flash: layer 0 full attention + dense MLP, layer 1 sliding-window attention (with its
+    # per-head attention-sink bias) + MoE (noaux_tc); THREE MTP layers at model.mtp.layers.{k} (the
+    # real checkpoint has 3), each a sliding-window attention layer with a dense MLP.
+    "mimo_v2_flash": dict(
+        BASE, model_type="mimo_v2_flash", architectures=["MiMoV2FlashForCausalLM"], num_nextn_predict_layers=3,
+        moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        norm_topk_prob=True, routed_scaling_factor=1.0, topk_method="noaux_tc", scoring_func="sigmoid",
+        v_head_dim=16, layernorm_epsilon=1e-5, hybrid_layer_pattern=[0, 1], moe_layer_freq=[0, 1],
+        layer_types=["full_attention", "sliding_attention"], mlp_layer_types=["dense", "sparse"],
+        swa_head_dim=16, swa_v_head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=2,
+        sliding_window=64, sliding_window_size=64, attention_bias=False, add_swa_attention_sink_bias=True,
+        add_full_attention_sink_bias=False, encoder_only=False,
+        # A flat rope_parameters: transformers 5.19's MiMoV2FlashConfig defaults it to a dict per layer type,
+        # which SGLang 0.5.23 reads back as rope_scaling (config.rope_scaling aliases rope_parameters) and
+        # hands get_rope as a cache key: "TypeError: unhashable type: 'dict'" (rotary_embedding/factory.py:107).
+        # rope_type "default" is what MiMoV2DecoderLayer turns into no scaling (mimo_v2.py:869-876).
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
 }
 
 # (target class, draft class) per target: ModelConfig._config_draft_model renames the architecture
@@ -89,6 +121,8 @@ TINY: dict[str, dict] = {
 ARCHITECTURES = {
     "deepseek_v3": ("DeepseekV3ForCausalLM", "DeepseekV3ForCausalLMNextN"),
     "qwen3_next": ("Qwen3NextForCausalLM", "Qwen3NextForCausalLMMTP"),
+    "glm4_moe": ("Glm4MoeForCausalLM", "Glm4MoeForCausalLMNextN"),  # model_config.py:1063-1064
+    "mimo_v2_flash": ("MiMoV2FlashForCausalLM", "MiMoV2MTP"),  # model_config.py:1094-1096
 }
 
 
@@ -122,6 +156,7 @@ def sglang_runtime(
     init_method: Optional[str] = None,
     tp: Optional[int] = None,
     speculative_algorithm: Optional[str] = "EAGLE",
+    model_path: str = "dummy",
 ) -> Iterator[Runtime]:
     """SGLang's process state for building its model classes on the CPU; all of it undone at exit.
 
@@ -133,7 +168,8 @@ def sglang_runtime(
     ``initialize_dp_attention``. ``tp`` (default ``world_size``) is the published ``tp_size``; SGLang
     requires ``world_size == tp * pp`` (pp is 1). ``speculative_algorithm``: the resolved name a server
     started with ``--speculative-algorithm NEXTN`` publishes (``EAGLE``), which the draft's
-    ``ModelConfig`` records; ``None`` for a server without a draft.
+    ``ModelConfig`` records; ``None`` for a server without a draft. ``model_path``: the server's
+    ``--model-path`` (a dummy by default: a real Qwen3-Next folder trips SGLang's Mamba-cache check).
 
     At exit: ``destroy_model_parallel``, ``destroy_distributed_environment`` (the process group too)
     and the runtime context as it was, so another build can follow in the same process. Two
@@ -154,7 +190,7 @@ def sglang_runtime(
     rope_base._is_cpu = True
     try:
         server_args = ServerArgs(
-            model_path="dummy", device="cpu", tp_size=tp, speculative_algorithm=speculative_algorithm,
+            model_path=model_path, device="cpu", tp_size=tp, speculative_algorithm=speculative_algorithm,
         )
         runtime_context.reset_context()
         runtime_context.publish(server_args, role="scheduler", ranks=runtime_context.SpawnRanks(world_rank=rank))
@@ -274,9 +310,96 @@ def _qwen3_next_tensors(cfg: dict) -> list[Spec]:
     return out
 
 
+def _glm4_moe_tensors(cfg: dict) -> list[Spec]:
+    """Every tensor of a GLM-4.5 checkpoint (HF names), the NextN layer at model.layers.{N} (as DeepSeek-V3's)."""
+    H, V, heads, kv_heads, hd = (cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"],
+                                 cfg["num_key_value_heads"], cfg["head_dim"])
+    n_layers, n_mtp = cfg["num_hidden_layers"], cfg["num_nextn_predict_layers"]
+    experts, moe_i, inter = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["intermediate_size"]
+    shared_i = moe_i * cfg["n_shared_experts"]
+    out: list[Spec] = [("model.embed_tokens.weight", (V, H), BF16)]
+    for i in range(n_layers + n_mtp):
+        p = f"model.layers.{i}."
+        if i >= n_layers:  # the NextN layer: its own embedding, projections and head, as GLM-4.5's checkpoint has
+            out += [(p + "embed_tokens.weight", (V, H), BF16), (p + "enorm.weight", (H,), BF16),
+                    (p + "hnorm.weight", (H,), BF16), (p + "eh_proj.weight", (H, 2 * H), BF16),
+                    (p + "shared_head.norm.weight", (H,), BF16), (p + "shared_head.head.weight", (V, H), BF16)]
+        out += [(p + "input_layernorm.weight", (H,), BF16), (p + "post_attention_layernorm.weight", (H,), BF16),
+                (p + "self_attn.q_proj.weight", (heads * hd, H), BF16), (p + "self_attn.q_proj.bias", (heads * hd,), BF16),
+                (p + "self_attn.k_proj.weight", (kv_heads * hd, H), BF16),
+                (p + "self_attn.k_proj.bias", (kv_heads * hd,), BF16),
+                (p + "self_attn.v_proj.weight", (kv_heads * hd, H), BF16),
+                (p + "self_attn.v_proj.bias", (kv_heads * hd,), BF16),
+                (p + "self_attn.o_proj.weight", (H, heads * hd), BF16),
+                (p + "self_attn.q_norm.weight", (hd,), BF16), (p + "self_attn.k_norm.weight", (hd,), BF16)]
+        if i < n_layers and i < cfg["first_k_dense_replace"]:
+            out += [(p + "mlp.gate_proj.weight", (inter, H), BF16), (p + "mlp.up_proj.weight", (inter, H), BF16),
+                    (p + "mlp.down_proj.weight", (H, inter), BF16)]
+            continue
+        out += [(p + "mlp.gate.weight", (experts, H), BF16), (p + "mlp.gate.e_score_correction_bias", (experts,), FP32)]
+        for e in range(experts):
+            out += [(p + f"mlp.experts.{e}.gate_proj.weight", (moe_i, H), BF16),
+                    (p + f"mlp.experts.{e}.up_proj.weight", (moe_i, H), BF16),
+                    (p + f"mlp.experts.{e}.down_proj.weight", (H, moe_i), BF16)]
+        out += [(p + "mlp.shared_experts.gate_proj.weight", (shared_i, H), BF16),
+                (p + "mlp.shared_experts.up_proj.weight", (shared_i, H), BF16),
+                (p + "mlp.shared_experts.down_proj.weight", (H, shared_i), BF16)]
+    out += [("model.norm.weight", (H,), BF16), ("lm_head.weight", (V, H), BF16)]
+    return out
+
+
+def _mimo_v2_attention(p: str, heads: int, kv_heads: int, hd: int, v_hd: int, H: int, sink: bool) -> list[Spec]:
+    out: list[Spec] = [(p + "self_attn.q_proj.weight", (heads * hd, H), BF16),
+                       (p + "self_attn.k_proj.weight", (kv_heads * hd, H), BF16),
+                       (p + "self_attn.v_proj.weight", (kv_heads * v_hd, H), BF16),
+                       (p + "self_attn.o_proj.weight", (H, heads * v_hd), BF16)]
+    if sink:
+        out.append((p + "self_attn.attention_sink_bias", (heads,), BF16))
+    return out
+
+
+def _mimo_v2_flash_tensors(cfg: dict) -> list[Spec]:
+    """Every tensor of a MiMo-V2-Flash checkpoint (HF names), its MTP layers at model.mtp.layers.{k}."""
+    H, V, inter = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
+    experts, moe_i = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+    full = (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["v_head_dim"])
+    swa = (cfg["swa_num_attention_heads"], cfg["swa_num_key_value_heads"], cfg["swa_head_dim"], cfg["swa_v_head_dim"])
+    dense = lambda p: [(p + "mlp.gate_proj.weight", (inter, H), BF16), (p + "mlp.up_proj.weight", (inter, H), BF16),  # noqa: E731
+                       (p + "mlp.down_proj.weight", (H, inter), BF16)]
+    out: list[Spec] = [("model.embed_tokens.weight", (V, H), BF16)]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        is_swa = cfg["hybrid_layer_pattern"][i] == 1
+        out += [(p + "input_layernorm.weight", (H,), BF16), (p + "post_attention_layernorm.weight", (H,), BF16)]
+        out += _mimo_v2_attention(p, *(swa if is_swa else full), H,
+                                  cfg["add_swa_attention_sink_bias" if is_swa else "add_full_attention_sink_bias"])
+        if not cfg["moe_layer_freq"][i]:
+            out += dense(p)
+            continue
+        out += [(p + "mlp.gate.weight", (experts, H), BF16), (p + "mlp.gate.e_score_correction_bias", (experts,), FP32)]
+        for e in range(experts):
+            out += [(p + f"mlp.experts.{e}.gate_proj.weight", (moe_i, H), BF16),
+                    (p + f"mlp.experts.{e}.up_proj.weight", (moe_i, H), BF16),
+                    (p + f"mlp.experts.{e}.down_proj.weight", (H, moe_i), BF16)]
+    out += [("model.norm.weight", (H,), BF16), ("lm_head.weight", (V, H), BF16)]
+    # The MTP layers: sliding-window attention and a dense MLP each (MiMoV2MTPLayer, mimo_v2_nextn.py:60); the
+    # draft's load_weights renames pre_mlp_layernorm to post_attention_layernorm (mimo_v2_nextn.py:365).
+    for k in range(cfg["num_nextn_predict_layers"]):
+        p = f"model.mtp.layers.{k}."
+        out += [(p + "enorm.weight", (H,), BF16), (p + "hnorm.weight", (H,), BF16),
+                (p + "eh_proj.weight", (H, 2 * H), BF16), (p + "input_layernorm.weight", (H,), BF16),
+                (p + "pre_mlp_layernorm.weight", (H,), BF16)]
+        out += _mimo_v2_attention(p, *swa, H, cfg["add_swa_attention_sink_bias"])
+        out += dense(p)
+        out.append((p + "final_layernorm.weight", (H,), BF16))
+    return out
+
+
 CHECKPOINT_TENSORS: dict[str, Callable[[dict], list[Spec]]] = {
     "deepseek_v3": _deepseek_v3_tensors,
     "qwen3_next": _qwen3_next_tensors,
+    "glm4_moe": _glm4_moe_tensors,
+    "mimo_v2_flash": _mimo_v2_flash_tensors,
 }
 
 
@@ -360,7 +483,9 @@ def model_config_for(folder: str, *, draft: bool):
     return ModelConfig.from_server_args(get_server_args(), model_path=folder, is_draft_model=draft)
 
 
-def build_model(folder: str, *, draft: bool, tp_rank: int = 0, sentinel: bool = True) -> Built:
+def build_model(
+    folder: str, *, draft: bool, tp_rank: int = 0, sentinel: bool = True, draft_model_idx: Optional[int] = None,
+) -> Built:
     """SGLang's model for the checkpoint in ``folder`` (the target, or with ``draft`` its MTP draft), on the
     CPU. With ``sentinel`` (the default) every parameter then holds :func:`fill_sentinel`'s NaN, so what a
     load never writes is deterministic (two builds compare equal) and shows in :func:`sentinel_parameters`
@@ -370,7 +495,9 @@ def build_model(folder: str, *, draft: bool, tp_rank: int = 0, sentinel: bool = 
     ``ModelConfig``: :func:`model_config_for`. ``LoadConfig``: what ``build_load_config``
     (model_executor/model_runner_components/load_model_utils.py:200) makes for a worker with this
     server's defaults: ``load_format`` auto, ``tp_rank``, ``draft_model_idx`` None (no multi-layer
-    EAGLE). ``DeviceConfig("cpu")``. The model: ``_initialize_model`` (model_loader/loader.py:285)
+    EAGLE) unless given: under multi-layer EAGLE (MiMo-V2) draft runner ``k`` gets ``draft_model_idx=k``
+    (managers/tp_worker.py:498 and :519), which ``_initialize_model`` passes to the class
+    (loader.py:305-306) and SGLang's weight iterator filters on (loader.py:729-757). ``DeviceConfig("cpu")``. The model: ``_initialize_model`` (model_loader/loader.py:285)
     under ``set_default_torch_dtype(model_config.dtype)`` and the target device, with the quantization
     config SGLang derives (None here), as ``DefaultModelLoader.load_model`` does (loader.py:996-1018).
     ``tp_rank`` must be the rank :func:`sglang_runtime` published.
@@ -384,7 +511,7 @@ def build_model(folder: str, *, draft: bool, tp_rank: int = 0, sentinel: bool = 
     if get_parallel().tp_rank != tp_rank:
         raise ValueError(f"build_model(tp_rank={tp_rank}) in a runtime published for tp_rank {get_parallel().tp_rank}")
     model_config = model_config_for(folder, draft=draft)
-    load_config = LoadConfig(load_format=LoadFormat.AUTO, tp_rank=tp_rank)
+    load_config = LoadConfig(load_format=LoadFormat.AUTO, tp_rank=tp_rank, draft_model_idx=draft_model_idx)
     device_config = DeviceConfig("cpu")
     quant_config = _get_quantization_config(model_config, load_config)
     with set_default_torch_dtype(model_config.dtype):
