@@ -38,6 +38,7 @@ from typing import Any, Optional
 
 from .engine import SGLANG, EngineView, _parallel_size, _positive_int, loader_options, model_identity
 from .mtp_table import SGLANG_MTP_METHODS, match
+
 # Suffixes of SGLang's MTP draft classes (model_config.py _config_draft_model).
 MTP_ARCHITECTURE_SUFFIXES = ("NextN", "MTP", "Mtp")
 

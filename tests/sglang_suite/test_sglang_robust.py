@@ -164,3 +164,24 @@ def test_upstream_model_streamer_on_the_same_sglang_streams_the_whole_checkpoint
     sb.assert_same_parameters(draft.model, ref_draft.model)  # right, because SGLang's load_weights filters names
     assert s3.bytes_served >= ckpt.data_bytes > 3 * ckpt.nbytes(ref_trace.consumed)
 
+
+
+def test_a_model_with_secondary_weights_is_refused_before_it_is_touched(
+    runtime, cpu_backend, robust_sglang, s3, tmp_path, monkeypatch
+):
+    """SGLang's loader reads a model's ``secondary_weights`` sources after the checkpoint (loader.py:759);
+    robust streams one checkpoint, so it refuses by name (mutated=False) rather than drop them."""
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    ckpt = Checkpoint(tmp_path, "deepseek_v3", s3)
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.uri)
+    target = sb.build_model(ckpt.config_only, draft=False)
+    target.model.secondary_weights = [DefaultModelLoader.Source(model_or_path=ckpt.full, revision=None, prefix="x.")]
+    fed = delivered_names(target.model)
+    s3.proxy.reset()
+    with pytest.raises(Exception):
+        mx_load(target)  # then ModelExpress's own strategies find no weights at the config-only model_path
+    failed = [r for r in recent_reports() if r["outcome"] == "failed"]
+    assert failed and failed[0]["mutated"] is False
+    assert "DeepseekV3ForCausalLM.secondary_weights lists 1 more weight source(s)" in failed[0]["error"]
+    assert fed == [] and s3.bytes_served == 0  # nothing listed, nothing read, nothing written
