@@ -12,6 +12,8 @@ import importlib.util
 import os
 import sys
 
+import pytest
+
 _STUBS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "stubs", "sglang")
 
 
@@ -42,3 +44,59 @@ else:
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if _STUBS not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([_STUBS, *paths])
+
+
+# -- fixtures the suite's loads share ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    """SGLang's process state (published ServerArgs, a one-process gloo group), per test module."""
+    from sglang_support import builders
+
+    with builders.sglang_runtime() as rt:
+        yield rt
+
+
+@pytest.fixture
+def cpu_backend(monkeypatch):
+    """TEST ONLY: ModelExpress 0.7.0's accelerator backends are cuda and xpu; cpu gets the shim's."""
+    import modelexpress.engines.sglang.adapter as adapter_module
+    import torch
+    from mx_cpu_shim import CpuAcceleratorBackend
+
+    original = adapter_module.accelerator_backend_for
+    monkeypatch.setattr(
+        adapter_module,
+        "accelerator_backend_for",
+        lambda device: CpuAcceleratorBackend() if torch.device(device).type == "cpu" else original(device),
+    )
+
+
+@pytest.fixture
+def reinits(monkeypatch):
+    """How often the chain asked SglangAdapter to rebuild the model (the real method still runs)."""
+    from modelexpress.engines.sglang.adapter import SglangAdapter
+
+    calls = []
+    real = SglangAdapter.reinit_for_retry
+
+    def counted(self, result):
+        calls.append(result)
+        return real(self, result)
+
+    monkeypatch.setattr(SglangAdapter, "reinit_for_retry", counted)
+    return calls
+
+
+@pytest.fixture
+def robust_sglang(monkeypatch):
+    """MX_STRATEGY=mx_strategies.robust, activated as SGLang's plugin loader does (register_sglang)."""
+    from mx_strategies import activation
+    from mx_strategies.report import clear_reports
+
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    activation.register_sglang()
+    clear_reports()
+    yield
+    activation.uninstall()

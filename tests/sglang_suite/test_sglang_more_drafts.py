@@ -31,7 +31,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mx_strategies import activation
 from mx_strategies.report import clear_reports, recent_reports
 from sglang_support import builders as sb
 from sglang_support.loads import HTTP_OVERHEAD, Checkpoint, delivered_names, mx_load
@@ -42,50 +41,12 @@ MTP_LAYERS = sb.TINY[MIMO]["num_nextn_predict_layers"]  # 3
 SHARED = {"model.embed_tokens.weight", "lm_head.weight"}  # the target's, at run time
 
 
-@pytest.fixture(scope="module")
-def runtime():
-    with sb.sglang_runtime() as rt:
-        yield rt
 
 
-@pytest.fixture
-def cpu_backend(monkeypatch):
-    """TEST ONLY: ModelExpress 0.7.0's accelerator backends are cuda and xpu; cpu gets the shim's."""
-    import modelexpress.engines.sglang.adapter as adapter_module
-    from mx_cpu_shim import CpuAcceleratorBackend
-
-    original = adapter_module.accelerator_backend_for
-    monkeypatch.setattr(
-        adapter_module,
-        "accelerator_backend_for",
-        lambda device: CpuAcceleratorBackend() if torch.device(device).type == "cpu" else original(device),
-    )
 
 
-@pytest.fixture
-def reinits(monkeypatch):
-    """How often the chain asked SglangAdapter to rebuild the model (the real method still runs)."""
-    from modelexpress.engines.sglang.adapter import SglangAdapter
-
-    calls = []
-    real = SglangAdapter.reinit_for_retry
-
-    def counted(self, result):
-        calls.append(result)
-        return real(self, result)
-
-    monkeypatch.setattr(SglangAdapter, "reinit_for_retry", counted)
-    return calls
 
 
-@pytest.fixture
-def robust_sglang(monkeypatch):
-    """MX_STRATEGY=mx_strategies.robust, activated as SGLang's plugin loader does (register_sglang)."""
-    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
-    activation.register_sglang()
-    clear_reports()
-    yield
-    activation.uninstall()
 
 
 def reports(role: str, outcome: str = "loaded") -> list[dict]:

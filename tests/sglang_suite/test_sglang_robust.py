@@ -16,10 +16,8 @@ for a ``cpu`` device (0.7.0 has cuda and xpu only) is the test-only
 from __future__ import annotations
 
 import pytest
-import torch
 
-from mx_strategies import activation
-from mx_strategies.report import clear_reports, recent_reports
+from mx_strategies.report import recent_reports
 from sglang_support import builders as sb
 from sglang_support.loads import HTTP_OVERHEAD, Checkpoint, delivered_names, mx_load
 
@@ -27,40 +25,10 @@ ARCHS = ("deepseek_v3", "qwen3_next")
 DRAFT_ARCHITECTURE = {"deepseek_v3": "sglang_deepseek_nextn", "qwen3_next": "sglang_qwen3_next_mtp"}
 
 
-@pytest.fixture(scope="module")
-def runtime():
-    with sb.sglang_runtime() as rt:
-        yield rt
 
 
-@pytest.fixture
-def cpu_backend(monkeypatch):
-    """TEST ONLY: ModelExpress 0.7.0's accelerator backends are cuda and xpu; cpu gets the shim's."""
-    import modelexpress.engines.sglang.adapter as adapter_module
-    from mx_cpu_shim import CpuAcceleratorBackend
-
-    original = adapter_module.accelerator_backend_for
-    monkeypatch.setattr(
-        adapter_module,
-        "accelerator_backend_for",
-        lambda device: CpuAcceleratorBackend() if torch.device(device).type == "cpu" else original(device),
-    )
 
 
-@pytest.fixture
-def reinits(monkeypatch):
-    """How often the chain asked SglangAdapter to rebuild the model (the real method still runs)."""
-    from modelexpress.engines.sglang.adapter import SglangAdapter
-
-    calls = []
-    real = SglangAdapter.reinit_for_retry
-
-    def counted(self, result):
-        calls.append(result)
-        return real(self, result)
-
-    monkeypatch.setattr(SglangAdapter, "reinit_for_retry", counted)
-    return calls
 
 
 def reference(ckpt: Checkpoint, *, draft: bool):
@@ -69,14 +37,6 @@ def reference(ckpt: Checkpoint, *, draft: bool):
     return built, trace
 
 
-@pytest.fixture
-def robust_sglang(monkeypatch):
-    """MX_STRATEGY=mx_strategies.robust, activated as SGLang's plugin loader does (register_sglang)."""
-    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
-    activation.register_sglang()
-    clear_reports()
-    yield
-    activation.uninstall()
 
 
 @pytest.mark.parametrize("name", ARCHS)

@@ -218,6 +218,23 @@ Spec = tuple[str, tuple[int, ...], torch.dtype]
 BF16, FP32 = torch.bfloat16, torch.float32
 
 
+def _dense_mlp(p: str, inter: int, H: int) -> list["Spec"]:
+    return [(p + "mlp.gate_proj.weight", (inter, H), BF16), (p + "mlp.up_proj.weight", (inter, H), BF16),
+            (p + "mlp.down_proj.weight", (H, inter), BF16)]
+
+
+def _routed_moe(p: str, H: int, experts: int, moe_i: int, shared_i: int) -> list["Spec"]:
+    """DeepSeek-style MoE (DeepSeek-V3, GLM-4.5): noaux_tc gate with its fp32 bias, experts, a shared expert."""
+    out = [(p + "mlp.gate.weight", (experts, H), BF16), (p + "mlp.gate.e_score_correction_bias", (experts,), FP32)]
+    for e in range(experts):
+        out += [(p + f"mlp.experts.{e}.gate_proj.weight", (moe_i, H), BF16),
+                (p + f"mlp.experts.{e}.up_proj.weight", (moe_i, H), BF16),
+                (p + f"mlp.experts.{e}.down_proj.weight", (H, moe_i), BF16)]
+    return out + [(p + "mlp.shared_experts.gate_proj.weight", (shared_i, H), BF16),
+                  (p + "mlp.shared_experts.up_proj.weight", (shared_i, H), BF16),
+                  (p + "mlp.shared_experts.down_proj.weight", (H, shared_i), BF16)]
+
+
 def _deepseek_v3_tensors(cfg: dict) -> list[Spec]:
     """Every tensor of a DeepSeek-V3 checkpoint (HF names), the MTP layer at model.layers.{N}."""
     H, V, heads = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
@@ -243,17 +260,9 @@ def _deepseek_v3_tensors(cfg: dict) -> list[Spec]:
                 (p + "self_attn.o_proj.weight", (H, heads * v_dim), BF16)]
         moe = i >= n_layers or (i >= cfg["first_k_dense_replace"] and i % cfg["moe_layer_freq"] == 0)
         if not moe:
-            out += [(p + "mlp.gate_proj.weight", (inter, H), BF16), (p + "mlp.up_proj.weight", (inter, H), BF16),
-                    (p + "mlp.down_proj.weight", (H, inter), BF16)]
+            out += _dense_mlp(p, inter, H)
             continue
-        out += [(p + "mlp.gate.weight", (experts, H), BF16), (p + "mlp.gate.e_score_correction_bias", (experts,), FP32)]
-        for e in range(experts):
-            out += [(p + f"mlp.experts.{e}.gate_proj.weight", (moe_i, H), BF16),
-                    (p + f"mlp.experts.{e}.up_proj.weight", (moe_i, H), BF16),
-                    (p + f"mlp.experts.{e}.down_proj.weight", (H, moe_i), BF16)]
-        out += [(p + "mlp.shared_experts.gate_proj.weight", (shared_i, H), BF16),
-                (p + "mlp.shared_experts.up_proj.weight", (shared_i, H), BF16),
-                (p + "mlp.shared_experts.down_proj.weight", (H, shared_i), BF16)]
+        out += _routed_moe(p, H, experts, moe_i, shared_i)
     out += [("model.norm.weight", (H,), BF16), ("lm_head.weight", (V, H), BF16)]
     return out
 
@@ -333,17 +342,9 @@ def _glm4_moe_tensors(cfg: dict) -> list[Spec]:
                 (p + "self_attn.o_proj.weight", (H, heads * hd), BF16),
                 (p + "self_attn.q_norm.weight", (hd,), BF16), (p + "self_attn.k_norm.weight", (hd,), BF16)]
         if i < n_layers and i < cfg["first_k_dense_replace"]:
-            out += [(p + "mlp.gate_proj.weight", (inter, H), BF16), (p + "mlp.up_proj.weight", (inter, H), BF16),
-                    (p + "mlp.down_proj.weight", (H, inter), BF16)]
+            out += _dense_mlp(p, inter, H)
             continue
-        out += [(p + "mlp.gate.weight", (experts, H), BF16), (p + "mlp.gate.e_score_correction_bias", (experts,), FP32)]
-        for e in range(experts):
-            out += [(p + f"mlp.experts.{e}.gate_proj.weight", (moe_i, H), BF16),
-                    (p + f"mlp.experts.{e}.up_proj.weight", (moe_i, H), BF16),
-                    (p + f"mlp.experts.{e}.down_proj.weight", (H, moe_i), BF16)]
-        out += [(p + "mlp.shared_experts.gate_proj.weight", (shared_i, H), BF16),
-                (p + "mlp.shared_experts.up_proj.weight", (shared_i, H), BF16),
-                (p + "mlp.shared_experts.down_proj.weight", (H, shared_i), BF16)]
+        out += _routed_moe(p, H, experts, moe_i, shared_i)
     out += [("model.norm.weight", (H,), BF16), ("lm_head.weight", (V, H), BF16)]
     return out
 
@@ -364,8 +365,6 @@ def _mimo_v2_flash_tensors(cfg: dict) -> list[Spec]:
     experts, moe_i = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
     full = (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["v_head_dim"])
     swa = (cfg["swa_num_attention_heads"], cfg["swa_num_key_value_heads"], cfg["swa_head_dim"], cfg["swa_v_head_dim"])
-    dense = lambda p: [(p + "mlp.gate_proj.weight", (inter, H), BF16), (p + "mlp.up_proj.weight", (inter, H), BF16),  # noqa: E731
-                       (p + "mlp.down_proj.weight", (H, inter), BF16)]
     out: list[Spec] = [("model.embed_tokens.weight", (V, H), BF16)]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -374,7 +373,7 @@ def _mimo_v2_flash_tensors(cfg: dict) -> list[Spec]:
         out += _mimo_v2_attention(p, *(swa if is_swa else full), H,
                                   cfg["add_swa_attention_sink_bias" if is_swa else "add_full_attention_sink_bias"])
         if not cfg["moe_layer_freq"][i]:
-            out += dense(p)
+            out += _dense_mlp(p, inter, H)
             continue
         out += [(p + "mlp.gate.weight", (experts, H), BF16), (p + "mlp.gate.e_score_correction_bias", (experts,), FP32)]
         for e in range(experts):
@@ -390,7 +389,7 @@ def _mimo_v2_flash_tensors(cfg: dict) -> list[Spec]:
                 (p + "eh_proj.weight", (H, 2 * H), BF16), (p + "input_layernorm.weight", (H,), BF16),
                 (p + "pre_mlp_layernorm.weight", (H,), BF16)]
         out += _mimo_v2_attention(p, *swa, H, cfg["add_swa_attention_sink_bias"])
-        out += dense(p)
+        out += _dense_mlp(p, inter, H)
         out.append((p + "final_layernorm.weight", (H,), BF16))
     return out
 
