@@ -33,7 +33,7 @@ import torch
 
 from mx_strategies.report import clear_reports, recent_reports
 from sglang_support import builders as sb
-from sglang_support.loads import HTTP_OVERHEAD, Checkpoint, delivered_names, mx_load
+from sglang_support.loads import HTTP_OVERHEAD, Checkpoint, delivered_names, measured_load, mx_load
 
 GLM, MIMO = "glm4_moe", "mimo_v2_flash"
 ROW = {GLM: "sglang_glm4_moe_nextn", MIMO: "sglang_mimo_v2_mtp"}
@@ -88,10 +88,8 @@ def test_glm4_moe_target_then_its_nextn_draft_load_from_s3_with_robust(
     # -- the target: every tensor but the NextN layer, which only the draft reads
     target = sb.build_model(ckpt.config_only, draft=False)
     assert type(target.model).__name__ == "Glm4MoeForCausalLM"
-    fed_target = delivered_names(target.model)
-    s3.proxy.reset()
-    mx_load(target)
-    target_bytes = s3.bytes_served
+    loaded = measured_load(target, s3)
+    fed_target, target_bytes = loaded.fed, loaded.served
     (report,) = reports("target")
     assert report["source"] == ckpt.uri and report["architecture"] == ROW[GLM]
     ref_target = sb.build_model(ckpt.full, draft=False)
@@ -108,12 +106,9 @@ def test_glm4_moe_target_then_its_nextn_draft_load_from_s3_with_robust(
     # -- the draft: exactly what SGLang's NextN load_weights reads, into the module SGLang built
     draft = sb.build_model(ckpt.config_only, draft=True)
     assert type(draft.model).__name__ == "Glm4MoeForCausalLMNextN"
-    draft_module = draft.model
-    fed_draft = delivered_names(draft.model)
-    s3.proxy.reset()
-    loaded = mx_load(draft)
-    draft_bytes = s3.bytes_served
-    assert loaded is draft_module and not reinits
+    loaded = measured_load(draft, s3)
+    fed_draft, draft_bytes = loaded.fed, loaded.served
+    assert not reinits
     (report,) = reports("draft")
     assert report["architecture"] == ROW[GLM]
     ref_draft = sb.build_model(ckpt.full, draft=True)
@@ -170,12 +165,9 @@ def test_mimo_v2_each_draft_runner_streams_its_own_mtp_layer_with_robust(
         clear_reports()
         draft = sb.build_model(ckpt.config_only, draft=True, draft_model_idx=k)
         assert type(draft.model).__name__ == "MiMoV2MTP" and draft.load_config.draft_model_idx == k
-        draft_module = draft.model
-        fed = delivered_names(draft.model)
-        s3.proxy.reset()
-        loaded = mx_load(draft)
-        draft_bytes = s3.bytes_served
-        assert loaded is draft_module and not reinits
+        loaded = measured_load(draft, s3)
+        fed, draft_bytes = loaded.fed, loaded.served
+        assert not reinits
         (report,) = reports("draft")
         assert report["architecture"] == ROW[MIMO]
         # robust fed runner k layer k's tensors, nothing else (not the shared embedding and head either) ...

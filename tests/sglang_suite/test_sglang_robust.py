@@ -19,7 +19,7 @@ import pytest
 
 from mx_strategies.report import recent_reports
 from sglang_support import builders as sb
-from sglang_support.loads import HTTP_OVERHEAD, Checkpoint, delivered_names, mx_load
+from sglang_support.loads import HTTP_OVERHEAD, Checkpoint, delivered_names, measured_load, mx_load
 
 ARCHS = ("deepseek_v3", "qwen3_next")
 DRAFT_ARCHITECTURE = {"deepseek_v3": "sglang_deepseek_nextn", "qwen3_next": "sglang_qwen3_next_mtp"}
@@ -48,10 +48,8 @@ def test_target_then_its_mtp_draft_load_from_s3_with_robust(
 
     # -- the target: every tensor but the MTP layer, which only the draft reads
     target = sb.build_model(ckpt.config_only, draft=False)
-    fed_target = delivered_names(target.model)
-    s3.proxy.reset()
-    mx_load(target)
-    target_bytes = s3.bytes_served
+    loaded = measured_load(target, s3)
+    fed_target, target_bytes = loaded.fed, loaded.served
     (report,) = [r for r in recent_reports() if r["role"] == "target"]
     assert report["outcome"] == "loaded" and report["source"] == ckpt.uri
     assert report["architecture"] == DRAFT_ARCHITECTURE[name]
@@ -64,12 +62,9 @@ def test_target_then_its_mtp_draft_load_from_s3_with_robust(
 
     # -- the draft: its own tensors only, into the module SGLang built, no rebuild
     draft = sb.build_model(ckpt.config_only, draft=True)
-    draft_module = draft.model
-    fed_draft = delivered_names(draft.model)
-    s3.proxy.reset()
-    loaded = mx_load(draft)
-    draft_bytes = s3.bytes_served
-    assert loaded is draft_module and not reinits
+    loaded = measured_load(draft, s3)
+    fed_draft, draft_bytes = loaded.fed, loaded.served
+    assert not reinits
     (report,) = [r for r in recent_reports() if r["role"] == "draft"]
     assert report["outcome"] == "loaded" and report["architecture"] == DRAFT_ARCHITECTURE[name]
     ref_draft, ref_draft_trace = reference(ckpt, draft=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 
 from helpers.checkpoints import upload
 
@@ -59,3 +60,21 @@ def mx_load(built):
     return MxModelLoader(built.load_config).load_model(
         model=built.model, model_config=built.model_config, device_config=built.device_config
     )
+
+
+@dataclass
+class Measured:
+    """One load through ModelExpress: the names the model's load_weights was fed, the bytes S3 served."""
+
+    fed: list[str]
+    served: int
+
+
+def measured_load(built, s3) -> Measured:
+    """:func:`mx_load`, counting S3's bytes from zero; ModelExpress must hand back the module SGLang built."""
+    module = built.model
+    fed = delivered_names(module)
+    s3.proxy.reset()
+    loaded = mx_load(built)
+    assert loaded is module, "ModelExpress returned another module than the one SGLang built"
+    return Measured(fed, s3.bytes_served)
