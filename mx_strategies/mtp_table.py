@@ -150,7 +150,7 @@ _NEMOTRON_H = MtpArchitecture(
 
 # SGLang's DeepSeek-style NextN draft, as 0.5.23 reads it; GLM-4.5's row in TABLE is derived from it.
 # SGLang's speculative algorithms that run a draft out of the target's checkpoint (NEXTN arrives as EAGLE,
-# arg_groups/speculative_hook.py:109); engine_sglang reads the method against these.
+# arg_groups/speculative_hook.py:109); mx_strategies.engine.sglang reads the method against these.
 SGLANG_MTP_METHODS = ("eagle", "nextn", "mtp")
 _SGLANG_NEXTN = MtpArchitecture(
     key="sglang_deepseek_nextn",

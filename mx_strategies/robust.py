@@ -20,8 +20,7 @@ from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
 from . import completeness
-from .engine import SGLANG, EngineView, declared_unused, engine_view, held_names
-from .engine_sglang import bypassed_features
+from .engine import SGLANG, EngineView, bypassed_features, declared_unused, engine_view, held_names
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .distributed import agreed_plan, sees_same_files
 from .planning import LoadPlan, plan_load

@@ -43,7 +43,6 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "mx_strategies.distributed",
         "mx_strategies.draft",
         "mx_strategies.engine",
-        "mx_strategies.engine_sglang",
         "mx_strategies.errors",
         "mx_strategies.jsonread",
         "mx_strategies.mtp_table",

@@ -1,7 +1,7 @@
 """SGLang's MTP drafts on names: what robust plans for each SGLang draft class (mtp_table's SGLang rows).
 
 These need no SGLang: the plan is decided from the checkpoint's names and
-the engine view SGLang's reader makes (:mod:`mx_strategies.engine_sglang`).
+the engine view SGLang's reader makes (:mod:`mx_strategies.engine.sglang`).
 The real classes load through ModelExpress's chain in tests/sglang_suite (SGLang
 venv). Each expected set below was read from SGLang 0.5.23's ``load_weights``
 (cited in the rows' ``load_weights`` and ``notes``).
@@ -47,7 +47,7 @@ def write_names(folder: str, names: list[str], config: dict, *, shards: int = 2,
 
 
 def draft(architecture: str, **fields) -> EngineView:
-    """An SGLang NEXTN/MTP draft as engine_sglang reads it (method EAGLE, the draft's own architecture)."""
+    """An SGLang NEXTN/MTP draft as mx_strategies.engine.sglang reads it (method EAGLE, the draft's own architecture)."""
     return replace(
         EngineView(True, "eagle", (), 1, 1, fields.pop("hf_config", None), {}),
         architectures=(architecture,), engine=SGLANG, mtp=True, **fields,

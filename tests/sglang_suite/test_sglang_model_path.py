@@ -2,7 +2,7 @@
 
 SGLang defaults ``speculative_draft_model_path`` to the target's ``--model-path`` for DeepSeek
 (arg_groups/speculative_hook.py:1120), so the draft's ModelConfig names the target's folder. robust
-takes the target's sources from SGLang's ServerArgs (mx_strategies/engine_sglang.py): the draft
+takes the target's sources from SGLang's ServerArgs (mx_strategies/engine/sglang.py): the draft
 streams its own tensors only, not the whole checkpoint, and is not published for peer-to-peer
 transfer under the target's identity. Real SGLang classes, ModelExpress's real SglangAdapter and
 chain; the cpu accelerator backend is the test-only shim (ModelExpress 0.7.0 has none).

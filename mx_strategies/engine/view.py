@@ -1,20 +1,12 @@
-"""What the strategy needs to know about the engine, read defensively.
+"""What a load plan needs to know about the engine, as one value: :class:`EngineView`.
 
-ModelExpress hands strategies a ``LoadContext``: the engine's own
-``model_config``, an adapter (vLLM's ``VllmAdapter`` carries ``vllm_config``
-and ``load_config``; SGLang's ``SglangAdapter`` SGLang's ``LoadConfig`` and
-``ModelConfig``) and a ``SourceIdentity`` the adapter built, which holds the
-parallel sizes for every engine. Every reader falls back to "unknown"
-rather than failing: scripts give less than an engine.
-
-:func:`engine_view` is the one place that decides which engine a load runs
-in, what a draft is and whether it is an MTP draft; each engine has its
-reader (vLLM's here, SGLang's in :mod:`.engine_sglang`), and everything
-downstream (planning, completeness, the strategy, doctor) reads the
-:class:`EngineView` they return, never the engine's objects. vLLM's rule is
-ModelExpress's vLLM adapter's: a speculative config is present *and* the
-model runs as the draft.
+Each engine's reader (:mod:`.vllm`, :mod:`.sglang`) makes one from ModelExpress's
+``LoadContext``; everything downstream (planning, completeness, the strategy,
+doctor) reads the view, never the engine's objects. The helpers here are the
+parts every reader shares, and what the model itself says (``declared_unused``,
+``held_names``).
 """
+
 
 from __future__ import annotations
 
@@ -90,11 +82,6 @@ def _parallel_size(ctx: Any, parallel: Any, field: str) -> int:
     return 1
 
 
-def is_speculative_draft(vllm_config: Any, model_config: Any) -> bool:
-    """The draft pass of a speculative load (ModelExpress's rule: both markers)."""
-    if getattr(vllm_config, "speculative_config", None) is None:
-        return False
-    return getattr(model_config, "runner_type", None) == "draft"
 
 
 def model_identity(hf_config: Any) -> tuple[tuple[str, ...], Optional[str]]:
@@ -175,47 +162,8 @@ def loader_options(load_config: Any) -> dict:
     return dict(extra) if isinstance(extra, Mapping) else {}
 
 
-def engine_view(ctx: Any) -> EngineView:
-    """The engine facts of this load, read by the reader of the engine it runs in."""
-    if engine_of(ctx) == SGLANG:
-        from .engine_sglang import sglang_view
-
-        return sglang_view(ctx)
-    return vllm_view(ctx)
 
 
-def vllm_view(ctx: Any) -> EngineView:
-    """vLLM's draft marker, parallel sizes, the target's sources and loader options (also scripts')."""
-    model_config = ctx.model_config
-    adapter = getattr(ctx, "adapter", None)
-    vllm_config = getattr(adapter, "vllm_config", None)
-    parallel = getattr(vllm_config, "parallel_config", None)
-    speculative = getattr(vllm_config, "speculative_config", None)
-    target = getattr(speculative, "target_model_config", None)
-    target_uris = tuple(
-        uri
-        for uri in (getattr(target, "model_weights", None), getattr(target, "model", None))
-        if isinstance(uri, str) and uri
-    )
-    load_config = getattr(adapter, "load_config", None) or getattr(vllm_config, "load_config", None)
-    hf_config = getattr(model_config, "hf_config", None)
-    architectures, model_type = model_identity(hf_config)
-    target_hf_config = getattr(target, "hf_config", None)
-    if target_hf_config is None and getattr(vllm_config, "model_config", None) is not model_config:
-        target_hf_config = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
-    return EngineView(
-        is_draft=is_speculative_draft(vllm_config, model_config),
-        speculative_method=getattr(speculative, "method", None),
-        target_uris=target_uris,
-        tensor_parallel_size=_parallel_size(ctx, parallel, "tensor_parallel_size"),
-        pipeline_parallel_size=_parallel_size(ctx, parallel, "pipeline_parallel_size"),
-        hf_config=hf_config,
-        loader_extra_config=loader_options(load_config),
-        architectures=architectures,
-        model_type=model_type,
-        target_hf_config=target_hf_config,
-        engine=engine_of(ctx),
-    )
 
 
 # ModelExpress's adapter class for each engine: what a strategy's ``requires`` is checked against.

@@ -1,4 +1,4 @@
-"""SGLang's side of :func:`mx_strategies.engine.engine_view`.
+"""SGLang's reader: the :class:`~.view.EngineView` of a load ModelExpress's ``SglangAdapter`` runs.
 
 SGLang reaches ModelExpress through ``--load-format remote_instance
 --remote-instance-weight-loader-backend modelexpress``: its
@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .engine import SGLANG, EngineView, _parallel_size, _positive_int, loader_options, model_identity
-from .mtp_table import SGLANG_MTP_METHODS, match
+from ..mtp_table import SGLANG_MTP_METHODS, match
+from .view import SGLANG, EngineView, _parallel_size, _positive_int, loader_options, model_identity
 
 # Suffixes of SGLang's MTP draft classes (model_config.py _config_draft_model).
 MTP_ARCHITECTURE_SUFFIXES = ("NextN", "MTP", "Mtp")
