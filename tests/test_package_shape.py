@@ -48,6 +48,7 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "mx_strategies.mtp_table",
         "mx_strategies.patches",
         "mx_strategies.planning",
+        "mx_strategies.releases",
         "mx_strategies.report",
         "mx_strategies.robust",
         "mx_strategies.runai_plan",

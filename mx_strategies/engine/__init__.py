@@ -17,13 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..releases import ENGINES, SGLANG, TRTLLM, VLLM
 from .sglang import bypassed_features, sglang_view
 from .view import (
-    ENGINES,
     MTP_METHODS,
-    SGLANG,
-    TRTLLM,
-    VLLM,
     EngineView,
     declared_unused,
     engine_of,

@@ -103,7 +103,7 @@ def sglang_view(ctx: Any) -> EngineView:
         model_type=model_type,
         target_hf_config=None,  # SGLang's draft hf_config keeps the target's num_hidden_layers
         engine=SGLANG,
-        mtp=is_mtp_draft(is_draft, method, architectures) if is_draft else False,
+        mtp=is_mtp_draft(is_draft, method, architectures),
         draft_layer=_index(getattr(load_config, "draft_model_idx", None)) if is_draft else None,
     )
 

@@ -13,11 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
+from ..releases import SGLANG, TRTLLM, VLLM
+
 MTP_METHODS = ("mtp",)
-VLLM = "vllm"
-SGLANG = "sglang"
-TRTLLM = "trtllm"
-ENGINES = (VLLM, SGLANG, TRTLLM)
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,8 @@
-"""The installed versions the patches are guarded by."""
+"""The installed versions the patches are guarded by (read by :mod:`mx_strategies.releases`)."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import re
-from typing import Optional
-
-
-def installed(distribution: str) -> Optional[tuple[int, int, int]]:
-    """(major, minor, patch) of an installed distribution, or None when it is absent or unparsable."""
-    try:
-        version = importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    parts = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
-    if parts is None:
-        return None
-    return int(parts.group(1)), int(parts.group(2)), int(parts.group(3) or 0)
+from ..releases import installed_release as installed
 
 
 def modelexpress_in(low: tuple[int, int], high: tuple[int, int]) -> bool:

@@ -218,6 +218,13 @@ Spec = tuple[str, tuple[int, ...], torch.dtype]
 BF16, FP32 = torch.bfloat16, torch.float32
 
 
+def _nextn_layer_extras(p: str, V: int, H: int) -> list["Spec"]:
+    """What a DeepSeek-style NextN layer (DeepSeek-V3, GLM-4.5) holds beside a decoder layer's tensors."""
+    return [(p + "embed_tokens.weight", (V, H), BF16), (p + "enorm.weight", (H,), BF16),
+            (p + "hnorm.weight", (H,), BF16), (p + "eh_proj.weight", (H, 2 * H), BF16),
+            (p + "shared_head.norm.weight", (H,), BF16), (p + "shared_head.head.weight", (V, H), BF16)]
+
+
 def _dense_mlp(p: str, inter: int, H: int) -> list["Spec"]:
     return [(p + "mlp.gate_proj.weight", (inter, H), BF16), (p + "mlp.up_proj.weight", (inter, H), BF16),
             (p + "mlp.down_proj.weight", (H, inter), BF16)]
@@ -247,9 +254,7 @@ def _deepseek_v3_tensors(cfg: dict) -> list[Spec]:
     for i in range(n_layers + n_mtp):
         p = f"model.layers.{i}."
         if i >= n_layers:  # the MTP layer: its own embedding, projections and head (DeepSeek-V3's config.json)
-            out += [(p + "embed_tokens.weight", (V, H), BF16), (p + "enorm.weight", (H,), BF16),
-                    (p + "hnorm.weight", (H,), BF16), (p + "eh_proj.weight", (H, 2 * H), BF16),
-                    (p + "shared_head.norm.weight", (H,), BF16), (p + "shared_head.head.weight", (V, H), BF16)]
+            out += _nextn_layer_extras(p, V, H)
         out += [(p + "input_layernorm.weight", (H,), BF16), (p + "post_attention_layernorm.weight", (H,), BF16),
                 (p + "self_attn.q_a_proj.weight", (q_lora, H), BF16),
                 (p + "self_attn.q_a_layernorm.weight", (q_lora,), BF16),
@@ -330,9 +335,7 @@ def _glm4_moe_tensors(cfg: dict) -> list[Spec]:
     for i in range(n_layers + n_mtp):
         p = f"model.layers.{i}."
         if i >= n_layers:  # the NextN layer: its own embedding, projections and head, as GLM-4.5's checkpoint has
-            out += [(p + "embed_tokens.weight", (V, H), BF16), (p + "enorm.weight", (H,), BF16),
-                    (p + "hnorm.weight", (H,), BF16), (p + "eh_proj.weight", (H, 2 * H), BF16),
-                    (p + "shared_head.norm.weight", (H,), BF16), (p + "shared_head.head.weight", (V, H), BF16)]
+            out += _nextn_layer_extras(p, V, H)
         out += [(p + "input_layernorm.weight", (H,), BF16), (p + "post_attention_layernorm.weight", (H,), BF16),
                 (p + "self_attn.q_proj.weight", (heads * hd, H), BF16), (p + "self_attn.q_proj.bias", (heads * hd,), BF16),
                 (p + "self_attn.k_proj.weight", (kv_heads * hd, H), BF16),
