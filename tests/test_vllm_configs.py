@@ -358,13 +358,19 @@ def observe_load_weights(model: torch.nn.Module):
     real_load_weights = model.load_weights
 
     def load_weights(weights):
+        dry = [False]
+
         def tap():
             for name, tensor in weights:
-                streamed.append(name)
+                if tensor.is_meta:  # robust's dry run feeds data-less tensors first; record the load's own
+                    dry[0] = True
+                else:
+                    streamed.append(name)
                 yield name, tensor
 
         result = real_load_weights(tap())
-        loaded.update(result or ())
+        if not dry[0]:
+            loaded.update(result or ())
         return result
 
     model.load_weights = load_weights

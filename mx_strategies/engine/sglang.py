@@ -105,6 +105,9 @@ def sglang_view(ctx: Any) -> EngineView:
         engine=SGLANG,
         mtp=is_mtp_draft(is_draft, method, architectures),
         draft_layer=_index(getattr(load_config, "draft_model_idx", None)) if is_draft else None,
+        draft_sources=tuple(
+            uri for uri in (getattr(model_config, "model_path", None),) if is_draft and isinstance(uri, str) and uri
+        ),
     )
 
 

@@ -42,6 +42,9 @@ class EngineView:
     mtp: Optional[bool] = None
     # The one MTP layer this draft runner serves (SGLang's LoadConfig.draft_model_idx, multi-layer EAGLE).
     draft_layer: Optional[int] = None
+    # Where the engine points the draft itself (its ModelConfig's model_weights and model): for an MTP or a
+    # DeepSeek-V4 DSpark draft, the target's sources (vLLM's SpeculativeConfig), for EAGLE its own checkpoint.
+    draft_sources: tuple[str, ...] = ()
 
     @property
     def role(self) -> str:

@@ -39,8 +39,14 @@ def vllm_view(ctx: Any) -> EngineView:
     target_hf_config = getattr(target, "hf_config", None)
     if target_hf_config is None and getattr(vllm_config, "model_config", None) is not model_config:
         target_hf_config = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
+    is_draft = is_speculative_draft(vllm_config, model_config)
+    draft_sources = tuple(
+        uri
+        for uri in (getattr(model_config, "model_weights", None), getattr(model_config, "model", None))
+        if is_draft and isinstance(uri, str) and uri
+    )
     return EngineView(
-        is_draft=is_speculative_draft(vllm_config, model_config),
+        is_draft=is_draft,
         speculative_method=getattr(speculative, "method", None),
         target_uris=target_uris,
         tensor_parallel_size=_parallel_size(ctx, parallel, "tensor_parallel_size"),
@@ -51,4 +57,5 @@ def vllm_view(ctx: Any) -> EngineView:
         model_type=model_type,
         target_hf_config=target_hf_config,
         engine=engine_of(ctx),
+        draft_sources=draft_sources,
     )

@@ -1,0 +1,218 @@
+"""The one question asked of the module the engine built: what does it read from this checkpoint?
+
+Planning (:mod:`.planning`) asks it once per load, for targets and drafts,
+on vLLM and SGLang, and gets one answer, :class:`ModuleReads`: the names,
+which source answered (``selection_source``) and what was left out and why.
+The sources, in order:
+
+1. ``declared``: what the model or the engine says itself. vLLM's
+   ``is_unused_checkpoint_weight`` (names the model never loads: they are
+   not even fed to the dry run) and the engine's replacement of a draft's
+   embedding and head after loading (:func:`.completeness.engine_fills`:
+   the proposer's sharing at pipeline parallel 1, ``has_own_embed_tokens`` /
+   ``has_own_lm_head``);
+2. ``dry_run``: the built module's own ``load_weights`` run over the
+   checkpoint's names with tensors that hold no data (:mod:`.dry_run`); a
+   name is read when the model uses it, and the parameters it flows into say
+   whether the engine replaces it afterwards;
+3. ``table``: :mod:`.mtp_table`, only where the dry run cannot answer (the
+   class raises on data-less tensors, or there is no model), with a WARNING
+   naming the class and the reason;
+4. ``convention``: the generic MTP naming conventions of :mod:`.draft`.
+
+Sources 3 and 4 are decided in :mod:`.planning` (they need no model); this
+module answers 1 and 2, or says why it could not (:class:`Unanswered`).
+
+The answer is cached (:mod:`.reads_cache`): a restart with the same class,
+parameters, parallel layout and checkpoint names asks nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
+
+from .checkpoint import Checkpoint
+from .dry_run import DryRunFailed, dry_run
+from .settings import RobustSettings
+
+SOURCES = ("declared", "dry_run", "table", "convention", "whole")
+
+# Why a name is not streamed (stable codes: the cache stores them, reports show the text).
+NOT_READ = "not read by the module's load_weights (dry run)"
+DECLARED_UNUSED = "the model declares it unused (is_unused_checkpoint_weight)"
+REPLACED = "written only into parameters the engine replaces after loading (the target's embedding/head)"
+OVERWRITTEN = "a later checkpoint tensor overwrites the same parameter whole"
+
+
+@dataclass(frozen=True)
+class ModuleReads:
+    """What a module reads from a checkpoint, which source said so, and what is left out and why."""
+
+    names: frozenset[str]
+    source: str  # one of SOURCES
+    left_out: Mapping[str, str] = field(default_factory=dict)  # name -> why it is not streamed
+    module_class: str = ""
+    seconds: float = 0.0  # time the question took (0 from the cache)
+    cached: bool = False
+    note: str = ""  # for a table/convention answer: why the module could not be asked
+
+
+@dataclass(frozen=True)
+class Unanswered:
+    """The module could not be asked (no model, no load_weights, or the dry run failed): why."""
+
+    module_class: str
+    reason: str
+
+
+Answer = Union[ModuleReads, Unanswered]
+
+
+def class_name(model: Any) -> str:
+    cls = type(model)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def dtype_of(name: str) -> Any:
+    """The torch dtype of a safetensors dtype string (the header's)."""
+    from .checkpoint import runai_dtypes
+
+    return runai_dtypes()[name]
+
+
+def _overwritten(order: list[str], written: Mapping[str, frozenset], full: Mapping[str, bool]) -> dict[str, str]:
+    """Names whose every write is a whole parameter a later name writes whole too: the later one wins."""
+    last_full: dict[str, str] = {}
+    for name in order:
+        if full.get(name):
+            for param in written.get(name, ()):
+                last_full[param] = name
+    dropped = {}
+    for name in order:
+        params = written.get(name)
+        if params and full.get(name) and all(last_full.get(p, name) != name for p in params):
+            dropped[name] = f"{OVERWRITTEN} ({', '.join(sorted(params))}; streamed: {last_full[sorted(params)[0]]})"
+    return dropped
+
+
+def ask(
+    model: Any,
+    checkpoint: Checkpoint,
+    settings: RobustSettings,
+    *,
+    unused: Optional[Callable[[str], bool]] = None,
+    replaced: Callable[[str], bool] = lambda name: False,
+    call: Optional[Callable[[Any, Any], Any]] = None,
+) -> Answer:
+    """Ask ``model`` which of ``checkpoint``'s tensors it reads (sources 1 and 2 of the module docstring).
+
+    ``unused``: the model's ``is_unused_checkpoint_weight`` (:func:`.engine.declared_unused`);
+    ``replaced``: the parameters the engine writes after loading (:func:`.completeness.engine_fills`);
+    ``call``: how the engine's adapter feeds the model (default ``model.load_weights(weights)``).
+    Never raises for what the model does; the model is as before.
+    """
+    started = time.perf_counter()
+    cls = class_name(model) if model is not None else ""
+    if "dry_run" not in settings.selection_sources:
+        return Unanswered(cls, "MX_ROBUST_SELECTION_SOURCES leaves out dry_run")
+    if model is None or not callable(getattr(model, "load_weights", None)):
+        return Unanswered(cls, "the engine has no module with a load_weights to ask")
+    tensors = checkpoint.tensors()
+    left_out: dict[str, str] = {}
+    headers = {}
+    for name, info in tensors.items():
+        if unused is not None and unused(name):
+            left_out[name] = DECLARED_UNUSED
+            continue
+        try:
+            headers[name] = (info.shape, dtype_of(info.dtype))
+        except KeyError:
+            return Unanswered(cls, f"tensor {name} has dtype {info.dtype}, which torch cannot represent")
+    try:
+        run = dry_run(model, headers, timeout_s=settings.dry_run_timeout_s, call=call)
+    except DryRunFailed as exc:
+        return Unanswered(cls, str(exc))
+    for name in headers:
+        if name not in run.read:
+            left_out[name] = NOT_READ
+    read = [n for n in headers if n in run.read]
+    copies = [n for n in read if run.written.get(n) and all(replaced(p) for p in run.written[n])]
+    if copies:
+        # The engine replaces these afterwards; but a load_weights that demands them (Step-3.5 asserts its
+        # embedding arrived) must still get them: a second dry run without them says which it is.
+        try:
+            dry_run(model, {n: h for n, h in headers.items() if n not in copies}, timeout_s=settings.dry_run_timeout_s, call=call)
+        except DryRunFailed:
+            copies = []
+    for name in copies:
+        left_out[name] = REPLACED
+    left_out.update(_overwritten([n for n in read if n not in left_out], run.written, run.full))
+    names = frozenset(n for n in read if n not in left_out)
+    if not names and read:
+        return Unanswered(cls, f"the dry run found {len(read)} name(s) read, all replaced by the engine")
+    if not names:
+        return Unanswered(cls, f"the dry run found none of the {len(headers)} names fed read by the module")
+    return ModuleReads(names, "dry_run", left_out, cls, time.perf_counter() - started)
+
+
+def ask_cached(
+    model: Any,
+    checkpoint: Checkpoint,
+    settings: RobustSettings,
+    context: tuple,
+    **how: Any,
+) -> Answer:
+    """:func:`ask`, through the cache of :mod:`.reads_cache` (``context``: engine, release, role, layout, rank)."""
+    from . import reads_cache
+
+    if model is None or "dry_run" not in settings.selection_sources or not hasattr(model, "named_parameters"):
+        return ask(model, checkpoint, settings, **how)
+    started = time.perf_counter()
+    tensors = checkpoint.tensors()
+    key = reads_cache.cache_key(model, tensors, context)
+    kept = reads_cache.load(settings.reads_cache_dir, key)
+    if kept is not None:
+        left_out = kept["left_out"]
+        names = frozenset(n for n in tensors if n not in left_out)
+        return ModuleReads(names, kept["source"], left_out, kept["module_class"], time.perf_counter() - started, True)
+    answer = ask(model, checkpoint, settings, **how)
+    if isinstance(answer, ModuleReads):
+        reads_cache.store(settings.reads_cache_dir, key, answer.source, answer.module_class, answer.left_out)
+    return answer
+
+
+def names_read(answer: Answer) -> Optional[frozenset[str]]:
+    return answer.names if isinstance(answer, ModuleReads) else None
+
+
+def left_out_summary(left_out: Mapping[str, str], shown: int = 5) -> str:
+    """``N tensor(s) left out: reason (k), ...`` for the INFO line."""
+    counts: dict[str, int] = {}
+    for reason in left_out.values():
+        key = reason.split(" (", 1)[0]
+        counts[key] = counts.get(key, 0) + 1
+    parts = [f"{reason} ({count})" for reason, count in sorted(counts.items(), key=lambda kv: -kv[1])[:shown]]
+    return f"{len(left_out)} tensor(s) left out: {'; '.join(parts)}" if left_out else "nothing left out"
+
+
+def reasons(names: Iterable[str], why: str) -> dict[str, str]:
+    return {n: why for n in names}
+
+
+__all__ = [
+    "Answer",
+    "DECLARED_UNUSED",
+    "ModuleReads",
+    "NOT_READ",
+    "OVERWRITTEN",
+    "REPLACED",
+    "SOURCES",
+    "Unanswered",
+    "ask",
+    "ask_cached",
+    "class_name",
+    "left_out_summary",
+    "names_read",
+]

@@ -1,0 +1,98 @@
+"""Where the module's answers are kept between restarts (``MX_ROBUST_READS_CACHE_DIR``).
+
+A dry run of a large target costs the Python time of the engine's own
+loading loop (seconds for DeepSeek-V3's ~94k names). A pod that restarts
+asks the same module the same question; the answer is kept in one JSON file
+per key. The key is a SHA-256 over everything the answer depends on:
+
+- the engine and its release, mx-strategies' release;
+- the module's class and every parameter and buffer it holds (name, shape,
+  dtype): the config, the parallel layout and the quantization all show there;
+- the parallel layout and rank the load runs at, and the role;
+- the checkpoint's tensor names, shapes and dtypes (a new index or new
+  headers are a new key).
+
+Nothing is ever invalidated in place: a change of any of these is a new
+key. A file that cannot be read or does not match is ignored (and
+rewritten); a cache that cannot be written is skipped with no error.
+Only what was left out is stored: the names read are the checkpoint's less those.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+FORMAT = 1
+
+
+def cache_key(model: Any, tensors: Mapping[str, Any], context: Iterable[Any]) -> str:
+    """The key of ``model``'s answer for a checkpoint with ``tensors`` (name -> TensorInfo) in ``context``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    digest = hashlib.sha256()
+
+    def add(*parts: Any) -> None:
+        digest.update(repr(parts).encode())
+        digest.update(b"\0")
+
+    try:
+        ours = version("mx-strategies")
+    except PackageNotFoundError:
+        ours = "source"
+    add(FORMAT, ours, f"{type(model).__module__}.{type(model).__qualname__}", *context)
+    for name, tensor in model.named_parameters(remove_duplicate=False):
+        add("p", name, tuple(tensor.shape), str(tensor.dtype))
+    for name, tensor in model.named_buffers(remove_duplicate=False):
+        add("b", name, tuple(tensor.shape), str(tensor.dtype))
+    for name, info in tensors.items():
+        add("t", name, info.dtype, tuple(info.shape))
+    return digest.hexdigest()
+
+
+def load(folder: Optional[Path], key: str) -> Optional[dict]:
+    """The kept answer for ``key`` (``source``, ``module_class``, ``left_out``), or None (no cache, no file,
+    or one that does not fit)."""
+    if folder is None:
+        return None
+    try:
+        data = json.loads((Path(folder) / f"{key}.json").read_text())
+        if data.get("format") != FORMAT or data.get("key") != key:
+            return None
+        return {
+            "source": str(data["source"]),
+            "module_class": str(data.get("module_class", "")),
+            "left_out": {str(k): str(v) for k, v in data["left_out"].items()},
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def store(folder: Optional[Path], key: str, source: str, module_class: str, left_out: Mapping[str, str]) -> Optional[Path]:
+    """Keep an answer under ``key`` (atomically); None when the cache is off or cannot be written."""
+    if folder is None:
+        return None
+    path = Path(folder) / f"{key}.json"
+    data = {
+        "format": FORMAT,
+        "key": key,
+        "source": source,
+        "module_class": module_class,
+        "left_out": dict(sorted(left_out.items())),
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".reads-", suffix=".json")
+        with os.fdopen(handle, "w") as out:
+            json.dump(data, out)
+        os.replace(temporary, path)
+    except OSError:
+        return None
+    return path
+
+
+__all__ = ["cache_key", "load", "store"]
