@@ -80,6 +80,7 @@ class _State:
     read: set = field(default_factory=set)
     written: dict = field(default_factory=dict)
     partial: set = field(default_factory=set)  # names written into part of a parameter (stacked, sharded)
+    scalar_from: frozenset = frozenset()  # names whose value was last read out as a number (``param.fill_(w.item())``)
 
 
 def _meta_like(tensor: Any) -> Any:
@@ -165,6 +166,7 @@ def _mode(state: _State):
             if used:
                 state.read |= used
             if name in SCALAR_CALLS and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+                state.scalar_from = frozenset(used)  # the number flows into the next write
                 return 0.0 if args[0].is_floating_point() and name != "__index__" else 0
             if name == "tolist" and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
                 return torch.zeros(args[0].shape, dtype=args[0].dtype).tolist()
@@ -174,6 +176,8 @@ def _mode(state: _State):
                 or name in ("__setitem__", "__set__", "set_")
                 or (name.startswith("__i") and name.endswith("__") and name not in ("__index__", "__int__"))
             )
+            if writes and not used and state.scalar_from:
+                used, state.scalar_from = set(state.scalar_from), frozenset()
             if writes and isinstance(target, torch.Tensor):
                 if not target.is_meta:
                     raise DryRunFailed(
@@ -203,6 +207,38 @@ def _mode(state: _State):
             return result
 
     return Recorder()
+
+
+@contextmanager
+def _inline_executors() -> Iterator[None]:
+    """Thread pools started by the dry run's thread run their work inline in it.
+
+    Torch function modes are per thread, and SGLang's DeepSeek loader hands each
+    ``weight_loader`` call to a ``ThreadPoolExecutor``: inline, the recorder sees
+    those calls too (and refuses their writes into real tensors). Other threads'
+    pools are left alone.
+    """
+    import concurrent.futures
+    import threading
+
+    me = threading.get_ident()
+    real_submit = concurrent.futures.ThreadPoolExecutor.submit
+
+    def submit(self, fn, /, *args, **kwargs):
+        if threading.get_ident() != me:
+            return real_submit(self, fn, *args, **kwargs)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - delivered through the future, as the pool would
+            future.set_exception(exc)
+        return future
+
+    concurrent.futures.ThreadPoolExecutor.submit = submit
+    try:
+        yield
+    finally:
+        concurrent.futures.ThreadPoolExecutor.submit = real_submit
 
 
 def _global_registries() -> list[tuple[str, Callable[[], Any]]]:
@@ -278,7 +314,7 @@ def dry_run(
                     fed += 1
                     yield name, tensor
 
-            with _mode(state), torch.no_grad():
+            with _inline_executors(), _mode(state), torch.no_grad():
                 returned = call(model, weights())
     except DryRunFailed:
         raise

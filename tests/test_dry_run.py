@@ -1,0 +1,149 @@
+"""The dry run (mx_strategies.dry_run) on plain torch modules: what it records, and that it never touches the model.
+
+vLLM's and SGLang's real classes are asked in tests/test_module_reads.py and tests/sglang_suite; these
+modules are the smallest that show each rule (the loaders vLLM's classes use: a copy into the
+parameter, a narrow into a stacked one, ``.item()`` for a scalar).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from mx_strategies.dry_run import DryRunFailed, dry_run
+
+
+class Stacked(torch.nn.Module):
+    """q/k/v stacked into one parameter, a norm copied whole, a scalar through ``.item()``, one name skipped."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Parameter(torch.arange(24, dtype=torch.float32).reshape(6, 4))
+        self.norm = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+        self.scale = torch.nn.Parameter(torch.tensor([2.0]))
+        self.register_buffer("table", torch.arange(3))
+        self.stale = None  # a reference a buggy loader keeps to a real tensor
+
+    def load_weights(self, weights):
+        loaded = set()
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            if name.startswith("skipped."):
+                continue
+            if name in ("q", "k", "v"):
+                offset = "qkv".index(name) * 2
+                params["qkv"].data.narrow(0, offset, 2).copy_(tensor)
+                loaded.add("qkv")
+            elif name == "scale":
+                params["scale"].data.fill_(tensor.item())
+                loaded.add(name)
+            elif name == "stale" and self.stale is not None:
+                self.stale.copy_(tensor)
+            else:
+                params[name].data.copy_(tensor)
+                loaded.add(name)
+        return loaded
+
+
+HEADERS = {
+    "q": ((2, 4), torch.float32),
+    "k": ((2, 4), torch.float32),
+    "v": ((2, 4), torch.float32),
+    "norm": ((4,), torch.bfloat16),
+    "scale": ((1,), torch.float32),
+    "skipped.extra": ((0,), torch.float16),
+}
+
+
+def snapshot(model):
+    """Every parameter and buffer: the object, its storage and its bytes."""
+    return {
+        name: (tensor, tensor.data_ptr(), tensor.detach().clone())
+        for name, tensor in list(model.named_parameters()) + list(model.named_buffers())
+    }
+
+
+def assert_untouched(model, before):
+    after = dict(list(model.named_parameters()) + list(model.named_buffers()))
+    assert set(after) == set(before)
+    for name, (tensor, pointer, data) in before.items():
+        assert after[name] is tensor and tensor.data_ptr() == pointer and not tensor.is_meta, name
+        assert torch.equal(tensor.detach().view(torch.uint8), data.view(torch.uint8)), name
+
+
+def test_records_what_the_model_reads_and_where_it_goes_without_touching_it():
+    model = Stacked()
+    before = snapshot(model)
+    run = dry_run(model, HEADERS, timeout_s=30)
+    assert_untouched(model, before)
+    assert run.read == {"q", "k", "v", "norm", "scale"}  # the skipped name was never used
+    assert run.written == {"q": {"qkv"}, "k": {"qkv"}, "v": {"qkv"}, "norm": {"norm"}, "scale": {"scale"}}
+    assert run.full == {"q": False, "k": False, "v": False, "norm": True, "scale": True}  # a third of qkv each
+    assert run.returned == {"qkv", "norm", "scale"} and run.fed == len(HEADERS)
+
+
+def test_a_write_into_a_real_tensor_is_refused_before_it_happens():
+    model = Stacked()
+    object.__setattr__(model, "stale", model.norm)  # a reference kept outside _parameters: the swap cannot reach it
+    before = snapshot(model)
+    with pytest.raises(DryRunFailed, match="wrote into a tensor that is not part of the swapped model"):
+        dry_run(model, {"stale": ((4,), torch.bfloat16)}, timeout_s=30)
+    assert_untouched(model, before)
+
+
+def test_a_class_that_needs_real_values_fails_and_the_model_is_as_before():
+    class NeedsValues(Stacked):
+        def load_weights(self, weights):
+            for _, tensor in weights:
+                self.norm.data.copy_(torch.from_numpy(tensor.float().numpy()))
+
+    model = NeedsValues()
+    before = snapshot(model)
+    with pytest.raises(DryRunFailed):
+        dry_run(model, {"norm": ((4,), torch.bfloat16)}, timeout_s=30)
+    assert_untouched(model, before)
+
+
+def test_it_is_bounded_in_time():
+    class Slow(Stacked):
+        def load_weights(self, weights):
+            for _, tensor in weights:
+                time.sleep(0.05)
+                self.norm.data.copy_(tensor)
+
+    model = Slow()
+    before = snapshot(model)
+    started = time.perf_counter()
+    with pytest.raises(DryRunFailed, match="took longer than its time bound"):
+        dry_run(model, {f"n{i}": ((4,), torch.bfloat16) for i in range(1000)}, timeout_s=0.2)
+    assert time.perf_counter() - started < 5
+    assert_untouched(model, before)
+
+
+def test_a_tied_parameter_stays_tied_and_both_names_are_known():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(8, 4)
+            self.head = torch.nn.Linear(4, 8, bias=False)
+            self.head.weight = self.embed.weight
+
+        def load_weights(self, weights):
+            params = dict(self.named_parameters(remove_duplicate=False))
+            for name, tensor in weights:
+                assert params["head.weight"] is params["embed.weight"]  # the tie holds inside the dry run
+                params[name].data.copy_(tensor)
+
+    model = Tied()
+    before = snapshot(model)
+    run = dry_run(model, {"embed.weight": ((8, 4), torch.float32)}, timeout_s=30)
+    assert_untouched(model, before)
+    assert model.head.weight is model.embed.weight
+    assert run.written == {"embed.weight": {"embed.weight", "head.weight"}}
+
+
+def test_no_load_weights_nothing_to_ask():
+    with pytest.raises(DryRunFailed, match="no load_weights"):
+        dry_run(torch.nn.Linear(2, 2), {}, timeout_s=1)

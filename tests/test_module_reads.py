@@ -1,0 +1,431 @@
+"""The question asked of the module vLLM built (mx_strategies.module_reads), on vLLM's real classes.
+
+- The sweep: on every MTP draft class of the matrix that builds here (tests/test_mtp_architectures.py's
+  BUILT, vLLM 0.32 and 0.33) and on the real targets, the module's own answer (a dry run of its
+  ``load_weights``) equals the table's selection, apart from the copies the engine replaces after
+  loading; and the dry run leaves the module exactly as it was (the same parameter and buffer objects,
+  storage and bytes; vLLM's ``static_forward_context`` unchanged).
+- DeepSeek-V4 DSpark (method ``dspark``): vLLM's real ``SpeculativeConfig`` points the draft at the
+  target's checkpoint; through ModelExpress's real chain it streams exactly ``mtp.{0..n-1}.*`` and
+  ``context_wkv_proj.*``. Its class cannot be built on a CPU (``cpu/dspark.py`` raises), so the
+  module is a stand-in whose ``load_weights`` routes names with the real class's own
+  ``_remap_dspark_name`` (said again at the stand-in).
+- An out-of-tree draft class registered with vLLM's ``ModelRegistry``, with a naming no table row
+  knows, built by vLLM's ``initialize_model``: it loads exactly its tensors, bit-identical, no reinit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import logging
+import os
+import re
+from types import SimpleNamespace
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM not installed (scripts/install-vllm-cpu.sh)", allow_module_level=True)
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import torch  # noqa: E402
+from modelexpress.engines.vllm import adapter as vllm_adapter_module  # noqa: E402
+from modelexpress.engines.vllm.adapter import build_vllm_load_context  # noqa: E402
+from modelexpress.load_strategy import LoadStrategyChain  # noqa: E402
+from mtp_arch import builders  # noqa: E402
+from mtp_arch.checkpoints import draft_checkpoint, write_checkpoint  # noqa: E402
+from test_mtp_architectures import (  # noqa: E402
+    BUILT,
+    BUILT_033,
+    REINIT,
+    CpuVllmAdapter,
+    observe,
+    target_and_draft_checkpoint,
+    vllm_cpu,  # noqa: F401 - the module's fixture
+)
+
+from mx_strategies import completeness, module_reads, mtp_table  # noqa: E402
+from mx_strategies.engine import declared_unused, engine_view  # noqa: E402
+from mx_strategies.planning import points_at_target, row_layout_for  # noqa: E402
+from mx_strategies.report import clear_reports, recent_reports  # noqa: E402
+from mx_strategies.settings import load_settings  # noqa: E402
+from mx_strategies.sources import Candidate, probe  # noqa: E402
+from mx_strategies.tensor_bytes import same_bytes  # noqa: E402
+
+SWEEP = sorted(set(BUILT) - set(BUILT_033)) + [
+    pytest.param(
+        name,
+        marks=pytest.mark.skipif(builders.VLLM_VERSION < (0, 33), reason=f"{BUILT_033[name][0]} exists only in vLLM >= 0.33"),
+    )
+    for name in sorted(BUILT_033)
+]
+
+
+def snapshot(model):
+    return {
+        name: (tensor, tensor.data_ptr(), tensor.detach().clone())
+        for name, tensor in list(model.named_parameters(remove_duplicate=False))
+        + list(model.named_buffers(remove_duplicate=False))
+    }
+
+
+def assert_untouched(model, before):
+    after = dict(list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False)))
+    assert set(after) == set(before)
+    changed = [
+        name
+        for name, (tensor, pointer, data) in before.items()
+        if after[name] is not tensor or tensor.data_ptr() != pointer or not same_bytes(tensor.detach(), data)
+    ]
+    assert not changed, changed
+
+
+def forward_context(vllm_config) -> dict:
+    return dict(vllm_config.compilation_config.static_forward_context)
+
+
+def ask_draft(arch: str, root, pp: int):
+    """Build vLLM's draft for ``arch``, write its checkpoint; ask the module and the table (at pipeline parallel ``pp``)."""
+    from vllm.config import set_current_vllm_config
+
+    folder = str(root / arch)
+    builders.write_config(folder, arch)
+    with builders.in_process_inspection():
+        built = builders.build_draft(folder, arch)
+    ckpt = draft_checkpoint(arch, built.module, folder)
+    settings = load_settings()
+    checkpoint = probe(Candidate("explicit", folder), settings)
+    engine = dataclasses.replace(
+        engine_view(build_vllm_load_context(built.vllm_config, built.draft_model_config)), pipeline_parallel_size=pp
+    )
+    before, context = snapshot(built.module), forward_context(built.vllm_config)
+    with set_current_vllm_config(built.vllm_config):
+        answer = module_reads.ask(
+            built.module, checkpoint, settings, unused=declared_unused(built.module), replaced=completeness.engine_fills(engine)
+        )
+    assert_untouched(built.module, before)
+    assert forward_context(built.vllm_config).keys() == context.keys()
+    return built, ckpt, checkpoint, engine, answer
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("arch", SWEEP)
+def test_the_modules_answer_is_the_tables_apart_from_what_the_engine_replaces(arch, pp, tmp_path, vllm_cpu):  # noqa: F811
+    built, ckpt, checkpoint, engine, answer = ask_draft(arch, tmp_path, pp)
+    assert isinstance(answer, module_reads.ModuleReads), answer
+    assert answer.source == "dry_run" and answer.module_class.endswith(BUILT[arch][0])
+    row = mtp_table.match(engine.architectures, engine.model_type, "mtp")
+    assert row is not None and row.key == BUILT[arch][1]
+    selection = mtp_table.select(
+        row, checkpoint.tensors(), row_layout_for(row, checkpoint, engine), shares_target_weights=engine.shares_target_weights
+    )
+    unused = declared_unused(built.module) or (lambda name: False)
+    table = {n for n in selection.names if not unused(n)}
+    replaced = {n for n, why in answer.left_out.items() if why == module_reads.REPLACED}
+    # The engine's replacements the table keeps at PP>1 (heads, which the proposer shares at any PP): copies only.
+    assert replaced <= set(selection.names) | set(selection.skipped), sorted(replaced)
+    assert set(answer.names) == table - replaced, (sorted(set(answer.names) - table), sorted(table - set(answer.names)))
+    if pp == 1:
+        assert not replaced & table  # at pipeline parallel 1 the table leaves every replaced copy out too
+        assert not set(answer.names) & ckpt.extra  # no target tensor, no per-layer copy the proposer replaces
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_next"])
+def test_a_real_targets_answer_is_the_checkpoint_less_its_mtp_layers(arch, tmp_path, vllm_cpu):  # noqa: F811
+    from vllm.config import set_current_vllm_config
+
+    folder, _, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint(arch, tmp_path)
+    settings = load_settings()
+    checkpoint = probe(Candidate("explicit", folder), settings)
+    before = snapshot(target)
+    with set_current_vllm_config(vc):
+        answer = module_reads.ask(target, checkpoint, settings, unused=declared_unused(target))
+    assert_untouched(target, before)
+    assert isinstance(answer, module_reads.ModuleReads) and answer.source == "dry_run"
+    assert set(answer.names) == set(tensors) and set(answer.left_out) == set(mtp)
+    row = mtp_table.match_target(config.hf_config)
+    layout = mtp_table.row_layout(row, ("config", config.hf_config))
+    assert mtp_table.draft_only(row, layout, checkpoint.tensors()) == set(answer.left_out)  # the table agrees
+
+
+def test_the_answer_is_kept_and_a_restart_asks_nothing(tmp_path, vllm_cpu, monkeypatch):  # noqa: F811
+    from vllm.config import set_current_vllm_config
+
+    monkeypatch.setenv("MX_ROBUST_READS_CACHE_DIR", str(tmp_path / "kept"))
+    folder, _, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint("deepseek_v3", tmp_path)
+    settings = load_settings()
+    checkpoint = probe(Candidate("explicit", folder), settings)
+    context = ("vllm", (0, 32, 0), "target", 1, 1, 0, True, ("dry_run",))
+    with set_current_vllm_config(vc):
+        first = module_reads.ask_cached(target, checkpoint, settings, context)
+        calls = []
+        real = target.load_weights
+        target.load_weights = lambda weights: calls.append(1) or real(weights)
+        second = module_reads.ask_cached(target, checkpoint, settings, context)
+        other_rank = module_reads.ask_cached(target, checkpoint, settings, context[:5] + (1,) + context[6:])
+    assert not first.cached and second.cached and calls == [1]  # only the other rank asked the module
+    assert second.names == first.names and second.left_out == first.left_out and other_rank.names == first.names
+    assert len(list((tmp_path / "kept").glob("*.json"))) == 2
+
+
+# -- DeepSeek-V4 DSpark -------------------------------------------------------------------------------
+
+V4_CONFIG = {
+    "model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"], "hidden_size": 64,
+    "num_hidden_layers": 2, "vocab_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16,
+    "max_position_embeddings": 256, "torch_dtype": "bfloat16", "num_nextn_predict_layers": 1, "n_mtp_layers": 2,
+    "n_routed_experts": 4, "tie_word_embeddings": False,
+}  # fmt: skip
+V4_TARGET = ["embed.weight", "head.weight", "norm.weight", "layers.0.attn.wq_a.weight", "layers.1.ffn.gate.weight"]
+DSPARK_STAGE = ["attn.wq_a.weight", "attn.wkv.weight", "attn_norm.weight", "ffn.gate.weight", "ffn.experts.0.w1.weight"]
+DSPARK_HEAD = ["mtp.1.norm.weight", "mtp.1.hc_head_fn", "mtp.0.main_proj.weight", "mtp.0.main_norm.weight"]
+
+
+class DSparkStandIn(torch.nn.Module):
+    """STAND-IN: DSparkDeepseekV4ForCausalLM cannot be built on a CPU (vllm/models/deepseek_v4/cpu/dspark.py
+    raises NotImplementedError; the CUDA class needs CUDA). Its parameters are named as the real class names
+    them, and its load_weights routes each checkpoint name with the real class's own ``_remap_dspark_name``
+    (vllm/models/deepseek_v4/nvidia/dspark.py:588), skipping what it maps to None, as the real one does."""
+
+    has_own_embed_tokens = False
+    has_own_lm_head = False
+
+    def __init__(self, names: dict[str, torch.Size]):
+        super().__init__()
+        from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
+
+        self.remap = DSparkDeepseekV4ForCausalLM._remap_dspark_name
+        self.real = SimpleNamespace(model=SimpleNamespace(confidence_head=None))
+        self.weights = torch.nn.ParameterDict()
+        self.keys = {}
+        for name, shape in names.items():
+            mapped = self.remap(self.real, name)
+            if mapped is not None:
+                key = mapped.replace(".", "__")
+                self.keys[mapped] = key
+                self.weights[key] = torch.nn.Parameter(torch.zeros(shape, dtype=torch.bfloat16), requires_grad=False)
+
+    def load_weights(self, weights):
+        loaded = set()
+        for name, tensor in weights:
+            mapped = self.remap(self.real, name)
+            if mapped is None:
+                continue
+            self.weights[self.keys[mapped]].data.copy_(tensor)
+            loaded.add(f"weights.{self.keys[mapped]}")
+        return loaded
+
+
+def dspark_checkpoint(folder: str, stages: int) -> tuple[dict, dict]:
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as handle:
+        json.dump(dict(V4_CONFIG, n_mtp_layers=stages), handle)
+    generator = torch.Generator().manual_seed(7)
+    draft = {f"mtp.{i}.{leaf}": torch.randn(4, 8, generator=generator).to(torch.bfloat16) for i in range(stages) for leaf in DSPARK_STAGE}
+    draft.update({name: torch.randn(4, 8, generator=generator).to(torch.bfloat16) for name in DSPARK_HEAD})
+    draft["context_wkv_proj.weight"] = torch.randn(4, 8, generator=generator).to(torch.bfloat16)
+    target = {name: torch.randn(4, 8, generator=generator).to(torch.bfloat16) for name in V4_TARGET}
+    write_checkpoint(folder, {**target, **draft}, shards=2)
+    return target, draft
+
+
+@pytest.mark.parametrize("sources", ["dry_run,table,convention", "table,convention"])
+def test_deepseek_v4_dspark_streams_its_stages_through_the_real_chain(sources, tmp_path, robust, monkeypatch, caplog, vllm_cpu):  # noqa: F811
+    """vLLM's SpeculativeConfig(method="dspark") for a DeepSeek-V4 target: architecture DSparkDraftModel,
+    the draft's model the target's; robust streams exactly the DSpark stages and context_wkv_proj, from
+    the module's answer (the stand-in's load_weights) or from the names-only table row."""
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", sources)
+    folder = str(tmp_path / "deepseek-v4")
+    target_tensors, draft_tensors = dspark_checkpoint(folder, stages=2)
+    with builders.in_process_inspection():
+        target = ModelConfig(model=folder, dtype="bfloat16", max_model_len=256)
+        spec = SpeculativeConfig(method="dspark", num_speculative_tokens=1, target_model_config=target,
+                                 target_parallel_config=ParallelConfig())  # fmt: skip
+    draft = spec.draft_model_config
+    assert spec.method == "dspark" and draft.hf_config.architectures == ["DSparkDraftModel"]
+    assert draft.model == target.model and draft.hf_config.model_type == "deepseek_v4"
+
+    # DSpark runs on vLLM's V2 model runner only, which needs Triton (absent here): VllmConfig refuses the
+    # spec at validation. The engine config is made without it, then given the real DSpark spec.
+    vc = builders.engine_config(target, None)
+    vc.speculative_config = spec
+    module = DSparkStandIn({n: t.shape for n, t in {**target_tensors, **draft_tensors}.items()})
+    ctx = build_vllm_load_context(vc, draft)
+    ctx.p2p_enabled = False
+    assert points_at_target(engine_view(ctx))
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
+    monkeypatch.setattr(CpuVllmAdapter, "reinits", 0)
+    seen = observe(module)
+    clear_reports()
+    assert LoadStrategyChain.run(module, ctx) is module
+    (report,) = [r for r in recent_reports() if r["role"] == "draft"]
+    assert report["outcome"] == "loaded" and CpuVllmAdapter.reinits == 0 and REINIT not in caplog.text
+    assert sorted(seen["names"]) == sorted(draft_tensors)  # mtp.0.*, mtp.1.*, context_wkv_proj.*: nothing else
+    assert report["selection_source"] == ("dry_run" if sources.startswith("dry_run") else "table")
+    if report["selection_source"] == "table":
+        assert report["architecture"] == "deepseek_v4_dspark"
+    for name, tensor in draft_tensors.items():
+        mapped = module.remap(module.real, name)
+        assert same_bytes(module.weights[module.keys[mapped]].data, tensor), name
+
+
+def test_the_dspark_row_is_what_the_real_remap_reads():
+    """Names only: the row's selection against DSparkDeepseekV4ForCausalLM._remap_dspark_name itself, with
+    n_mtp_layers and its default of 3."""
+    from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
+
+    remap = DSparkDeepseekV4ForCausalLM._remap_dspark_name
+    real = SimpleNamespace(model=SimpleNamespace(confidence_head=object()))
+    row = mtp_table.match(("DSparkDraftModel",), "deepseek_v4", "dspark")
+    assert row is not None and row.key == "deepseek_v4_dspark" and row.methods == ("dspark",)
+    assert mtp_table.match(("DSparkV41DraftModel",), "deepseek_v41", "dspark").key == "deepseek_v4_dspark"
+    for config, stages in (({"n_mtp_layers": 2}, 2), ({}, 3)):
+        names = V4_TARGET + [f"mtp.{i}.{leaf}" for i in range(stages) for leaf in DSPARK_STAGE]
+        names += ["context_wkv_proj.weight", "mtp.0.confidence_head.weight"]
+        layout = mtp_table.row_layout(row, ("config", config))
+        selection = mtp_table.select(row, names, layout, shares_target_weights=True)
+        assert selection.names == {n for n in names if remap(real, n) is not None}, config
+
+
+@pytest.mark.parametrize("speculative", [dict(method="dspark"), dict(method="eagle")])
+def test_a_draft_with_a_checkpoint_of_its_own_is_never_fed_the_targets(speculative, tmp_path, vllm_cpu):  # noqa: F811
+    """EAGLE, and DSpark drafts that ship their own checkpoint (Qwen3's: vLLM renames DSparkDraftModel
+    with model type qwen3 to Qwen3DSparkModel): the engine points them at their own folder."""
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    from mx_strategies.planning import plan_for
+
+    target_folder, draft_folder = str(tmp_path / "target"), str(tmp_path / "draft")
+    builders.write_config(target_folder, "deepseek_v3")
+    os.makedirs(draft_folder)
+    if speculative["method"] == "dspark":
+        qwen3 = dict(builders.BASE, model_type="qwen3", architectures=["DSparkDraftModel"], block_size=4,
+                     dspark_target_layer_ids=[0, 1], use_aux_hidden_state=True)  # fmt: skip
+    else:
+        qwen3 = dict(builders.BASE, model_type="llama", architectures=["LlamaForCausalLM"], num_hidden_layers=1)
+    with open(os.path.join(draft_folder, "config.json"), "w") as handle:
+        json.dump(qwen3, handle)
+    with builders.in_process_inspection():
+        target = ModelConfig(model=target_folder, dtype="bfloat16", max_model_len=256)
+        try:
+            spec = SpeculativeConfig(model=draft_folder, num_speculative_tokens=1, target_model_config=target,
+                                     target_parallel_config=ParallelConfig(), **speculative)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001
+            pytest.fail(f"vLLM refused the {speculative} config: {exc}")
+    vc = builders.engine_config(target, None)
+    vc.speculative_config = spec  # VllmConfig refuses DSpark without Triton (the V2 model runner's)
+    engine = engine_view(build_vllm_load_context(vc, spec.draft_model_config))
+    assert engine.is_draft and not points_at_target(engine)
+    if speculative["method"] == "dspark":
+        assert spec.draft_model_config.hf_config.architectures == ["Qwen3DSparkModel"]
+    write_checkpoint(target_folder, {"model.layers.0.mlp.down_proj.weight": torch.randn(4, 4)}, shards=1)
+    checkpoint = probe(Candidate("MX_MODEL_URI", target_folder), load_settings())
+    from mx_strategies.errors import DraftPlanError
+
+    with pytest.raises(DraftPlanError, match="has a checkpoint of its own"):
+        plan_for(checkpoint, engine, load_settings(), source_is_target=True, reads=lambda c: pytest.fail("asked"))
+
+
+# -- a draft class vLLM's registry knows and the table does not -----------------------------------------
+
+
+class AcmeMTP(torch.nn.Module):
+    """An out-of-tree MTP class, as a plugin registers it: its layer lives under ``acme_draft.*`` in the
+    target's checkpoint, a naming none of the table's rows or the generic conventions know."""
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        super().__init__()
+        hidden = vllm_config.model_config.hf_config.hidden_size
+        self.fuse = torch.nn.Linear(2 * hidden, hidden, bias=False)
+        self.block = torch.nn.Linear(hidden, hidden)
+        self.norm = torch.nn.Parameter(torch.empty(hidden))
+
+    def forward(self, *args, **kwargs):  # pragma: no cover - never run here
+        raise NotImplementedError
+
+    def embed_input_ids(self, input_ids):  # pragma: no cover
+        raise NotImplementedError
+
+    def compute_logits(self, hidden_states):  # pragma: no cover
+        raise NotImplementedError
+
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            match = re.fullmatch(r"acme_draft\.(.+)", name)
+            if match is None or match.group(1) not in params:
+                continue
+            params[match.group(1)].data.copy_(tensor)
+            loaded.add(match.group(1))
+        return loaded
+
+
+@pytest.mark.parametrize("sources", ["dry_run,table,convention", "dry_run,convention"])
+def test_an_out_of_tree_draft_class_loads_exactly_its_tensors(sources, tmp_path, robust, monkeypatch, caplog, vllm_cpu):  # noqa: F811
+    from vllm import ModelRegistry
+
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", sources)
+    ModelRegistry.register_model("AcmeMTPModel", AcmeMTP)
+    folder = str(tmp_path / "acme")
+    builders.write_config(folder, "deepseek_v3")
+    with builders.in_process_inspection():
+        _, spec, draft = builders.configs_for(folder, "deepseek_v3", trust_remote_code=False)
+        draft.hf_config.architectures = ["AcmeMTPModel"]  # what the plugin's hf_overrides make of the draft
+        draft.hf_config.model_type = "acme_mtp"
+        vc = builders.engine_config(builders.configs_for(folder, "deepseek_v3", trust_remote_code=False)[0], spec)
+        module = builders.build_module(vc, draft)
+    assert type(module) is AcmeMTP and mtp_table.match(("AcmeMTPModel",), draft.hf_config.model_type, "mtp") is None
+    generator = torch.Generator().manual_seed(3)
+    own = {f"acme_draft.{n}": torch.randn(p.shape, generator=generator).to(p.dtype) for n, p in module.named_parameters()}
+    target = {"model.embed_tokens.weight": torch.randn(128, 64), "model.layers.0.mlp.down_proj.weight": torch.randn(64, 128),
+              "model.layers.1.self_attn.o_proj.weight": torch.randn(64, 64), "lm_head.weight": torch.randn(128, 64)}  # fmt: skip
+    write_checkpoint(folder, {**target, **own}, shards=2)
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
+    monkeypatch.setattr(CpuVllmAdapter, "reinits", 0)
+    seen = observe(module)
+    clear_reports()
+    ctx = build_vllm_load_context(vc, draft)
+    ctx.p2p_enabled = False
+    assert LoadStrategyChain.run(module, ctx) is module
+    (report,) = [r for r in recent_reports() if r["role"] == "draft"]
+    assert report["outcome"] == "loaded" and report["selection_source"] == "dry_run"
+    assert sorted(seen["names"]) == sorted(own) and CpuVllmAdapter.reinits == 0 and REINIT not in caplog.text
+    for name, param in module.named_parameters():
+        assert same_bytes(param.data, own[f"acme_draft.{name}"]), name
+    assert "selection_source=dry_run" in caplog.text and "AcmeMTP" in caplog.text
+
+
+def test_without_the_dry_run_an_unknown_naming_is_refused_before_the_model_is_touched(tmp_path, robust, monkeypatch, vllm_cpu):  # noqa: F811
+    """What robust did before it asked the module, and still does with MX_ROBUST_SELECTION_SOURCES=table,convention."""
+    from modelexpress.adapter import StrategyFailed
+    from modelexpress.load_strategy import LoadResult
+    from vllm import ModelRegistry
+
+    from mx_strategies.robust import RobustModelStreamerStrategy
+
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    ModelRegistry.register_model("AcmeMTPModel", AcmeMTP)
+    folder = str(tmp_path / "acme")
+    builders.write_config(folder, "deepseek_v3")
+    with builders.in_process_inspection():
+        target, spec, draft = builders.configs_for(folder, "deepseek_v3", trust_remote_code=False)
+        draft.hf_config.architectures = ["AcmeMTPModel"]
+        draft.hf_config.model_type = "acme_mtp"
+        vc = builders.engine_config(target, spec)
+        module = builders.build_module(vc, draft)
+    write_checkpoint(folder, {"acme_draft.norm": torch.randn(64), "model.layers.0.mlp.down_proj.weight": torch.randn(64, 128)}, shards=1)
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
+    with pytest.raises(StrategyFailed, match="no draft tensor found among 2 tensors") as failure:
+        RobustModelStreamerStrategy().load(LoadResult(value=module, model=module), build_vllm_load_context(vc, draft))
+    assert failure.value.mutated is False
