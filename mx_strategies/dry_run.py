@@ -59,6 +59,7 @@ class DryRun:
     read: frozenset[str]
     written: Mapping[str, frozenset[str]]  # checkpoint name -> names of the parameters/buffers it was copied into
     full: Mapping[str, bool]  # checkpoint name -> every write of it filled its parameter whole
+    whole_writes: tuple  # (parameters, names) of each write that filled its parameter whole, in order
     fed: int
     seconds: float
     returned: Optional[frozenset[str]] = None  # what load_weights returned (names it says it loaded), if a set
@@ -80,6 +81,7 @@ class _State:
     read: set = field(default_factory=set)
     written: dict = field(default_factory=dict)
     partial: set = field(default_factory=set)  # names written into part of a parameter (stacked, sharded)
+    whole_writes: list = field(default_factory=list)
     scalar_from: frozenset = frozenset()  # names whose value was last read out as a number (``param.fill_(w.item())``)
 
 
@@ -188,6 +190,8 @@ def _mode(state: _State):
                 if entry and used:
                     params, numel = entry
                     whole = target.numel() == numel and target.storage_offset() == 0
+                    if whole:
+                        state.whole_writes.append((params, frozenset(used)))
                     for checkpoint_name in used:
                         state.written[checkpoint_name] = state.written.get(checkpoint_name, frozenset()) | params
                         if not whole:
@@ -328,7 +332,9 @@ def dry_run(
     if isinstance(returned, (set, frozenset, list, tuple)) and all(isinstance(n, str) for n in returned):
         names = frozenset(returned)
     full = {name: name not in state.partial for name in state.written}
-    return DryRun(frozenset(state.read), dict(state.written), full, fed, time.perf_counter() - started, names)
+    return DryRun(
+        frozenset(state.read), dict(state.written), full, tuple(state.whole_writes), fed, time.perf_counter() - started, names
+    )
 
 
 __all__ = ["DryRun", "DryRunFailed", "dry_run", "meta_swapped"]

@@ -41,6 +41,7 @@ SOURCES = ("declared", "dry_run", "table", "convention", "whole")
 
 # Why a name is not streamed (stable codes: the cache stores them, reports show the text).
 NOT_READ = "not read by the module's load_weights (dry run)"
+INFERRED_NOT_READ = "not read by the module's load_weights (dry run of names of the same template)"
 DECLARED_UNUSED = "the model declares it unused (is_unused_checkpoint_weight)"
 REPLACED = "written only into parameters the engine replaces after loading (the target's embedding/head)"
 OVERWRITTEN = "a later checkpoint tensor overwrites the same parameter whole"
@@ -75,25 +76,37 @@ def class_name(model: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def dtype_of(name: str) -> Any:
-    """The torch dtype of a safetensors dtype string (the header's)."""
+def _dtypes() -> Mapping[str, Any]:
+    """Torch's dtype for each safetensors dtype string (the headers')."""
     from .checkpoint import runai_dtypes
 
-    return runai_dtypes()[name]
+    return runai_dtypes()
 
 
-def _overwritten(order: list[str], written: Mapping[str, frozenset], full: Mapping[str, bool]) -> dict[str, str]:
-    """Names whose every write is a whole parameter a later name writes whole too: the later one wins."""
-    last_full: dict[str, str] = {}
-    for name in order:
-        if full.get(name):
-            for param in written.get(name, ()):
-                last_full[param] = name
+def _overwritten(whole_writes: tuple, full: Mapping[str, bool]) -> dict[str, str]:
+    """Names whose every write filled parameters whole that a later write, of other names, fills whole again.
+
+    What a sequential load leaves is the last write (DeepSeek's MTP draft reads its embedding from the
+    top-level name and from the MTP layer's copy: one is enough). Names written together (a fused
+    ``torch.cat`` of q_a_proj and kv_a_proj) are one write and never overwrite each other.
+    """
+    last: dict[str, int] = {}
+    for index, (params, _) in enumerate(whole_writes):
+        for param in params:
+            last[param] = index
+    writes_of: dict[str, list[int]] = {}
+    for index, (_, names) in enumerate(whole_writes):
+        for name in names:
+            writes_of.setdefault(name, []).append(index)
     dropped = {}
-    for name in order:
-        params = written.get(name)
-        if params and full.get(name) and all(last_full.get(p, name) != name for p in params):
-            dropped[name] = f"{OVERWRITTEN} ({', '.join(sorted(params))}; streamed: {last_full[sorted(params)[0]]})"
+    for name, indices in writes_of.items():
+        if not full.get(name):
+            continue
+        winners = {last[p] for i in indices for p in whole_writes[i][0]}
+        if all(w > max(indices) and name not in whole_writes[w][1] for w in winners):
+            params = sorted({p for i in indices for p in whole_writes[i][0]})
+            kept = sorted({n for w in winners for n in whole_writes[w][1]})
+            dropped[name] = f"{OVERWRITTEN} ({', '.join(params)}; streamed: {', '.join(kept)})"
     return dropped
 
 
@@ -122,39 +135,79 @@ def ask(
     tensors = checkpoint.tensors()
     left_out: dict[str, str] = {}
     headers = {}
+    dtypes = _dtypes()
     for name, info in tensors.items():
         if unused is not None and unused(name):
             left_out[name] = DECLARED_UNUSED
             continue
         try:
-            headers[name] = (info.shape, dtype_of(info.dtype))
+            headers[name] = (info.shape, dtypes[info.dtype])
         except KeyError:
             return Unanswered(cls, f"tensor {name} has dtype {info.dtype}, which torch cannot represent")
     try:
-        run = dry_run(model, headers, timeout_s=settings.dry_run_timeout_s, call=call)
+        run = _run(model, headers, settings, call)
     except DryRunFailed as exc:
         return Unanswered(cls, str(exc))
     for name in headers:
         if name not in run.read:
-            left_out[name] = NOT_READ
+            left_out[name] = NOT_READ if name in run.fed_names else INFERRED_NOT_READ
     read = [n for n in headers if n in run.read]
     copies = [n for n in read if run.written.get(n) and all(replaced(p) for p in run.written[n])]
     if copies:
         # The engine replaces these afterwards; but a load_weights that demands them (Step-3.5 asserts its
         # embedding arrived) must still get them: a second dry run without them says which it is.
         try:
-            dry_run(model, {n: h for n, h in headers.items() if n not in copies}, timeout_s=settings.dry_run_timeout_s, call=call)
+            fed = run.fed_names
+            dry_run(model, {n: h for n, h in headers.items() if n in fed and n not in copies},
+                    timeout_s=settings.dry_run_timeout_s, call=call)  # fmt: skip
         except DryRunFailed:
             copies = []
     for name in copies:
         left_out[name] = REPLACED
-    left_out.update(_overwritten([n for n in read if n not in left_out], run.written, run.full))
+    left_out.update({n: why for n, why in _overwritten(run.whole_writes, run.full).items() if n not in left_out})
     names = frozenset(n for n in read if n not in left_out)
     if not names and read:
         return Unanswered(cls, f"the dry run found {len(read)} name(s) read, all replaced by the engine")
     if not names:
         return Unanswered(cls, f"the dry run found none of the {len(headers)} names fed read by the module")
     return ModuleReads(names, "dry_run", left_out, cls, time.perf_counter() - started)
+
+
+@dataclass
+class _Runs:
+    """One exact dry run, or the rounds of a sampled one (:mod:`.name_sampling`), merged."""
+
+    read: frozenset
+    written: dict
+    full: dict
+    whole_writes: tuple
+    fed_names: frozenset
+
+
+def _run(model: Any, headers: dict, settings: RobustSettings, call: Optional[Callable]) -> _Runs:
+    """The dry run of ``headers``: all of them, or above ``MX_ROBUST_DRY_RUN_SAMPLE_ABOVE`` names, a sample."""
+    from . import name_sampling
+
+    timeout = settings.dry_run_timeout_s
+    if len(headers) <= settings.dry_run_sample_above:
+        run = dry_run(model, headers, timeout_s=timeout, call=call)
+        return _Runs(run.read, dict(run.written), dict(run.full), run.whole_writes, frozenset(headers))
+    started = time.perf_counter()
+    sample = name_sampling.Sample(headers)
+    first = sample.first_round()
+    runs = [dry_run(model, {n: headers[n] for n in first}, timeout_s=timeout, call=call)]
+    second = sample.second_round(first, runs[0].read)
+    if second:
+        left = max(timeout - (time.perf_counter() - started), 0.001)
+        runs.append(dry_run(model, {n: headers[n] for n in second}, timeout_s=left, call=call))
+    fed = frozenset(first) | frozenset(second)
+    read = frozenset(sample.infer(fed, set().union(*(r.read for r in runs))))
+    written: dict = {}
+    full: dict = {}
+    for r in runs:
+        written.update(r.written)
+        full.update(r.full)
+    return _Runs(read, written, full, tuple(w for r in runs for w in r.whole_writes), fed)
 
 
 def ask_cached(

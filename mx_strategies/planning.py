@@ -126,7 +126,12 @@ def plan_for(
             return full
         answer = reads(checkpoint) if reads is not None else None
         if isinstance(answer, ModuleReads):
-            return _plan_from_reads(full, checkpoint, answer)
+            row = mtp_table.match_target(engine.hf_config, engine=engine.engine) or mtp_table.match_target(
+                checkpoint.config, engine=engine.engine
+            )
+            return replace(_plan_from_reads(full, checkpoint, answer), architecture=row.key if row else None)
+        if "table" not in settings.selection_sources:
+            return _noted(full, answer, "whole")
         return _noted(target_selection(full, checkpoint, engine, settings, held), answer)
     row = architecture_row(engine)
     if not source_is_target:
@@ -143,7 +148,13 @@ def plan_for(
             f"draft (method {engine.speculative_method}) has a checkpoint of its own, but only the "
             f"target's checkpoint {checkpoint.uri} holds weights; not feeding it the target's tensors"
         )
-    answer = reads(checkpoint) if reads is not None else None
+    if row is not None and row.per_runner_layer and engine.draft_layer is not None:
+        # SGLang's iterator, not the module, picks this runner's one MTP layer (draft_model_idx): the module
+        # would read every layer into the same parameters. The engine's rule is the row's.
+        answer = Unanswered("", "the engine gives this draft runner one MTP layer (SGLang's draft_model_idx), "
+                            "which its load_weights does not know")
+    else:
+        answer = reads(checkpoint) if reads is not None else None
     if isinstance(answer, ModuleReads):
         plan = _plan_from_reads(full, checkpoint, answer)
         return replace(plan, architecture=row.key if row is not None else None)

@@ -328,6 +328,17 @@ class RobustSettings(BaseSettings):
             "(the model untouched) and the next selection source answers."
         ),
     )
+    dry_run_sample_above: int = Field(
+        default=8192,
+        ge=0,
+        validation_alias="MX_ROBUST_DRY_RUN_SAMPLE_ABOVE",
+        description=(
+            "Above this many checkpoint names, the dry run feeds every name with fewer than two integers "
+            "and a sample of the per-expert ones that covers every layer and expert index of every name "
+            "template, and infers the rest (mx_strategies.name_sampling): DeepSeek-V3's 92k names cost "
+            "seconds instead of minutes. 0 samples every load."
+        ),
+    )
     reads_cache_dir: Optional[Path] = Field(
         default=DEFAULT_READS_CACHE,
         validation_alias="MX_ROBUST_READS_CACHE_DIR",
