@@ -157,7 +157,9 @@ def plan_for(
         answer = reads(checkpoint) if reads is not None else None
     if isinstance(answer, ModuleReads):
         plan = _plan_from_reads(full, checkpoint, answer)
-        return replace(plan, architecture=row.key if row is not None else None)
+        # The naming its checkpoint uses, in the reports' vocabulary, where the table knows the class.
+        convention = mtp_table.convention_name(row) if row is not None else None
+        return replace(plan, architecture=row.key if row is not None else None, convention=convention)
     if row is not None and "table" in settings.selection_sources:
         return _noted(_plan_for_row(checkpoint, engine, settings, row), answer)
     if "convention" not in settings.selection_sources:
@@ -199,7 +201,7 @@ def _plan_from_reads(full: LoadPlan, checkpoint: Checkpoint, answer: ModuleReads
         full,
         names=names,
         shards=_shards_holding(full.shards, names),
-        convention=answer.source if full.role == "draft" else None,
+        convention=None,
         selection_source=answer.source,
         left_out=dict(answer.left_out),
         left_out_bytes=left_bytes,

@@ -5,7 +5,8 @@ loading loop (seconds for DeepSeek-V3's ~94k names). A pod that restarts
 asks the same module the same question; the answer is kept in one JSON file
 per key. The key is a SHA-256 over everything the answer depends on:
 
-- the engine and its release, mx-strategies' release;
+- the engine and its release, mx-strategies' release and the code that asks (a digest of
+  :mod:`.dry_run`, :mod:`.name_sampling`, :mod:`.module_reads`);
 - the module's class and every parameter and buffer it holds (name, shape,
   dtype): the config, the parallel layout and the quantization all show there;
 - the parallel layout and rank the load runs at, and the role;
@@ -30,6 +31,19 @@ from typing import Any, Iterable, Mapping, Optional
 FORMAT = 1
 
 
+def _code_digest() -> str:
+    """The code that computes an answer: a changed dry run, sampler or question is a new key."""
+    from . import dry_run, module_reads, name_sampling
+
+    digest = hashlib.sha256()
+    for module in (dry_run, module_reads, name_sampling):
+        try:
+            digest.update(Path(module.__file__).read_bytes())
+        except OSError:
+            digest.update(module.__name__.encode())
+    return digest.hexdigest()[:16]
+
+
 def cache_key(model: Any, tensors: Mapping[str, Any], context: Iterable[Any]) -> str:
     """The key of ``model``'s answer for a checkpoint with ``tensors`` (name -> TensorInfo) in ``context``."""
     from importlib.metadata import PackageNotFoundError, version
@@ -44,7 +58,7 @@ def cache_key(model: Any, tensors: Mapping[str, Any], context: Iterable[Any]) ->
         ours = version("mx-strategies")
     except PackageNotFoundError:
         ours = "source"
-    add(FORMAT, ours, f"{type(model).__module__}.{type(model).__qualname__}", *context)
+    add(FORMAT, ours, _code_digest(), f"{type(model).__module__}.{type(model).__qualname__}", *context)
     for name, tensor in model.named_parameters(remove_duplicate=False):
         add("p", name, tuple(tensor.shape), str(tensor.dtype))
     for name, tensor in model.named_buffers(remove_duplicate=False):
@@ -60,7 +74,7 @@ def load(folder: Optional[Path], key: str) -> Optional[dict]:
     if folder is None:
         return None
     try:
-        data = json.loads((Path(folder) / f"{key}.json").read_text())
+        data = json.loads((Path(folder).expanduser() / f"{key}.json").read_text())
         if data.get("format") != FORMAT or data.get("key") != key:
             return None
         return {
@@ -76,7 +90,7 @@ def store(folder: Optional[Path], key: str, source: str, module_class: str, left
     """Keep an answer under ``key`` (atomically); None when the cache is off or cannot be written."""
     if folder is None:
         return None
-    path = Path(folder) / f"{key}.json"
+    path = Path(folder).expanduser() / f"{key}.json"
     data = {
         "format": FORMAT,
         "key": key,

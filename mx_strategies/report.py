@@ -93,13 +93,13 @@ class LoadReport:
             if self.left_to_draft
             else ""
         )
-        selection = f", selection {self.selection_source}" + (" (cached)" if self.selection_cached else "")
-        if self.left_out:
-            selection += f", {self.left_out} tensors ({self.left_out_bytes} bytes) not read by the module"
+        selection = ""
+        if self.selection_source != "whole":
+            selection = f", selection_source={self.selection_source}" + (" (kept answer)" if self.selection_cached else "")
         return (
-            f"{self.role} loaded from {self.source_label}={self.source!r}{convention}{selection}: "
+            f"{self.role} loaded from {self.source_label}={self.source!r}{convention}: "
             f"{self.tensors} tensors verified, {self.bytes_streamed} of {self.checkpoint_bytes} "
-            f"checkpoint bytes streamed ({share:.1f}%){distributed}{left} in {self.timings.get('total', 0.0):.2f}s"
+            f"checkpoint bytes streamed ({share:.1f}%){distributed}{left}{selection} in {self.timings.get('total', 0.0):.2f}s"
         )
 
 

@@ -60,7 +60,7 @@ RUNAI_MAX_HEADER_BYTES = 100 * MIB
 DEFAULT_SOURCE_ORDER: tuple[SourceName, ...] = ("model_weights", "model", "MX_MODEL_URI")
 DEFAULT_DRAFT_CONVENTIONS: tuple[DraftConvention, ...] = ("mtp", "nextn_layers", "mtp_layers")
 DEFAULT_SELECTION_SOURCES: tuple[SelectionSource, ...] = ("dry_run", "table", "convention")
-DEFAULT_READS_CACHE = Path.home() / ".cache" / "mx-strategies" / "reads"
+DEFAULT_READS_CACHE = Path("~/.cache/mx-strategies/reads")  # expanded where it is used
 
 # Lists of known names: at least one entry, each at most once.
 ENUM_LIST_FIELDS = ("source_order", "draft_conventions", "selection_sources")
@@ -346,7 +346,7 @@ class RobustSettings(BaseSettings):
             "Folder where the dry run's answers are kept, one file per module class, parameter layout, "
             "parallel rank and checkpoint name set (a restart with the same ones asks nothing); any change "
             "of these makes a new key. Empty turns the cache off. Put it on a volume that outlives the "
-            "pod to keep answers across restarts."
+            "pod to keep answers across restarts. A leading ~ is the loading user's home."
         ),
     )
 

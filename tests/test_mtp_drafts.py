@@ -108,8 +108,11 @@ def test_draft_with_vllm_029_config(tmp_path, style, s3, robust, monkeypatch):
 def test_target_load_leaves_the_drafts_own_layers_to_the_draft(tmp_path, style, s3, robust, monkeypatch, selection):
     """The target streams every tensor but the MTP layers (Qwen3-Next: mtp.*; DeepSeek-V3:
     model.layers.{N}.*, its per-layer embedding and head copies included), which the target's
-    load_weights skips and the draft streams itself; MX_ROBUST_TARGET_SELECTION=all streams everything."""
+    load_weights skips and the draft streams itself; MX_ROBUST_TARGET_SELECTION=all streams everything.
+    The table's rule: this stand-in model holds every tensor (its load_weights would read the MTP layers too),
+    so the module is not asked here; vLLM's real targets answer for themselves in test_mtp_architectures.py."""
     monkeypatch.setenv("MX_ROBUST_TARGET_SELECTION", selection)
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
     ck = checkpoint(tmp_path, style)
     uri = on_s3(ck, s3, monkeypatch)
     cache = config_only_copy(ck.path, str(tmp_path / "cache"))

@@ -26,6 +26,12 @@ except ModuleNotFoundError:  # Python 3.10
 
 REPO = Path(__file__).resolve().parents[1]
 
+@pytest.fixture(autouse=True)
+def default_reads_cache(monkeypatch):
+    """The suite's conftest points every test's kept answers at a folder of its own; these tests read the defaults."""
+    monkeypatch.delenv("MX_ROBUST_READS_CACHE_DIR", raising=False)
+
+
 # Spelled out, not read from the model: this is what the docs promise.
 DEFAULTS = {
     "model_uri": None,
@@ -49,6 +55,10 @@ DEFAULTS = {
     "draft_extra_prefixes": [],
     "draft_shared_weights": "auto",
     "target_selection": "model",
+    "selection_sources": ["dry_run", "table", "convention"],
+    "dry_run_timeout_s": 120.0,
+    "dry_run_sample_above": 8192,
+    "reads_cache_dir": Path("~/.cache/mx-strategies/reads"),
     "streamer_concurrency": None,
     "streamer_memory_limit": None,
     "streamer_chunk_bytesize": None,
@@ -80,6 +90,10 @@ NON_DEFAULTS = {
     "MX_ROBUST_DRAFT_EXTRA_PREFIXES": ("model.eagle.,extra.", ["model.eagle.", "extra."]),
     "MX_ROBUST_DRAFT_SHARED_WEIGHTS": ("always", "always"),
     "MX_ROBUST_TARGET_SELECTION": ("all", "all"),
+    "MX_ROBUST_SELECTION_SOURCES": ("table, convention", ["table", "convention"]),
+    "MX_ROBUST_DRY_RUN_TIMEOUT_S": ("2.5", 2.5),
+    "MX_ROBUST_DRY_RUN_SAMPLE_ABOVE": ("0", 0),
+    "MX_ROBUST_READS_CACHE_DIR": ("/var/cache/mx-reads", Path("/var/cache/mx-reads")),
     "MX_ROBUST_STREAMER_CONCURRENCY": ("32", 32),
     "MX_ROBUST_STREAMER_MEMORY_LIMIT": ("-1", -1),
     "MX_ROBUST_STREAMER_CHUNK_BYTESIZE": ("8388608", 8388608),
@@ -226,6 +240,12 @@ INVALID = [
     ("MX_ROBUST_COMPLETENESS", "maybe", "Input should be 'fail' or 'warn'"),
     ("MX_ROBUST_DRAFT_SHARED_WEIGHTS", "sometimes", "Input should be 'auto', 'always' or 'never'"),
     ("MX_ROBUST_TARGET_SELECTION", "everything", "Input should be 'model' or 'all'"),
+    # what the module reads
+    ("MX_ROBUST_SELECTION_SOURCES", "dry_run,guess",
+     "unknown entry 'guess' (allowed: one or more of dry_run, table, convention, each at most once)"),
+    ("MX_ROBUST_SELECTION_SOURCES", "", "names no entry (allowed: one or more of dry_run, table, convention, each at most once)"),
+    ("MX_ROBUST_DRY_RUN_TIMEOUT_S", "0", "Input should be greater than 0 (allowed: a number > 0 and <= 3600)"),
+    ("MX_ROBUST_DRY_RUN_SAMPLE_ABOVE", "-1", "Input should be greater than or equal to 0 (allowed: an integer >= 0)"),
     ("MX_ROBUST_VERIFY_CONTENT", "most", "Input should be 'off', 'sample' or 'all'"),
     # content verification sample
     ("MX_ROBUST_VERIFY_SAMPLE", "0",
@@ -315,7 +335,7 @@ def test_invalid_value_names_variable_value_and_what_is_allowed(monkeypatch, env
 
 def test_every_validated_setting_has_an_invalid_value_test():
     tested = {env for env, _, _ in INVALID}
-    free_form = {"MX_ROBUST_DRAFT_EXTRA_PREFIXES"}  # any string is accepted
+    free_form = {"MX_ROBUST_DRAFT_EXTRA_PREFIXES", "MX_ROBUST_READS_CACHE_DIR"}  # any string is accepted
     assert tested | free_form == {info.validation_alias for info in RobustSettings.model_fields.values()}
 
 

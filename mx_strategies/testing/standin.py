@@ -43,7 +43,11 @@ class StandInModel(torch.nn.Module):
     ) -> None:
         super().__init__()
         names = sorted(reference) if owned is None else sorted(owned)
-        self.weights = {name: torch.zeros_like(reference[name]) for name in names}
+        # Non-persistent buffers, as a module holds its tensors: robust's dry run can swap them for data-less
+        # twins and ask this load_weights what it reads (mx_strategies.dry_run); no checkpoint name is a buffer's.
+        self._keys = {name: f"w{index}" for index, name in enumerate(names)}
+        for name in names:
+            self.register_buffer(self._keys[name], torch.zeros_like(reference[name]), persistent=False)
         self.strict = strict
         self.on_tensor = on_tensor
         self.loaded: list[str] = []  # in delivery order
@@ -51,22 +55,32 @@ class StandInModel(torch.nn.Module):
         self.received_bytes = 0
 
     @property
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, key) for name, key in self._keys.items()}
+
+    @property
     def order(self) -> list[str]:
         return self.loaded
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> set[str]:
+        loaded, dry = set(), False
         for name, tensor in weights:
-            self.received_bytes += nbytes(tensor)
-            if self.on_tensor is not None:
-                self.on_tensor(nbytes(tensor))
-            if name not in self.weights:
+            dry = tensor.is_meta  # robust asking what it reads: no data, nothing to count
+            if not dry:
+                self.received_bytes += nbytes(tensor)
+                if self.on_tensor is not None:
+                    self.on_tensor(nbytes(tensor))
+            if name not in self._keys:
                 if self.strict:
                     raise KeyError(f"model has no parameter {name!r}")
-                self.skipped.append(name)
+                if not dry:
+                    self.skipped.append(name)
                 continue
-            self.weights[name].copy_(tensor)
-            self.loaded.append(name)
-        return set(self.loaded)
+            getattr(self, self._keys[name]).copy_(tensor)
+            loaded.add(name)
+            if not dry:
+                self.loaded.append(name)
+        return loaded if dry else set(self.loaded)
 
     def matching(self, reference: Mapping[str, torch.Tensor]) -> int:
         """How many owned weights hold exactly the checkpoint's values."""
