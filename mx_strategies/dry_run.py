@@ -14,7 +14,8 @@ How the model is kept untouched:
   Python attributes (``weight_loader`` and the like); the originals are put
   back in a ``finally`` block, so the model holds the same objects, storage
   and bytes as before (``param.data = <meta>`` is refused by torch on a CPU
-  parameter, hence the swap);
+  parameter, hence the swap); every module's attributes are put back as they
+  were too (a ``load_weights`` that stores derived tensors on its modules);
 - a :class:`~torch.overrides.TorchFunctionMode` refuses any in-place write
   into a tensor that is not a meta tensor (a loader holding a stale
   reference to a real parameter), before it happens;
@@ -108,6 +109,9 @@ def meta_swapped(model: Any) -> Iterator[dict]:
     """
     twins: dict[int, Any] = {}
     swaps: list[_Swap] = []
+    # Every module's attributes as they are: a load_weights that derives tensors and stores them on its
+    # modules (SGLang's DeepSeek keeps w_kc / w_vc made from kv_b_proj) leaves meta tensors there; all go back.
+    attributes = {id(m): (m, dict(m.__dict__)) for _, m in model.named_modules(remove_duplicate=False)}
     names_of: dict[int, set[str]] = {}
     done: set[tuple[int, str]] = set()  # a module reached under two names is swapped once
     try:
@@ -130,6 +134,10 @@ def meta_swapped(model: Any) -> Iterator[dict]:
     finally:
         for swap in reversed(swaps):
             swap.table[swap.key] = swap.original
+        for module, saved in attributes.values():
+            if module.__dict__.keys() != saved.keys() or any(module.__dict__[k] is not v for k, v in saved.items()):
+                module.__dict__.clear()
+                module.__dict__.update(saved)
     left = [s.key for s in swaps if s.table.get(s.key) is not s.original]
     if left:
         raise DryRunFailed(f"could not restore {len(left)} parameter(s) after the dry run: {left[:5]}")

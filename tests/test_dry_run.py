@@ -147,3 +147,20 @@ def test_a_tied_parameter_stays_tied_and_both_names_are_known():
 def test_no_load_weights_nothing_to_ask():
     with pytest.raises(DryRunFailed, match="no load_weights"):
         dry_run(torch.nn.Linear(2, 2), {}, timeout_s=1)
+
+
+def test_tensors_a_load_weights_derives_onto_its_modules_are_put_back():
+    """SGLang's DeepSeek keeps w_kc / w_vc, made from kv_b_proj, as module attributes: after a dry run they
+    must be what they were (here: absent), not meta tensors."""
+
+    class Derives(Stacked):
+        def load_weights(self, weights):
+            for _, tensor in weights:
+                self.norm.data.copy_(tensor)
+            self.derived = self.norm.data * 2  # a bare tensor attribute, as post_load_weights makes them
+
+    model = Derives()
+    before = snapshot(model)
+    dry_run(model, {"norm": ((4,), torch.bfloat16)}, timeout_s=30)
+    assert_untouched(model, before)
+    assert "derived" not in model.__dict__

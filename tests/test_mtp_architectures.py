@@ -208,9 +208,12 @@ MATRIX = sorted(set(BUILT) - set(BUILT_033)) + [
 ]
 
 
+@pytest.mark.parametrize("sources", ["dry_run,table,convention", "dry_run,convention"], ids=["default", "table-off"])
 @pytest.mark.parametrize("arch", MATRIX)
-def test_real_draft_class_loads_every_kept_parameter(arch, tmp_path, robust, monkeypatch, caplog, vllm_cpu):
+def test_real_draft_class_loads_every_kept_parameter(arch, sources, tmp_path, robust, monkeypatch, caplog, vllm_cpu):
+    """Whichever answers: the module (its dry run), with the table on (the default) or off."""
     caplog.set_level(logging.INFO)
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", sources)
     built, ckpt, seen, loaded, reports = load_draft(arch, tmp_path, monkeypatch)
     class_name, row_key = BUILT[arch]
     assert type(built.module).__name__ == class_name
@@ -223,6 +226,7 @@ def test_real_draft_class_loads_every_kept_parameter(arch, tmp_path, robust, mon
     assert loaded is built.module
     assert CpuVllmAdapter.reinits == 0 and REINIT not in caplog.text
     assert len(reports) == 1 and reports[0]["outcome"] == "loaded", reports
+    assert reports[0]["selection_source"] == "dry_run", reports[0]["selection_note"]
 
     # Every parameter the proposer does not replace holds the checkpoint's bytes.
     kept = assert_kept_parameters_hold_checkpoint_bytes(arch, built, ckpt, row)

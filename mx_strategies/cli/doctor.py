@@ -346,6 +346,8 @@ def target_view(plan: Optional[LoadPlan], checkpoint: Checkpoint) -> Optional[di
         "architecture": plan.architecture,
         "left_to_draft": len(plan.left_to_draft),
         "left_to_draft_bytes": plan.left_to_draft_bytes,
+        # doctor builds no module: the table or the conventions answer here; a load asks the module itself.
+        "selection_source": plan.selection_source,
     }
 
 
@@ -383,6 +385,7 @@ def draft_view(checkpoint: Checkpoint, settings: RobustSettings, engine_name: st
         "names": sorted(plan.expected),
         "shared_weights": sorted(plan.shared),
         "architecture": architecture_view(row, plan),
+        "selection_source": plan.selection_source,
     }
 
 
