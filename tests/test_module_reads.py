@@ -111,6 +111,15 @@ def ask_draft(arch: str, root, pp: int):
     return built, ckpt, checkpoint, engine, answer
 
 
+# Where the sweep found the table wrong, and the module's answer better (kept here, not hidden): at pipeline
+# parallel > 1 the table streams the top-level embedding of vLLM 0.33's Transformers-backend MTP drafts
+# (the proposer cannot share the target's there), but their load_weights never reads it: bytes for nothing.
+TABLE_STREAMS_UNREAD = {
+    ("deepseek_v3-transformers", 2): {"model.embed_tokens.weight"},
+    ("glm4_moe-transformers", 2): {"model.embed_tokens.weight"},
+}
+
+
 @pytest.mark.parametrize("pp", [1, 2])
 @pytest.mark.parametrize("arch", SWEEP)
 def test_the_modules_answer_is_the_tables_apart_from_what_the_engine_replaces(arch, pp, tmp_path, vllm_cpu):  # noqa: F811
@@ -127,7 +136,9 @@ def test_the_modules_answer_is_the_tables_apart_from_what_the_engine_replaces(ar
     replaced = {n for n, why in answer.left_out.items() if why == module_reads.REPLACED}
     # The engine's replacements the table keeps at PP>1 (heads, which the proposer shares at any PP): copies only.
     assert replaced <= set(selection.names) | set(selection.skipped), sorted(replaced)
-    assert set(answer.names) == table - replaced, (sorted(set(answer.names) - table), sorted(table - set(answer.names)))
+    unread = TABLE_STREAMS_UNREAD.get((arch, pp), set())
+    assert unread <= table and not unread & set(answer.names) and answer.left_out.get(next(iter(unread), "")) in (None, module_reads.NOT_READ)
+    assert set(answer.names) == table - replaced - unread, (sorted(set(answer.names) - table), sorted(table - set(answer.names)))
     if pp == 1:
         assert not replaced & table  # at pipeline parallel 1 the table leaves every replaced copy out too
         assert not set(answer.names) & ckpt.extra  # no target tensor, no per-layer copy the proposer replaces
