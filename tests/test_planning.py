@@ -157,7 +157,11 @@ def _loadable(built):
 @pytest.mark.parametrize("skip_empty", ["true", "false"])
 @pytest.mark.parametrize("case", sorted(CHECKPOINTS))
 def test_doctor_and_the_strategy_agree(monkeypatch, tmp_path, case, skip_empty):
+    """doctor builds no module: it plans with the table. The strategy agrees when it does too (these stand-in
+    models hold every tensor, so asked, they would claim the draft's layers; real modules answer in
+    test_mtp_architectures.py and test_module_reads.py)."""
     monkeypatch.setenv("MX_ROBUST_SKIP_EMPTY_SHARDS", skip_empty)
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
     path, tensors, draft_names = _loadable(CHECKPOINTS[case](str(tmp_path / "ckpt")))
     doctor = diagnose(path).as_dict()
     monkeypatch.setenv("MX_MODEL_URI", path)
