@@ -39,12 +39,15 @@ def reference(ckpt: Checkpoint, *, draft: bool):
 
 
 
+@pytest.mark.parametrize("sources", ["dry_run,table,convention", "dry_run,convention"], ids=["default", "table-off"])
 @pytest.mark.parametrize("name", ARCHS)
 def test_target_then_its_mtp_draft_load_from_s3_with_robust(
-    name, runtime, cpu_backend, reinits, robust_sglang, s3, tmp_path, monkeypatch
+    name, sources, runtime, cpu_backend, reinits, robust_sglang, s3, tmp_path, monkeypatch
 ):
+    """Whichever answers: the module (its dry run), with the table on (the default) or off."""
     ckpt = Checkpoint(tmp_path, name, s3)
     monkeypatch.setenv("MX_MODEL_URI", ckpt.uri)
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", sources)
 
     # -- the target: every tensor but the MTP layer, which only the draft reads
     target = sb.build_model(ckpt.config_only, draft=False)
@@ -68,6 +71,7 @@ def test_target_then_its_mtp_draft_load_from_s3_with_robust(
     assert not reinits
     (report,) = [r for r in recent_reports() if r["role"] == "draft"]
     assert report["outcome"] == "loaded" and report["architecture"] == DRAFT_ARCHITECTURE[name]
+    assert report["selection_source"] == "dry_run", report["selection_note"]
     ref_draft, ref_draft_trace = reference(ckpt, draft=True)
     assert sorted(fed_draft) == sorted(ref_draft_trace.consumed)  # exactly what SGLang's draft reads
     assert set(fed_draft) <= left  # and nothing the target streamed
