@@ -25,13 +25,8 @@ ARCHS = ("deepseek_v3", "qwen3_next", "glm4_moe", "mimo_v2_flash")
 
 
 @pytest.fixture(scope="module")
-def runtime():
-    with sb.sglang_runtime() as rt:
-        yield rt
-
-
-@pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
+    """Each architecture's tiny target checkpoint (its MTP layer in it), once for the module."""
     out = {}
     for name in ARCHS:
         folder = str(tmp_path_factory.mktemp(name))
