@@ -440,3 +440,27 @@ def test_without_the_dry_run_an_unknown_naming_is_refused_before_the_model_is_to
     with pytest.raises(StrategyFailed, match="no draft tensor found among 2 tensors") as failure:
         RobustModelStreamerStrategy().load(LoadResult(value=module, model=module), build_vllm_load_context(vc, draft))
     assert failure.value.mutated is False
+
+
+# -- doctor asks the modules too -------------------------------------------------------------------------
+
+
+def test_doctor_asks_the_modules_vllm_builds_on_the_meta_device(tmp_path, vllm_cpu, capsys):  # noqa: F811
+    """``mx-strategies doctor --ask-module``: vLLM's real DeepseekV3ForCausalLM and DeepSeekMTP built for the
+    checkpoint's config.json on the meta device answer what a load's modules answer."""
+    from mx_strategies.cli import main as cli_main
+    from mx_strategies.cli.doctor import diagnose
+
+    folder, _, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint("deepseek_v3", tmp_path)
+    report = diagnose(folder, ask_module=True).as_dict()
+    modules = report["modules"]
+    assert modules["target"]["selection_source"] == "dry_run", modules
+    assert modules["target"]["module_class"].endswith("DeepseekV3ForCausalLM")
+    assert modules["target"]["tensors"] == len(tensors) and modules["target"]["left_out"] == len(mtp)
+    assert modules["draft"]["selection_source"] == "dry_run" and modules["draft"]["module_class"].endswith("DeepSeekMTP")
+    draft_plan = report["draft"]  # the table's plan (no module): the module's answer agrees
+    assert modules["draft"]["tensors"] == draft_plan["tensors"]
+    assert "modules" not in diagnose(folder).as_dict()  # only on request
+    assert cli_main(["doctor", folder, "--ask-module"]) == 0
+    printed = capsys.readouterr().out
+    assert f"target: {len(tensors)} tensors, selection_source=dry_run" in printed

@@ -97,6 +97,7 @@ class DoctorReport:
     loaded: tuple[str, ...] = ()  # shard keys a target load streams, from planning.plan_for
     target: Optional[dict] = None  # what a target load streams (target_view)
     engine: Optional[dict] = None  # the engine planned for, and whether ModelExpress offers robust there
+    modules: Optional[dict] = None  # --ask-module: what vLLM's target and draft modules read (module_build)
 
     @property
     def errors(self) -> list[Problem]:
@@ -169,6 +170,8 @@ class DoctorReport:
             result["engine"] = self.engine
         if self.chain is not None:
             result["chain"] = self.chain
+        if self.modules is not None:
+            result["modules"] = self.modules
         return result
 
 
@@ -440,6 +443,7 @@ def diagnose(
     model: Optional[str] = None,
     settings: Optional[RobustSettings] = None,
     engine: str = VLLM,
+    ask_module: bool = False,
 ) -> DoctorReport:
     """Inspect ``uri`` and/or the source chain; raise DoctorUsageError for exit 2.
 
@@ -490,7 +494,17 @@ def diagnose(
         target = target_view(plan, checkpoint)
         # A checkpoint with errors is not loaded; its shards still show what a load would stream.
         loaded = tuple(plan.shard_keys) if plan is not None else tuple(s.key for s in loaded_shards(checkpoint, settings))
-    return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), loaded, target, support)
+    modules = None
+    if ask_module and checkpoint is not None:
+        if engine != VLLM:
+            reason = f"--ask-module builds vLLM's classes; --engine {engine} is not supported"
+            modules = {role: {"built": False, "selection_source": None, "reason": reason} for role in ("target", "draft")}
+        else:
+            from .module_build import ask_modules
+
+            modules = ask_modules(checkpoint, settings)
+    return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), loaded, target, support,
+                        modules)  # fmt: skip
 
 
 # -- human output --------------------------------------------------------------
@@ -648,6 +662,19 @@ def render(report: DoctorReport, console) -> None:
             console.print("  architecture: not in mx_strategies.mtp_table; generic conventions")
         console.print()
 
+    if report.modules is not None:
+        console.print("[bold]What the modules read[/bold] (vLLM's classes built on the meta device and asked, as a load asks):")
+        for role in ("target", "draft"):
+            view = report.modules.get(role) or {}
+            if view.get("selection_source"):
+                console.print(
+                    f"  {role}: {view['tensors']} tensors, selection_source={view['selection_source']} "
+                    f"({escape(view['module_class'])}); {escape(view['left_out_summary'])}"
+                )
+            else:
+                console.print(f"  {role}: not asked: {escape(view.get('reason', ''))}")
+        console.print()
+
     errors, warnings = len(report.errors), len(report.warnings)
     if report.ok:
         tail = f" ({warnings} warning{'s' if warnings != 1 else ''})" if warnings else ""
@@ -733,12 +760,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the engine that loads the checkpoint: its MTP draft classes (vLLM's or SGLang's), and whether "
         "ModelExpress offers robust there at all (not in TensorRT-LLM with ModelExpress 0.7) (default: vllm)",
     )
+    parser.add_argument(
+        "--ask-module", action="store_true",
+        help="also build vLLM's target and MTP draft for the checkpoint's config.json on the meta device (no memory, "
+        "no data) and ask each what it reads, as a load does (needs vLLM installed)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object (docs/doctor-json.md)")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        report = diagnose(args.uri, model_weights=args.model_weights, model=args.model, engine=args.engine)
+        report = diagnose(args.uri, model_weights=args.model_weights, model=args.model, engine=args.engine,
+                          ask_module=args.ask_module)  # fmt: skip
     except DoctorUsageError as exc:
         print(f"mx-strategies doctor: {exc}", file=sys.stderr)
         return EXIT_USAGE
