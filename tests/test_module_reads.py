@@ -464,3 +464,26 @@ def test_doctor_asks_the_modules_vllm_builds_on_the_meta_device(tmp_path, vllm_c
     assert cli_main(["doctor", folder, "--ask-module"]) == 0
     printed = capsys.readouterr().out
     assert f"target: {len(tensors)} tensors, selection_source=dry_run" in printed
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_next", "glm4_moe", "mimo_v2_flash"])
+def test_a_sampled_dry_run_answers_as_the_whole_one(arch, tmp_path, vllm_cpu, monkeypatch):  # noqa: F811
+    """MX_ROBUST_DRY_RUN_SAMPLE_ABOVE=0: the sampled question (name_sampling) on the real target and draft gives
+    the exact one's answer. (The tiny models have 4 experts; benchmarks.question runs DeepSeek-V3's 256.)"""
+    from vllm.config import set_current_vllm_config
+
+    folder, built, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint(arch, tmp_path)
+    checkpoint = probe(Candidate("explicit", folder), load_settings())
+    engine = engine_view(build_vllm_load_context(built.vllm_config, built.draft_model_config))
+    answers = {}
+    for sample_above in ("100000", "0"):
+        monkeypatch.setenv("MX_ROBUST_DRY_RUN_SAMPLE_ABOVE", sample_above)
+        settings = load_settings()
+        with set_current_vllm_config(vc):
+            whole_target = module_reads.ask(target, checkpoint, settings, unused=declared_unused(target))
+        with set_current_vllm_config(built.vllm_config):
+            whole_draft = module_reads.ask(built.module, checkpoint, settings, unused=declared_unused(built.module),
+                                           replaced=completeness.engine_fills(engine))  # fmt: skip
+        answers[sample_above] = (whole_target.names, whole_draft.names)
+    assert answers["0"] == answers["100000"]
+    assert answers["0"][0] == set(tensors)
