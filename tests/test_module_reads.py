@@ -487,3 +487,34 @@ def test_a_sampled_dry_run_answers_as_the_whole_one(arch, tmp_path, vllm_cpu, mo
         answers[sample_above] = (whole_target.names, whole_draft.names)
     assert answers["0"] == answers["100000"]
     assert answers["0"][0] == set(tensors)
+
+
+@pytest.mark.parametrize("detected", [False, True], ids=["method-dspark", "method-detected"])
+def test_gemma4_dspark_has_a_checkpoint_of_its_own(detected, tmp_path, vllm_cpu):  # noqa: F811
+    """Gemma-4's DSpark draft (Gemma4DSparkModel) ships its own checkpoint: vLLM's SpeculativeConfig points the
+    draft at it, with method "dspark" given or detected from the architecture (speculative.py:1349); robust
+    loads it whole and never asks about the target's tensors."""
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    from mx_strategies.planning import plan_for
+
+    target_folder, draft_folder = str(tmp_path / "gemma4"), str(tmp_path / "gemma4-dspark")
+    builders.write_config(target_folder, "gemma4_target")
+    os.makedirs(draft_folder)
+    with open(os.path.join(draft_folder, "config.json"), "w") as handle:
+        json.dump(dict(builders.GEMMA4_TARGET, architectures=["Gemma4DSparkModel"], dspark_target_layer_ids=[0, 1],
+                       block_size=2), handle)  # fmt: skip
+    own = {"layers.0.mlp.down_proj.weight": torch.randn(4, 4), "fc.weight": torch.randn(4, 8)}
+    write_checkpoint(draft_folder, own, shards=1)
+    with builders.in_process_inspection():
+        target = ModelConfig(model=target_folder, dtype="bfloat16", max_model_len=256)
+        spec = SpeculativeConfig(model=draft_folder, num_speculative_tokens=2, target_model_config=target,
+                                 target_parallel_config=ParallelConfig(), **({} if detected else {"method": "dspark"}))  # fmt: skip
+    assert spec.method == "dspark" and spec.draft_model_config.hf_config.architectures == ["Gemma4DSparkModel"]
+    vc = builders.engine_config(target, None)
+    vc.speculative_config = spec  # VllmConfig refuses DSpark without Triton (the V2 model runner's)
+    engine = engine_view(build_vllm_load_context(vc, spec.draft_model_config))
+    assert engine.is_draft and not points_at_target(engine)
+    checkpoint = probe(Candidate("model", draft_folder), load_settings())
+    plan = plan_for(checkpoint, engine, load_settings(), source_is_target=False, reads=lambda c: pytest.fail("asked"))
+    assert plan.names is None and sorted(plan.expected) == sorted(own) and plan.selection_source == "whole"
