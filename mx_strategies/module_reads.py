@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 from .checkpoint import Checkpoint
 from .dry_run import DryRunFailed, dry_run
@@ -236,10 +236,6 @@ def ask_cached(
     return answer
 
 
-def names_read(answer: Answer) -> Optional[frozenset[str]]:
-    return answer.names if isinstance(answer, ModuleReads) else None
-
-
 def left_out_summary(left_out: Mapping[str, str], shown: int = 5) -> str:
     """``N tensor(s) left out: reason (k), ...`` for the INFO line."""
     counts: dict[str, int] = {}
@@ -250,12 +246,9 @@ def left_out_summary(left_out: Mapping[str, str], shown: int = 5) -> str:
     return f"{len(left_out)} tensor(s) left out: {'; '.join(parts)}" if left_out else "nothing left out"
 
 
-def reasons(names: Iterable[str], why: str) -> dict[str, str]:
-    return {n: why for n in names}
-
-
 __all__ = [
     "Answer",
+    "INFERRED_NOT_READ",
     "DECLARED_UNUSED",
     "ModuleReads",
     "NOT_READ",
@@ -267,5 +260,4 @@ __all__ = [
     "ask_cached",
     "class_name",
     "left_out_summary",
-    "names_read",
 ]
