@@ -66,6 +66,7 @@ class Unanswered:
 
     module_class: str
     reason: str
+    declined: bool = False  # the module said so itself (``supports_dry_run = False``): no anomaly, no WARNING
 
 
 Answer = Union[ModuleReads, Unanswered]
@@ -132,6 +133,8 @@ def ask(
         return Unanswered(cls, "MX_ROBUST_SELECTION_SOURCES leaves out dry_run")
     if model is None or not callable(getattr(model, "load_weights", None)):
         return Unanswered(cls, "the engine has no module with a load_weights to ask")
+    if getattr(model, "supports_dry_run", True) is False:
+        return Unanswered(cls, "the module says it cannot be asked (supports_dry_run = False)", declined=True)
     tensors = checkpoint.tensors()
     left_out: dict[str, str] = {}
     headers = {}

@@ -64,6 +64,7 @@ class LoadPlan:
     selection_source: str = "whole"
     left_out: Mapping[str, str] = field(default_factory=dict)  # the module's answer: name -> why not streamed
     selection_note: str = ""  # why the module could not be asked, when a table or convention answered
+    selection_declined: bool = False  # the module itself said it cannot be asked (supports_dry_run = False)
     selection_seconds: float = 0.0
     selection_cached: bool = False
     module_class: str = ""
@@ -217,7 +218,9 @@ def _noted(plan: LoadPlan, answer: Optional[Answer], source: Optional[str] = Non
         source = "table" if plan.architecture and (plan.names is not None or plan.role == "draft") else "whole"
     note = answer.reason if isinstance(answer, Unanswered) else ""
     module_class = answer.module_class if isinstance(answer, Unanswered) else ""
-    return replace(plan, selection_source=source, selection_note=note, module_class=module_class)
+    declined = isinstance(answer, Unanswered) and answer.declined
+    return replace(plan, selection_source=source, selection_note=note, module_class=module_class,
+                   selection_declined=declined)  # fmt: skip
 
 
 def target_selection(

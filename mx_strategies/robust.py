@@ -155,7 +155,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                 f"{len(plan.expected)} tensor(s) read by the module; {module_reads.left_out_summary(plan.left_out)}"
             )
         elif plan.selection_note:
-            logger.warning(
+            (logger.info if plan.selection_declined else logger.warning)(
                 f"[Worker {rank}] {engine.role} selection_source={plan.selection_source}: the module "
                 f"{plan.module_class or '(none)'} could not be asked what it reads ({plan.selection_note})"
                 + (f"; table row {plan.architecture} decides" if plan.selection_source == "table" else "")

@@ -31,7 +31,15 @@ def nbytes(tensor: torch.Tensor) -> int:
 
 
 class StandInModel(torch.nn.Module):
-    """Preallocated weights shaped like ``reference``; ``owned`` names which."""
+    """Preallocated weights shaped like ``reference``; ``owned`` names which.
+
+    It holds every tensor it is given, so it cannot say what a real engine's module would read (a real
+    target skips its MTP draft's layers): it declines robust's dry run (``supports_dry_run = False``,
+    :mod:`mx_strategies.module_reads`), and the table or the conventions decide, as for a module that
+    cannot be asked. ``answers_dry_run=True`` lets it answer: it reads what it owns.
+    """
+
+    supports_dry_run = False
 
     def __init__(
         self,
@@ -40,8 +48,10 @@ class StandInModel(torch.nn.Module):
         *,
         strict: bool = True,
         on_tensor: Optional[Callable[[int], None]] = None,
+        answers_dry_run: bool = False,
     ) -> None:
         super().__init__()
+        self.supports_dry_run = answers_dry_run
         names = sorted(reference) if owned is None else sorted(owned)
         # Non-persistent buffers, as a module holds its tensors: robust's dry run can swap them for data-less
         # twins and ask this load_weights what it reads (mx_strategies.dry_run); no checkpoint name is a buffer's.
