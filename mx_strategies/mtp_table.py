@@ -217,6 +217,9 @@ TABLE: tuple[MtpArchitecture, ...] = (
         "target's embed.weight, head.weight, norm.weight and layers.* are not read; CPU builds a stub that "
         "raises NotImplementedError (vllm/models/deepseek_v4/cpu/mtp.py:15)",
     ),
+    # Kept as a row (names only): the module cannot be asked here. vLLM's CPU class raises NotImplementedError
+    # in __init__ (vllm/models/deepseek_v4/cpu/dspark.py) and the CUDA one needs CUDA, so no dry run can be run
+    # on it on these machines; on a GPU the built module answers first and this row is not consulted.
     MtpArchitecture(
         key="deepseek_v4_dspark",
         family="DeepSeek-V4 / V4.1 DSpark (method dspark; its weights ship in the target's checkpoint)",
