@@ -32,7 +32,7 @@ below share those runs:
 Bytes on the wire are what the proxy in front of moto served to the engine
 (``LoopbackS3.bytes_served``): response bodies and HTTP headers, including
 the config and tokenizer files vLLM mirrors and the safetensors headers the
-probe reads. See docs/engine-e2e.md ("Tensor parallel") and README
+probe reads. See docs/engine-e2e.md ("Tensor parallel") and docs/parallel.md
 ("Tensor parallel and multi-node").
 """
 
