@@ -63,10 +63,18 @@ LABELS = {
     "upstream": "upstream ModelStreamer (MX chain)",
     "safetensors": "safetensors load_file",
     "draft": "robust MTP draft",
+    "robust_quiet": "robust, progress and metrics off",
+    "robust_observed": "robust, progress and metrics on",
 }
+# Only with --observability (benchmarks.observability): robust with progress lines and metrics off, then on.
+OBSERVABILITY_LOADERS = ("robust_quiet", "robust_observed")
 # The robust strategy's settings per loader (its defaults otherwise).
-LOADER_ENV = {"robust_plan": {"MX_ROBUST_DELIVERY_ORDER": "plan"}}
-ROBUST_LOADERS = ("robust", "robust_plan", "draft")
+LOADER_ENV = {
+    "robust_plan": {"MX_ROBUST_DELIVERY_ORDER": "plan"},
+    "robust_quiet": {"MX_ROBUST_PROGRESS_INTERVAL_S": "0", "MX_METRICS_ENABLED": "0"},
+    "robust_observed": {"MX_ROBUST_PROGRESS_INTERVAL_S": "0.2", "MX_METRICS_ENABLED": "1"},
+}
+ROBUST_LOADERS = ("robust", "robust_plan", "draft", *OBSERVABILITY_LOADERS)
 BASELINE = "runai_raw"
 LIKE_FOR_LIKE = "runai_copy"
 

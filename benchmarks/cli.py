@@ -78,6 +78,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--plot", help="draw throughput per loader here (PNG; needs matplotlib)")
     parser.add_argument("--from-json", help="print tables (and --plot) from a saved --json file; measure nothing")
     parser.add_argument("--clean", action="store_true", help="delete the generated checkpoints at the end")
+    parser.add_argument("--observability", action="store_true",
+                        help="only measure progress lines and metrics on against off: robust loads of a generated "
+                             "--size checkpoint, interleaved over --reps (benchmarks.observability)")  # fmt: skip
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.reps < 1 or args.warmup < 0 or args.memory_reps < 1 or args.engine_reps < 1:
@@ -187,6 +190,16 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     quiet_logging()
     os.makedirs(args.workdir, exist_ok=True)
+    if args.observability:
+        from .observability import render_observability, run_observability
+
+        result = run_observability(args.workdir, args.size, args.reps, args.warmup, args.load_timeout)
+        print(render_observability(result))
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump({"command": " ".join(["python -m benchmarks", *(argv or sys.argv[1:])]),
+                           "machine": machine_info(), "observability": result}, handle, indent=1)  # fmt: skip
+        return 0
     wanted = tuple(l for l in LOADERS if l in args.loaders.split(","))
     report = {
         "command": " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])]),

@@ -19,7 +19,7 @@ from modelexpress.load_strategy.base import LoadContext, LoadStrategy, _as_load_
 from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
-from . import completeness, module_reads
+from . import completeness, module_reads, progress, telemetry
 from .engine import SGLANG, EngineView, bypassed_features, declared_unused, engine_view, held_names
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .distributed import agreed_plan, sees_same_files
@@ -94,11 +94,13 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
 
     @contextmanager
     def _recorded_failure(self, ctx: LoadContext) -> Iterator[None]:
-        """Keep a failed load in the load reports, as the chain is told of it."""
+        """Keep a failed load in the load reports (and metrics and traces), as the chain is told of it."""
+        started = time.perf_counter()
         try:
             yield
         except StrategyFailed as exc:
             record(LoadFailure(engine_view(ctx).role, ctx.global_rank, str(exc), exc.mutated))
+            telemetry.record_failure(exc, engine_view(ctx).role, ctx.global_rank, mutated=exc.mutated, started=started)
             raise
 
     @staticmethod
@@ -192,9 +194,12 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             "stream": streamed - planned,
             "post_load": finished - streamed,
             "total": finished - started,
+            "verify": stream.verify_seconds,  # verify and completeness lie inside stream
+            "completeness": streamed - (stream.closed_at or streamed),
         }
         report = self._report(rank, resolution, plan, stream, timings)
         result.metadata[METADATA_KEY] = record(report)
+        telemetry.record_load(report, ctx, engine=engine.engine, ended=finished)
         logger.info(f"[Worker {rank}] {report.summary()}")
         if engine.engine == SGLANG and engine.is_draft and getattr(ctx, "p2p_enabled", False):
             # ModelExpress 0.7 builds an SGLang draft's identity from its model_path, the target's: published,
@@ -279,6 +284,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             distributed=distributed,
             loader_extra_config=engine.loader_extra_config,
             on_warning=lambda message: logger.warning(f"[Worker {rank}] {message}"),
+            progress=progress.for_load(plan, settings, ctx, engine.role),
         )
         try:
             with stream:  # entering starts the stream and fetches the first tensor

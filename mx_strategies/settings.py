@@ -270,6 +270,26 @@ class RobustSettings(BaseSettings):
         ),
     )
 
+    # -- progress while streaming (mx_strategies.progress) -------------------
+    progress_interval_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        validation_alias="MX_ROBUST_PROGRESS_INTERVAL_S",
+        description=(
+            "Seconds between the progress lines a load logs at INFO while it streams (bytes done of "
+            "planned, rate, ETA, shards done, source); a line is also logged when a shard completes. "
+            "0 turns the lines off. Where vLLM shows its own progress bar (use_tqdm_on_load, rank 0) "
+            "a tqdm bar is shown whatever this says."
+        ),
+    )
+    progress_all_ranks: bool = Field(
+        default=False,
+        validation_alias="MX_ROBUST_PROGRESS_ALL_RANKS",
+        description="Log the progress lines on every rank, not only on rank 0.",
+    )
+
     # -- speculative drafts --------------------------------------------------
     draft_conventions: Annotated[list[DraftConvention], NoDecode] = Field(
         default=list(DEFAULT_DRAFT_CONVENTIONS),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -322,6 +323,7 @@ class VerifiedStream:
         distributed: bool = False,
         loader_extra_config: Optional[Mapping[str, Any]] = None,
         on_warning: Optional[Callable[[str], None]] = None,
+        progress: Any = None,  # a progress.ProgressLog, told of every tensor (None: no progress lines)
     ) -> None:
         self.plan = plan
         self.settings = settings
@@ -341,6 +343,11 @@ class VerifiedStream:
         self._first = None
         self._in_order: Optional[InOrder] = None  # only with MX_ROBUST_DELIVERY_ORDER=plan
         self.content = ContentCheck.for_load(plan.source, plan.shards, plan.expected, settings)
+        self.progress = progress
+        # perf_counter marks for the load report's phases: last tensor checked in, checks done, streamer closed.
+        self.delivered_at: Optional[float] = None
+        self.verified_at: Optional[float] = None
+        self.closed_at: Optional[float] = None
 
     def __enter__(self) -> "VerifiedStream":
         """Start streaming and fetch the first tensor; raises StreamStartError.
@@ -371,6 +378,8 @@ class VerifiedStream:
             if changed:
                 self.__exit__(None, None, None)
                 raise StreamStartError(f"streaming {self.plan.source} did not start: {changed}", mutated=False)
+        if self.progress is not None:
+            self.progress.start()
         return self
 
     def _start(self) -> None:
@@ -399,6 +408,9 @@ class VerifiedStream:
             if self._env is not None:
                 self._env.__exit__(None, None, None)
                 self._env = None
+            if self.progress is not None:
+                self.progress.stop()
+            self.closed_at = time.perf_counter()
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The plan's tensors, checked in, in arrival order or (opt-in) plan order."""
@@ -412,9 +424,11 @@ class VerifiedStream:
                 self._warn_if_unordered()
             for item in self._in_order.drain():
                 yield self._check_in(*item)
+        self.delivered_at = time.perf_counter()
         self._check_sources_unchanged("after streaming")
         self.exhausted = True
         self.settle()
+        self.verified_at = time.perf_counter()
 
     def _check_sources_unchanged(self, when: str) -> None:
         """Fail the load when a planned shard's identity differs from the one inspected (see _source_change)."""
@@ -450,6 +464,13 @@ class VerifiedStream:
         if self._in_order is None:
             return "arrival"
         return "plan" if self._in_order.ordered else "plan, then arrival (hold-back bound passed)"
+
+    @property
+    def verify_seconds(self) -> float:
+        """From the last tensor to the end of the checks after it (the source re-check, the ledger); 0 if not reached."""
+        if self.delivered_at is None or self.verified_at is None:
+            return 0.0
+        return self.verified_at - self.delivered_at
 
     @property
     def held_peak_bytes(self) -> int:
@@ -523,7 +544,10 @@ class VerifiedStream:
                 exc.mutated = self.touched
                 raise
         self.ledger.check_in(name)
-        self.bytes_delivered += tensor.numel() * tensor.element_size()
+        nbytes = tensor.numel() * tensor.element_size()
+        self.bytes_delivered += nbytes
+        if self.progress is not None:
+            self.progress.add(planned[name][0].uri if name in planned else None, nbytes)
         return name, tensor
 
     def settle(self) -> None:

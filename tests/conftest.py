@@ -8,6 +8,7 @@ between tests. Only 127.0.0.1 is bound or targeted.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 
 import pytest
@@ -16,6 +17,11 @@ from mx_strategies import activation
 from mx_strategies.testing.loopback import LoopbackS3
 
 _bucket_ids = itertools.count()
+
+# The progress lines (mx_strategies.progress) stay quiet in tests; a test that wants them
+# raises this logger's level (caplog.set_level(logging.INFO, logger=PROGRESS_LOGGER)).
+PROGRESS_LOGGER = "modelexpress.strategy_robust_model_streamer.progress"
+logging.getLogger(PROGRESS_LOGGER).setLevel(logging.WARNING)
 
 # Variables a test may set; each test starts without them.
 _OUR_PREFIXES = ("MX_ROBUST_", "MX_STRATEGY", "MX_MODEL_URI", "MX_MS_DISTRIBUTED", "MX_STRATEGIES_CONFIG")

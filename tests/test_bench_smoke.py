@@ -72,7 +72,7 @@ def test_bench_runs_tiny_local_and_s3_and_reports_without_matplotlib(tmp_path):
         # Robust loads' phases and header bytes come from their load reports.
         for loader in ("robust", "robust_plan", "draft"):
             row = summary["loaders"][loader]
-            assert set(row["phases_median_s"]) == {"resolve", "stream", "post_load", "total"}, loader
+            assert set(row["phases_median_s"]) == {"resolve", "stream", "post_load", "total", "verify", "completeness"}, loader
             assert 0 < row["metadata_bytes_read"] <= site["metadata_bytes"], loader
             assert row["resolve_share"] == row["resolve_s"] / row["median_s"]
         # Arrival order by default; MX_ROBUST_DELIVERY_ORDER=plan for the plan-order row.

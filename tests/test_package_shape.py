@@ -51,6 +51,7 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "mx_strategies.name_sampling",
         "mx_strategies.patches",
         "mx_strategies.planning",
+        "mx_strategies.progress",
         "mx_strategies.reads_cache",
         "mx_strategies.releases",
         "mx_strategies.report",
@@ -61,6 +62,7 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "mx_strategies.sources",
         "mx_strategies.storage",
         "mx_strategies.streaming",
+        "mx_strategies.telemetry",
         "mx_strategies.tensor_bytes",
     ], "a runtime module was added or removed: is it something a production load needs?"
 

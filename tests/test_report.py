@@ -18,7 +18,7 @@ from mx_strategies.checkpoint import INDEX_NAME
 from mx_strategies.report import METADATA_KEY, clear_reports, recent_reports
 from mx_strategies.testing.synthetic import config_only_copy, mtp_checkpoint
 
-PHASES = {"resolve", "stream", "post_load", "total"}
+PHASES = {"resolve", "stream", "post_load", "total", "verify", "completeness"}  # the last two lie inside stream
 
 
 @pytest.fixture(autouse=True)
@@ -64,6 +64,7 @@ def test_report_says_what_loaded_from_where_and_how_long_each_phase_took(monkeyp
     assert all(seconds >= 0 for seconds in report["timings"].values())
     parts = report["timings"]["resolve"] + report["timings"]["stream"] + report["timings"]["post_load"]
     assert report["timings"]["total"] == pytest.approx(parts)
+    assert report["timings"]["verify"] + report["timings"]["completeness"] <= report["timings"]["stream"]
 
 
 def test_recent_reports_hold_loads_and_failures_in_order(monkeypatch, tmp_path):

@@ -51,6 +51,8 @@ DEFAULTS = {
     "verify_sample": 8,
     "delivery_order": "arrival",
     "plan_order_hold_bytes": 1 << 30,
+    "progress_interval_s": 10.0,
+    "progress_all_ranks": False,
     "draft_conventions": ["mtp", "nextn_layers", "mtp_layers"],
     "draft_extra_prefixes": [],
     "draft_shared_weights": "auto",
@@ -84,6 +86,8 @@ NON_DEFAULTS = {
     "MX_ROBUST_MODEL_COMPLETENESS": ("warn", "warn"),
     "MX_ROBUST_DELIVERY_ORDER": ("plan", "plan"),
     "MX_ROBUST_PLAN_ORDER_HOLD_BYTES": ("0", 0),
+    "MX_ROBUST_PROGRESS_INTERVAL_S": ("0.5", 0.5),
+    "MX_ROBUST_PROGRESS_ALL_RANKS": ("yes", True),
     "MX_ROBUST_VERIFY_CONTENT": ("sample", "sample"),
     "MX_ROBUST_VERIFY_SAMPLE": ("64", 64),
     "MX_ROBUST_DRAFT_CONVENTIONS": ("nextn_layers", ["nextn_layers"]),
@@ -315,6 +319,12 @@ INVALID = [
     ("MX_ROBUST_STREAMER_S3_RETRY_TIMEOUT_S", "1.5",
      "Input should be a valid integer, unable to parse string as an integer "
      "(allowed: an integer from 0 to 3600, or empty for unset)"),
+    # progress lines
+    ("MX_ROBUST_PROGRESS_INTERVAL_S", "-1",
+     "Input should be greater than or equal to 0 (allowed: a number from 0 to 3600)"),
+    ("MX_ROBUST_PROGRESS_INTERVAL_S", "inf", "Input should be a finite number (allowed: a number from 0 to 3600)"),
+    ("MX_ROBUST_PROGRESS_ALL_RANKS", "rank0",
+     "Input should be a valid boolean, unable to interpret input (allowed: true or false; 1/0, yes/no, on/off also work)"),
     # booleans
     ("MX_ROBUST_SKIP_EMPTY_SHARDS", "perhaps",
      "Input should be a valid boolean, unable to interpret input (allowed: true or false; 1/0, yes/no, on/off also work)"),

@@ -1,0 +1,350 @@
+"""Metrics and traces of robust's loads, through ModelExpress's own collector and tracer.
+
+ModelExpress 0.7 has opt-in Prometheus metrics (``modelexpress.metrics``,
+``MX_METRICS_ENABLED=1``) and an OpenTelemetry span "Load model" around its
+strategy chain (``modelexpress.tracing``). This module records robust's loads
+into both, following ModelExpress's rules:
+
+- **Same switch, same endpoint.** Nothing is recorded unless
+  ``modelexpress.metrics.enable_metrics()`` says metrics are on. The families
+  below are built in the registry ModelExpress's collector uses, so under
+  ``PROMETHEUS_MULTIPROC_DIR`` (multiprocess mode, one endpoint per pod) they
+  are served by its endpoint next to its own ``mx_*`` families, from every rank.
+  Only counters and histograms: both are multiprocess-safe.
+- **Never raises into the load path.** Every recorder swallows everything; a
+  failure to build the families disables them for the process, with a warning.
+- **Bounded labels.** Every label is a closed set with an ``other`` fallback,
+  except ``model`` (ModelExpress's own convention: clamped to 96 characters).
+- **The load report is the source.** Values come from :class:`~.report.LoadReport`
+  (what the log line, the demo and the benchmark read too), never from log text.
+
+The phases: ModelExpress's ``time_load_phase`` records only its own four
+(``artifact_install``, ``model_init``, ``chain``, ``publish``): they partition
+``mx_load_seconds``, and robust's phases lie inside ``chain``, so it drops any
+other name. robust's phases are therefore a sibling family,
+``mx_robust_load_phase_seconds``, with the same labels (engine, model, phase,
+scheme) and buckets; they partition the strategy's share of ``chain``.
+
+Traces: one child span of "Load model" per phase (``Robust resolve``,
+``Robust stream``, ...) with the bytes, tensors, source URI and selection
+source as attributes, made from the report's timings when the load ends;
+a failed load leaves one ``Robust failed`` span with the reason. Without
+opentelemetry (ModelExpress's ``otel`` extra) the tracer is ModelExpress's
+no-op and nothing is made.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Optional
+
+from .errors import (
+    ContentMismatch,
+    DraftPlanError,
+    IncompleteDelivery,
+    IncompleteModel,
+    InconsistentCheckpoint,
+    NoCheckpoint,
+    NoStreamableSource,
+    RanksDisagree,
+    StoreError,
+    StreamBroken,
+    StreamStartError,
+)
+from .report import LoadReport
+
+logger = logging.getLogger("modelexpress.strategy_robust_model_streamer.telemetry")
+
+#: robust's phases, in the order they run; together they are the strategy's whole load (report.timings["total"]).
+#:   resolve       inspect the candidate sources' headers, plan and select the tensors
+#:   stream        runai streams, every tensor is checked in and handed to the model (and the streamer closed)
+#:   verify        after the last tensor: the source re-check and the ledger
+#:   completeness  the model's own check that every parameter was written
+#:   post_load     the engine's processing after the weights (after_weight_iter_load)
+PHASES = ("resolve", "stream", "verify", "completeness", "post_load")
+ROLES = ("target", "draft", "other")
+SOURCE_KINDS = ("s3", "gs", "az", "local", "other")
+ORIGINS = ("storage", "peers")
+SELECTION_SOURCES = ("declared", "dry_run", "table", "convention", "whole", "other")
+#: Why a load was given up. ``refused``: before any tensor reached the model; ``failed``: after.
+FAILURE_REASONS = (
+    "no_source",
+    "inconsistent_checkpoint",
+    "selection",
+    "completeness",
+    "ranks_disagree",
+    "streamer",
+    "other",
+)
+OUTCOMES = ("refused", "failed")
+
+# Most specific first: the first class an error is an instance of names its reason.
+_REASON_OF = (
+    (NoStreamableSource, "no_source"),
+    (NoCheckpoint, "no_source"),
+    (StoreError, "no_source"),
+    (InconsistentCheckpoint, "inconsistent_checkpoint"),
+    (DraftPlanError, "selection"),
+    (IncompleteDelivery, "completeness"),
+    (IncompleteModel, "completeness"),
+    (RanksDisagree, "ranks_disagree"),
+    (StreamStartError, "streamer"),
+    (StreamBroken, "streamer"),
+    (ContentMismatch, "streamer"),
+)
+
+SPAN_PREFIX = "Robust "
+FAILED_SPAN = "Robust failed"
+
+
+def _clamp(value: Any, allowed: tuple[str, ...]) -> str:
+    return value if value in allowed else "other"
+
+
+def source_kind(uri: str) -> str:
+    """s3, gs, az for object stores, local for a path; other for anything else."""
+    if "://" not in uri:
+        return "local"
+    return _clamp(uri.split("://", 1)[0], SOURCE_KINDS)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The closed-set reason of a failed load: from the error itself or the one it was raised from."""
+    seen = 0
+    while exc is not None and seen < 4:
+        for cls, reason in _REASON_OF:
+            if isinstance(exc, cls):
+                return reason
+        exc = exc.__cause__
+        seen += 1
+    return "other"
+
+
+def phase_seconds(report: LoadReport) -> dict[str, float]:
+    """robust's phases from the report's timings; ``stream`` net of verify and completeness (which lie inside it)."""
+    timings = report.timings
+    verify = timings.get("verify", 0.0)
+    completeness = timings.get("completeness", 0.0)
+    return {
+        "resolve": timings.get("resolve", 0.0),
+        "stream": timings.get("stream", 0.0) - verify - completeness,
+        "verify": verify,
+        "completeness": completeness,
+        "post_load": timings.get("post_load", 0.0),
+    }
+
+
+# -- metrics -------------------------------------------------------------------
+
+
+class _Families:
+    """Our families, built once in the registry ModelExpress's collector uses."""
+
+    def __init__(self) -> None:
+        from modelexpress import metrics as mx_metrics
+        from prometheus_client import REGISTRY, Counter, Histogram
+
+        collector = mx_metrics.metrics
+        registry = REGISTRY if collector._registry is None else collector._registry
+        self.scheme = collector.scheme
+        self.model_label = mx_metrics._model_label
+        self.phase_seconds = Histogram(
+            "mx_robust_load_phase_seconds",
+            "Duration of one phase of a robust_model_streamer load: resolve, stream, verify, completeness or "
+            "post_load. They partition the strategy's load, which lies inside mx_load_phase_seconds{phase=chain}.",
+            ["engine", "model", "phase", "scheme"],
+            buckets=mx_metrics._XSLOW_BUCKETS,
+            registry=registry,
+        )
+        self.bytes_streamed = Counter(
+            "mx_robust_bytes_streamed_total",
+            "Tensor bytes robust_model_streamer delivered to the model, by role and source kind (s3|gs|az|local).",
+            ["role", "source_kind", "scheme"],
+            registry=registry,
+        )
+        self.bytes_by_origin = Counter(
+            "mx_robust_bytes_by_origin_total",
+            "Of the bytes streamed: read from storage by this rank, or received from the other ranks "
+            "(runai's distributed streaming). Absent for a load where runai did not say.",
+            ["role", "origin", "scheme"],
+            registry=registry,
+        )
+        self.tensors = Counter(
+            "mx_robust_tensors_total",
+            "Tensors robust_model_streamer delivered and verified, by role.",
+            ["role", "scheme"],
+            registry=registry,
+        )
+        self.selections = Counter(
+            "mx_robust_selections_total",
+            "Successful loads by what decided the tensors streamed: declared|dry_run|table|convention|whole.",
+            ["role", "selection_source", "scheme"],
+            registry=registry,
+        )
+        self.failures = Counter(
+            "mx_robust_failures_total",
+            "Loads robust_model_streamer gave up, by reason (no_source|inconsistent_checkpoint|selection|"
+            "completeness|ranks_disagree|streamer|other) and outcome: refused (the model untouched) or "
+            "failed (the chain rebuilds it).",
+            ["role", "reason", "outcome", "scheme"],
+            registry=registry,
+        )
+
+
+_lock = threading.Lock()
+_families: Optional[_Families] = None
+_attempted = False
+
+
+def _metrics() -> Optional[_Families]:
+    """Our families when ModelExpress's metrics are on; None otherwise (never raises)."""
+    global _families, _attempted
+    try:
+        from modelexpress.metrics import enable_metrics
+
+        if not enable_metrics():  # ModelExpress's switch; idempotent, never raises
+            return None
+    except Exception:  # noqa: BLE001 - an old or broken ModelExpress: no metrics, never a failed load
+        return None
+    with _lock:
+        if _families is None and not _attempted:
+            _attempted = True
+            try:
+                _families = _Families()
+            except Exception as exc:  # noqa: BLE001
+                logger.warning(f"robust_model_streamer metrics disabled: {exc}")
+        return _families
+
+
+def _record_metrics(report: LoadReport, engine: str, model: object) -> None:
+    families = _metrics()
+    if families is None:
+        return
+    scheme = families.scheme
+    role = _clamp(report.role, ROLES)
+    model_label = families.model_label(model)
+    engine_label = engine if engine in ("vllm", "sglang", "trtllm") else "other"
+    for phase, seconds in phase_seconds(report).items():
+        families.phase_seconds.labels(engine_label, model_label, phase, scheme).observe(max(seconds, 0.0))
+    families.bytes_streamed.labels(role, source_kind(report.source), scheme).inc(report.bytes_streamed)
+    if report.bytes_from_storage is not None:
+        families.bytes_by_origin.labels(role, "storage", scheme).inc(report.bytes_from_storage)
+        families.bytes_by_origin.labels(role, "peers", scheme).inc(report.bytes_from_peers or 0)
+    families.tensors.labels(role, scheme).inc(report.tensors)
+    families.selections.labels(role, _clamp(report.selection_source, SELECTION_SOURCES), scheme).inc()
+
+
+# -- traces --------------------------------------------------------------------
+
+
+def _tracer() -> Any:
+    try:
+        from modelexpress.tracing import tracer
+    except Exception:  # noqa: BLE001
+        return None
+    return tracer if hasattr(tracer, "start_span") else None  # ModelExpress's no-op tracer has none
+
+
+def span_attributes(report: LoadReport) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "robust.role": report.role,
+        "global_rank": report.rank,
+        "robust.source_uri": report.source,
+        "robust.source_label": report.source_label,
+        "robust.source_kind": source_kind(report.source),
+        "robust.selection_source": report.selection_source,
+        "robust.bytes_streamed": report.bytes_streamed,
+        "robust.tensors": report.tensors,
+        "robust.shards": len(report.shards),
+        "robust.distributed": report.distributed,
+    }
+    if report.bytes_from_storage is not None:
+        attributes["robust.bytes_from_storage"] = report.bytes_from_storage
+        attributes["robust.bytes_from_peers"] = report.bytes_from_peers
+    return attributes
+
+
+def _wall_ns(perf: float, now_perf: float, now_ns: int) -> int:
+    return now_ns - int(round((now_perf - perf) * 1e9))
+
+
+def _record_spans(report: LoadReport, ended: float) -> None:
+    tracer = _tracer()
+    if tracer is None:
+        return
+    now_perf, now_ns = time.perf_counter(), time.time_ns()
+    attributes = span_attributes(report)
+    at = ended - report.timings.get("total", 0.0)
+    for phase, seconds in phase_seconds(report).items():
+        seconds = max(seconds, 0.0)
+        span = tracer.start_span(SPAN_PREFIX + phase, start_time=_wall_ns(at, now_perf, now_ns), attributes=attributes)
+        at += seconds
+        span.end(end_time=_wall_ns(at, now_perf, now_ns))
+
+
+# -- what robust.py calls ------------------------------------------------------
+
+
+def record_load(report: LoadReport, ctx: Any, *, engine: str, ended: float) -> None:
+    """A finished load: metrics and spans from its report. ``ended``: perf_counter at its end. Never raises."""
+    try:
+        _record_metrics(report, engine, getattr(getattr(ctx, "identity", None), "model_name", None))
+    except Exception as exc:  # noqa: BLE001
+        logger.debug(f"robust load metrics not recorded: {exc}")
+    try:
+        _record_spans(report, ended)
+    except Exception as exc:  # noqa: BLE001
+        logger.debug(f"robust load spans not recorded: {exc}")
+
+
+def record_failure(error: BaseException, role: str, rank: int, *, mutated: bool, started: float) -> None:
+    """A load given up (``StrategyFailed``; its cause says why). Never raises."""
+    reason = failure_reason(error)
+    outcome = "failed" if mutated else "refused"
+    try:
+        families = _metrics()
+        if families is not None:
+            families.failures.labels(_clamp(role, ROLES), reason, outcome, families.scheme).inc()
+    except Exception as exc:  # noqa: BLE001
+        logger.debug(f"robust failure metric not recorded: {exc}")
+    try:
+        tracer = _tracer()
+        if tracer is not None:
+            now_perf, now_ns = time.perf_counter(), time.time_ns()
+            span = tracer.start_span(
+                FAILED_SPAN,
+                start_time=_wall_ns(started, now_perf, now_ns),
+                attributes={
+                    "robust.role": role,
+                    "global_rank": rank,
+                    "robust.reason": reason,
+                    "robust.outcome": outcome,
+                    "robust.error": str(error)[:512],
+                },
+            )
+            try:
+                from opentelemetry.trace import Status, StatusCode
+
+                span.set_status(Status(StatusCode.ERROR, reason))
+            except Exception:  # noqa: BLE001
+                pass
+            span.end(end_time=now_ns)
+    except Exception as exc:  # noqa: BLE001
+        logger.debug(f"robust failure span not recorded: {exc}")
+
+
+__all__ = [
+    "FAILURE_REASONS",
+    "OUTCOMES",
+    "PHASES",
+    "SELECTION_SOURCES",
+    "SOURCE_KINDS",
+    "failure_reason",
+    "phase_seconds",
+    "record_failure",
+    "record_load",
+    "source_kind",
+    "span_attributes",
+]
