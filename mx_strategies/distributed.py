@@ -9,11 +9,27 @@ alone, the plan goes to the others over the engine's process group
 (``EngineAdapter.broadcast_state``), and every rank reports whether it can
 stream it (``all_gather_state``) before any of them starts. A failure on
 any rank fails all of them, ``mutated=False``, naming the rank and cause.
+
+Ranks need not read the same tensors: a pipeline stage reads its layers, an
+expert-parallel rank its experts (:mod:`.rank_share`). runai groups the
+ranks of one host and requires every rank of the group to ask for the same
+tensors (a mismatch hangs, runai #198), and its groups cannot be scoped to
+a model-parallel group (runai #165). So each rank plans its own share of
+rank 0's checkpoint, the ranks exchange their shares (:func:`agreed_shares`,
+a bit per tensor of the checkpoint), and every rank of a host streams the
+union of that host's shares: storage serves each host's share once, and each
+rank hands its model only its own tensors. Ranks whose shares are equal (plain
+tensor parallel) stream exactly their plan, as before.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, TypeVar
+import hashlib
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+import numpy as np
 
 from .errors import MxStrategiesError, RanksDisagree
 
@@ -71,6 +87,28 @@ def agreed_plan(
     return payload
 
 
+def distributes(engine: Any, enabled: bool) -> tuple[bool, str]:
+    """Whether this load streams distributed, and why not when it does not.
+
+    With ``MX_MS_DISTRIBUTED`` at tensor parallel > 1, as ModelExpress's
+    own strategy. Never for a draft at pipeline parallel > 1: the engine
+    builds it on the last stage only (vLLM's ``gpu_model_runner``:
+    ``speculative_config and get_pp_group().is_last_rank``), while both the
+    plan's exchange (the engine's world group) and runai's host groups need
+    every rank: the other stages would never join (runai #165's hang).
+    """
+    if not enabled:
+        return False, "MX_MS_DISTRIBUTED is off"
+    if engine.tensor_parallel_size <= 1:
+        return False, "tensor parallel 1"
+    if engine.is_draft and engine.pipeline_parallel_size > 1:
+        return False, (
+            f"a draft at pipeline parallel {engine.pipeline_parallel_size} is built on the last stage only, "
+            "so the other stages' ranks cannot stream with it; each of its ranks streams its own"
+        )
+    return True, ""
+
+
 def sees_same_files(settings) -> Callable[[tuple], Optional[str]]:
     """The per-rank check: this rank reaches every planned shard, and each is the file rank 0 inspected."""
     from .streaming import source_changes
@@ -88,4 +126,94 @@ def sees_same_files(settings) -> Callable[[tuple], Optional[str]]:
     return check
 
 
-__all__ = ["RanksDisagree", "agreed_plan", "sees_same_files"]
+@dataclass(frozen=True)
+class RankRead:
+    """One rank's share of a distributed load, as every rank learns it."""
+
+    rank: int
+    host: str
+    tensors: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class RankShares:
+    """Who reads what: every rank's share, and what this rank's host streams together."""
+
+    rank: int
+    own: frozenset[str]  # what this rank's model is fed
+    carried: frozenset[str]  # the union of the shares of this rank's host: what runai streams on every rank of it
+    host_ranks: tuple[int, ...]
+    ranks: tuple[RankRead, ...]  # every rank, in rank order
+
+    @property
+    def shares_differ(self) -> bool:
+        """True when this host's ranks need different tensors (the host streams their union)."""
+        return self.carried != self.own
+
+
+def _digest(universe: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(universe).encode()).hexdigest()
+
+
+def _mask(universe: Sequence[str], names: frozenset[str]) -> bytes:
+    """``names`` as one bit per name of ``universe`` (little-endian bit order): 11.5 kB for 92k tensors."""
+    return np.packbits(np.fromiter((n in names for n in universe), dtype=bool, count=len(universe)),
+                       bitorder="little").tobytes()  # fmt: skip
+
+
+def _bits(mask: bytes, count: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(mask, dtype=np.uint8), count=count, bitorder="little").astype(bool)
+
+
+def agreed_shares(
+    adapter: Any,
+    rank: int,
+    universe: Sequence[str],
+    sizes: Sequence[int],
+    own: Optional[frozenset[str]],
+    refusal: Optional[str] = None,
+    host: Optional[str] = None,
+) -> RankShares:
+    """Every rank's share of the agreed checkpoint, exchanged; raises RanksDisagree on every rank alike.
+
+    ``universe``: the names of the checkpoint's loaded shards, in plan order
+    (the same on every rank: rank 0's checkpoint); ``sizes``: their bytes;
+    ``own``: the names this rank reads (None when it could not plan, with
+    ``refusal`` saying why). Every rank calls this, so a rank that failed
+    still takes part and no rank waits for ever. The gathered states are the
+    same on every rank, so every rank reaches the same verdict.
+    """
+    host = host if host is not None else socket.gethostname()  # runai groups the ranks of a host by this name
+    digest = _digest(universe)
+    mine = (rank, host, digest, None if own is None else _mask(universe, own), refusal)
+    try:
+        states = adapter.all_gather_state(mine)
+    except Exception as exc:
+        raise RanksDisagree(f"rank {rank}: could not gather the ranks' shares: {type(exc).__name__}: {exc}") from exc
+    problems = []
+    for r, _, their_digest, mask, why in states:
+        if why or mask is None:
+            problems.append(f"rank {r}: {why or 'did not plan its share'}")
+        elif their_digest != digest:
+            problems.append(f"rank {r}: planned against another list of tensors than rank {rank} "
+                            f"({their_digest[:12]} != {digest[:12]})")  # fmt: skip
+    if problems:
+        raise RanksDisagree(
+            f"{len(problems)} of {len(states)} ranks cannot take their share of rank 0's plan, so none streams: "
+            + "; ".join(sorted(problems))
+        )
+    weights = np.asarray(sizes, dtype=np.int64)
+    bits = {r: _bits(mask, len(universe)) for r, _, _, mask, _ in states}
+    reads = tuple(
+        RankRead(r, h, int(bits[r].sum()), int(weights[bits[r]].sum())) for r, h, _, _, _ in sorted(states)
+    )
+    host_ranks = tuple(r for r, h, _, _, _ in sorted(states) if h == host)
+    union = np.zeros(len(universe), dtype=bool)
+    for r in host_ranks:
+        union |= bits[r]
+    carried = frozenset(n for n, keep in zip(universe, union) if keep)
+    return RankShares(rank, frozenset(own), carried, host_ranks, reads)
+
+
+__all__ = ["RankRead", "RankShares", "RanksDisagree", "agreed_plan", "agreed_shares", "distributes", "sees_same_files"]

@@ -24,7 +24,11 @@ Rules, each decided here only:
   tensors out of it, whatever its method (``mtp``, ``dspark``, ...); a draft
   with a checkpoint of its own (EAGLE, a separate draft model, Gemma-4's
   assistant, Qwen3's DSpark) loads it whole; it is never fed the target's
-  checkpoint.
+  checkpoint;
+- a rank reads its share only: a pipeline stage its own layers, an
+  expert-parallel rank its own experts. The module's answer already is the
+  rank's share; where a table row or a convention decided, the module's
+  structure narrows the plan (:func:`narrow_to_rank`, :mod:`.rank_share`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from .draft import layer_layout, select_draft_tensors
 from .engine import EngineView
 from .errors import DraftPlanError, InconsistentCheckpoint
 from .module_reads import Answer, ModuleReads, Unanswered
+from .rank_share import RankShare
 from .settings import RobustSettings
 from .sources import Candidate, Resolution, resolve
 from .storage import normalize_uri
@@ -69,6 +74,8 @@ class LoadPlan:
     selection_cached: bool = False
     module_class: str = ""
     left_out_bytes: int = 0  # bytes of the checkpoint's tensors the module's answer leaves out
+    not_held: frozenset[str] = frozenset()  # left out by the module's structure: other stages' layers, other experts
+    not_held_bytes: int = 0
 
     @property
     def expected(self) -> list[str]:
@@ -367,6 +374,50 @@ def narrow_to_model(plan: LoadPlan, unused: Optional[Callable[[str], bool]]) -> 
     return replace(plan, names=names, shards=_shards_holding(plan.shards, names), shared=plan.shared - dropped, unused_by_model=dropped)
 
 
+def share_universe(checkpoint: Checkpoint, settings: RobustSettings) -> tuple[list[str], list[int]]:
+    """The names every rank's share is a subset of (the loaded shards' tensors, in plan order), and their bytes."""
+    infos = [t for s in loaded_shards(checkpoint, settings) for t in s.tensors.values()]
+    return [t.name for t in infos], [t.nbytes for t in infos]
+
+
+def carrier_plan(plan: LoadPlan, checkpoint: Checkpoint, settings: RobustSettings, names: frozenset[str]) -> LoadPlan:
+    """What this rank streams when its host's ranks read different shares: ``plan`` widened to ``names``,
+    the union of the host's shares (:func:`.distributed.agreed_shares`). The model is still fed ``plan``."""
+    if names == frozenset(plan.expected):
+        return plan
+    return replace(plan, names=names, shards=_shards_holding(loaded_shards(checkpoint, settings), names))
+
+
+MODULE_ANSWERED = frozenset({"dry_run", "declared"})
+
+
+def narrow_to_rank(plan: LoadPlan, share: Optional[RankShare]) -> LoadPlan:
+    """A plan less what this rank's module does not hold (another stage's layers, another rank's experts).
+
+    Only where a table row, a convention or the whole checkpoint decided:
+    the module's own answer (``selection_source`` dry_run or declared) is
+    already this rank's share. ``share`` comes from
+    :func:`.rank_share.share_of` on the built module; None (doctor, no
+    module) or a whole share leaves the plan as it is.
+    """
+    if share is None or share.whole or plan.selection_source in MODULE_ANSWERED:
+        return plan
+    reasons = {n: why for n in plan.expected if (why := share.why_not_held(n))}
+    if not reasons:
+        return plan
+    names = frozenset(n for n in plan.expected if n not in reasons)
+    dropped = sum(t.nbytes for s in plan.shards for n, t in s.tensors.items() if n in reasons)
+    return replace(
+        plan,
+        names=names,
+        shards=_shards_holding(plan.shards, names),
+        shared=plan.shared - frozenset(reasons),
+        left_out={**plan.left_out, **reasons},
+        not_held=frozenset(reasons),
+        not_held_bytes=dropped,
+    )
+
+
 def is_target_source(candidate: Candidate, engine: EngineView, settings: RobustSettings) -> bool:
     """Whether ``candidate`` is the target's checkpoint (MX_MODEL_URI or one of the target's sources)."""
     shared = {normalize_uri(u) for u in engine.target_uris}
@@ -382,16 +433,31 @@ def plan_load(
     unused: Optional[Callable[[str], bool]] = None,
     held: Optional[frozenset[str]] = None,
     reads: Optional[Callable[[Checkpoint], Answer]] = None,
+    share: Optional[RankShare] = None,
 ) -> tuple[Resolution, LoadPlan]:
     """Walk the source chain, then plan the load from the chosen source.
 
     ``unused``: the model's own word on names it does not load
     (:func:`narrow_to_model`); ``held``: the built model's parameter and
     buffer names (:func:`target_selection`); ``reads``: the question asked of
-    the built module (:func:`plan_for`). Raises NoStreamableSource,
+    the built module (:func:`plan_for`); ``share``: what this rank's module
+    holds (:func:`narrow_to_rank`). Raises NoStreamableSource,
     InconsistentCheckpoint or DraftPlanError (all ``mutated=False``).
     """
     resolution = resolve(cands, settings)
+    return resolution, plan_resolved(resolution, engine, settings, unused, held, reads, share)
+
+
+def plan_resolved(
+    resolution: Resolution,
+    engine: EngineView,
+    settings: RobustSettings,
+    unused: Optional[Callable[[str], bool]] = None,
+    held: Optional[frozenset[str]] = None,
+    reads: Optional[Callable[[Checkpoint], Answer]] = None,
+    share: Optional[RankShare] = None,
+) -> LoadPlan:
+    """This rank's plan from a source already chosen (by this rank, or by rank 0 for every rank)."""
     plan = plan_for(
         resolution.checkpoint,
         engine,
@@ -401,26 +467,30 @@ def plan_load(
         reads=reads,
     )
     if plan.role == "target" and settings.target_selection == "all":
-        unused = None
+        unused = share = None
     narrowed = narrow_to_model(plan, unused)
     if plan.expected and not narrowed.expected:
         raise DraftPlanError(
             f"{plan.role} load from {resolution.checkpoint.uri}: the model says it loads none of the "
             f"{len(plan.expected)} tensors selected for it (is_unused_checkpoint_weight)"
         )
-    return resolution, narrowed
+    return narrow_to_rank(narrowed, share)
 
 
 __all__ = [
     "LoadPlan",
     "architecture_row",
+    "carrier_plan",
     "describe_errors",
     "is_target_source",
     "loaded_shards",
     "narrow_to_model",
+    "narrow_to_rank",
     "plan_for",
     "plan_load",
+    "plan_resolved",
     "points_at_target",
     "row_layout_for",
+    "share_universe",
     "target_selection",
 ]

@@ -67,10 +67,26 @@ class LoadReport:
     selection_cached: bool = False
     left_out: int = 0  # checkpoint tensors of the chosen shards' set the module does not read (not streamed)
     left_out_bytes: int = 0
+    # Left out because this rank's module does not hold them (another pipeline stage, another expert-parallel
+    # rank), where a table row or a convention decided; the module's own answer leaves them out by itself.
+    not_held: int = 0
+    not_held_bytes: int = 0
+    # The tensor bytes that reached this rank: bytes_streamed, plus the tensors of the other ranks of its host when
+    # their shares differ (the host streams their union once; each rank feeds its model its own). None: as streamed.
+    bytes_carried: Optional[int] = None
+    host_ranks: tuple[int, ...] = ()  # the ranks of this rank's host that streamed together (distributed)
+    # Who reads what, in a distributed load: every rank's (rank, host, tensors, bytes), the same on every rank.
+    ranks: tuple[tuple[int, str, int, int], ...] = ()
+
+    @property
+    def bytes_arrived(self) -> int:
+        """The tensor bytes that reached this rank, its own and those it carried for its host's other ranks."""
+        return self.bytes_streamed if self.bytes_carried is None else self.bytes_carried
 
     @property
     def bytes_from_peers(self) -> Optional[int]:
-        return None if self.bytes_from_storage is None else max(self.bytes_streamed - self.bytes_from_storage, 0)
+        """What reached this rank from the other ranks of its host (runai's broadcast), not from storage."""
+        return None if self.bytes_from_storage is None else max(self.bytes_arrived - self.bytes_from_storage, 0)
 
     def as_dict(self) -> dict:
         return {"outcome": "loaded", **asdict(self), "bytes_from_peers": self.bytes_from_peers, "trail": self.trail()}
@@ -86,7 +102,12 @@ class LoadReport:
         convention = f", convention {self.convention}" if self.convention else ""
         distributed = ", distributed" if self.distributed else ""
         if self.distributed and self.bytes_from_storage is not None:
-            distributed += f" ({self.bytes_from_storage} read from storage, {self.bytes_from_peers} from the other ranks)"
+            distributed += f" ({self.bytes_from_storage} read from storage, {self.bytes_from_peers} from the other ranks"
+            if self.bytes_carried is not None and self.bytes_carried != self.bytes_streamed:
+                distributed += f"; {self.bytes_carried - self.bytes_streamed} carried for ranks {list(self.host_ranks)}"
+            distributed += ")"
+        if self.not_held:
+            distributed += f", {self.not_held} tensors ({self.not_held_bytes} bytes) held by other ranks"
         left = (
             f", {self.left_to_draft} tensors ({self.left_to_draft_bytes} bytes) left to the MTP draft "
             f"({self.architecture})"

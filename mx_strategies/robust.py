@@ -11,7 +11,8 @@ import importlib.util
 import logging
 import time
 from contextlib import contextmanager
-from typing import ClassVar, Iterator
+from dataclasses import replace
+from typing import ClassVar, Iterator, Optional
 
 from modelexpress import envs
 from modelexpress.adapter import EngineAdapter, StrategyFailed
@@ -19,11 +20,11 @@ from modelexpress.load_strategy.base import LoadContext, LoadStrategy, _as_load_
 from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
-from . import completeness, module_reads, progress, telemetry
+from . import completeness, module_reads, progress, rank_share, telemetry
 from .engine import SGLANG, EngineView, bypassed_features, declared_unused, engine_view, held_names
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
-from .distributed import agreed_plan, sees_same_files
-from .planning import LoadPlan, plan_load
+from .distributed import RankShares, agreed_plan, agreed_shares, distributes, sees_same_files
+from .planning import LoadPlan, carrier_plan, plan_load, plan_resolved, share_universe
 from .releases import installed_release
 from .report import METADATA_KEY, LoadFailure, LoadReport, Rejected, record
 from .settings import RobustSettings, load_settings
@@ -123,10 +124,14 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         result = _as_load_result(result)
         rank = ctx.global_rank
         engine = engine_view(ctx)
-        distributed = engine.tensor_parallel_size > 1 and envs.MX_MS_DISTRIBUTED
+        distributed, not_distributed = distributes(engine, envs.MX_MS_DISTRIBUTED)
+        if envs.MX_MS_DISTRIBUTED and not distributed:
+            logger.info(f"[Worker {rank}] {engine.role} streams on its own, not distributed: {not_distributed}")
         unused = declared_unused(result.model)
         held = None if engine.is_draft else held_names(result.model)  # only a target's plan asks the structure
         reads = self._question(result.model, engine, settings, rank, unused)
+        share = rank_share.share_of(result.model) if result.model is not None else None
+        shares: "RankShares | None" = None
         bypassed = bypassed_features(result.model) if engine.engine == SGLANG else []
         if bypassed:
             message = f"{engine.role} load not started: {'; '.join(bypassed)}"
@@ -137,11 +142,14 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                 resolution, plan = agreed_plan(
                     ctx.adapter,
                     rank,
-                    lambda: plan_load(cands, engine, settings, unused, held, reads),
+                    lambda: plan_load(cands, engine, settings, unused, held, reads, share),
                     sees_same_files(settings),
                 )
+                plan, shares = self._take_shares(
+                    ctx.adapter, rank, resolution, plan, lambda: plan_resolved(
+                        resolution, engine, settings, unused, held, reads, share), settings)  # fmt: skip
             else:
-                resolution, plan = plan_load(cands, engine, settings, unused, held, reads)
+                resolution, plan = plan_load(cands, engine, settings, unused, held, reads, share)
         except MxStrategiesError as exc:
             logger.warning(f"[Worker {rank}] {self.name} {engine.role} load not started: {exc}")
             raise StrategyFailed(str(exc), mutated=False) from exc
@@ -179,9 +187,22 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                 f"[Worker {rank}] {engine.role}: {selection} selected {len(plan.unused_by_model)} tensor(s) the model "
                 f"says it does not load (is_unused_checkpoint_weight); not streaming them: {shown}{more}"
             )
+        if plan.not_held:
+            logger.info(
+                f"[Worker {rank}] {engine.role}: {len(plan.not_held)} tensor(s), {plan.not_held_bytes} bytes, are "
+                f"other ranks' (pipeline stages, expert-parallel ranks: the module's structure); not streamed here"
+            )
+        carrier = None
+        if shares is not None and shares.shares_differ:
+            carrier = carrier_plan(plan, resolution.checkpoint, settings, shares.carried)
+            logger.info(
+                f"[Worker {rank}] {engine.role}: the ranks of this host ({list(shares.host_ranks)}) read different "
+                f"shares; streaming their union once ({len(carrier.expected)} tensors, {carrier.bytes} bytes) "
+                f"and feeding this rank's model its own {len(plan.expected)} ({plan.bytes} bytes)"
+            )
         planned = time.perf_counter()
 
-        result, stream = self._stream(result, ctx, plan, settings, engine, distributed)
+        result, stream = self._stream(result, ctx, plan, settings, engine, distributed, carrier)
         streamed = time.perf_counter()
         try:
             result = ctx.adapter.after_weight_iter_load(result)
@@ -197,7 +218,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             "verify": stream.verify_seconds,  # verify and completeness lie inside stream
             "completeness": streamed - (stream.closed_at or streamed),
         }
-        report = self._report(rank, resolution, plan, stream, timings)
+        report = self._report(rank, resolution, plan, stream, timings, shares)
         result.metadata[METADATA_KEY] = record(report)
         telemetry.record_load(report, ctx, engine=engine.engine, ended=finished)
         logger.info(f"[Worker {rank}] {report.summary()}")
@@ -233,8 +254,39 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         )
 
     @staticmethod
+    def _take_shares(adapter, rank: int, resolution: Resolution, rank0_plan: LoadPlan, own_plan, settings):
+        """This rank's own plan of rank 0's checkpoint, and every rank's share (:func:`.distributed.agreed_shares`).
+
+        Rank 0's plan is rank 0's share; every other rank plans its own
+        (``own_plan``: its module's answer) and checks the files only it
+        reads. A rank that cannot plan still joins the exchange, so all
+        refuse together (``mutated=False``), never a hang.
+        """
+        own, refusal = (rank0_plan, None) if rank == 0 else (None, None)
+        if rank != 0:
+            try:
+                own = own_plan()
+                extra = [s for s in own.shards if s.key not in {k.key for k in rank0_plan.shards}]
+                refusal = sees_same_files(settings)((resolution, replace(own, shards=tuple(extra)))) if extra else None
+            except MxStrategiesError as exc:
+                refusal = str(exc)
+        universe, sizes = share_universe(resolution.checkpoint, settings)
+        if own is not None and not refusal:
+            outside = set(own.expected) - set(universe)
+            if outside:
+                refusal = f"plans {len(outside)} tensor(s) outside the checkpoint's loaded shards: {sorted(outside)[:3]}"
+        shares = agreed_shares(adapter, rank, universe, sizes, None if own is None or refusal else frozenset(own.expected),
+                               refusal)  # fmt: skip
+        return own, shares
+
+    @staticmethod
     def _report(
-        rank: int, resolution: Resolution, plan: LoadPlan, stream: VerifiedStream, timings: dict[str, float]
+        rank: int,
+        resolution: Resolution,
+        plan: LoadPlan,
+        stream: VerifiedStream,
+        timings: dict[str, float],
+        shares: "RankShares | None" = None,
     ) -> LoadReport:
         checkpoint = resolution.checkpoint
         return LoadReport(
@@ -265,6 +317,11 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             selection_cached=plan.selection_cached,
             left_out=len(plan.left_out),
             left_out_bytes=plan.left_out_bytes,
+            not_held=len(plan.not_held),
+            not_held_bytes=plan.not_held_bytes,
+            bytes_carried=None if shares is None else stream.bytes_carried,
+            host_ranks=() if shares is None else shares.host_ranks,
+            ranks=() if shares is None else tuple((r.rank, r.host, r.tensors, r.bytes) for r in shares.ranks),
         )
 
     def _stream(
@@ -275,6 +332,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         settings: RobustSettings,
         engine: EngineView,
         distributed: bool,
+        carrier: Optional[LoadPlan] = None,
     ) -> tuple[LoadResult, VerifiedStream]:
         rank = ctx.global_rank
         stream = VerifiedStream(
@@ -285,6 +343,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             loader_extra_config=engine.loader_extra_config,
             on_warning=lambda message: logger.warning(f"[Worker {rank}] {message}"),
             progress=progress.for_load(plan, settings, ctx, engine.role),
+            carrier=carrier,
         )
         try:
             with stream:  # entering starts the stream and fetches the first tensor

@@ -19,6 +19,7 @@ probe's before it starts and after it ends.
 
 from __future__ import annotations
 
+import os
 from timeit import default_timer as timer
 from typing import Optional
 
@@ -61,6 +62,8 @@ class PlannedStreamer(SafetensorsStreamer):
             requests.append(request)
             self.files_to_tensors_metadata[index] = metadata
             self.total_size += request.total_size()
+        if not is_distributed:
+            _no_rank_discovery(self.file_streamer)
         self.file_streamer.stream_files(requests, credentials=None, device=device, is_distributed=is_distributed, owned=True)
         self._log_ring()
 
@@ -81,6 +84,37 @@ class PlannedStreamer(SafetensorsStreamer):
             return sum(int(fc.total_size()) for fc in chunks)
         except Exception:  # noqa: BLE001 - an internal of runai; a figure, never a failed load
             return None
+
+
+def _no_rank_discovery(streamer) -> None:
+    """Keep a stream that is not distributed from joining a collective of the whole world.
+
+    runai 0.17's ``DistributedStreamer.stream_files`` calls
+    ``_distributedStreamerParams.set_params`` before it looks at
+    ``is_distributed``, and that finds the ranks of each host with
+    ``new_group`` and ``all_gather_object`` over the whole torch.distributed
+    world whenever one is initialized: every rank of the world must stream at
+    that moment. A load that only some ranks make (an MTP draft at pipeline
+    parallel > 1, built on the last stage only) then hangs there (or breaks,
+    once the other ranks are gone). A stream of one rank needs no discovery:
+    the answer is set beforehand, as runai's own "not initialized" branch
+    gives it. ``RUNAI_STREAMER_PROCESS_GROUP_SIZE`` (what runai would set from
+    it) keeps the operator's value, and is restored after the load
+    (``streaming.streamer_environment``). An internal of runai: where it is
+    shaped otherwise, nothing is changed.
+    """
+    params = getattr(streamer, "params", None)
+    if params is None or not hasattr(params, "num_processes_on_node") or params.num_processes_on_node is not None:
+        return
+    try:
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+    except Exception:  # noqa: BLE001 - no process group to ask: runai's own default
+        rank = 0
+    params.num_processes_on_node = int(os.environ.get("RUNAI_STREAMER_PROCESS_GROUP_SIZE") or 1)
+    params.my_global_rank = rank
+    params.groups_by_ranks = [[rank]]
 
 
 __all__ = ["PlannedStreamer", "shard_request"]

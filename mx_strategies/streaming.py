@@ -291,7 +291,8 @@ def _extra_key(var: str) -> str:
 @contextmanager
 def streamer_environment(variables: Mapping[str, str]) -> Iterator[None]:
     """Set runai's variables for the duration of a load, restoring them afterwards."""
-    saved = {}
+    # runai sets its process group size once and leaves it in the environment (runai_plan._no_rank_discovery).
+    saved = {"RUNAI_STREAMER_PROCESS_GROUP_SIZE": os.environ.get("RUNAI_STREAMER_PROCESS_GROUP_SIZE")}
     try:
         for var, value in variables.items():
             saved[var] = os.environ.get(var)
@@ -324,8 +325,14 @@ class VerifiedStream:
         loader_extra_config: Optional[Mapping[str, Any]] = None,
         on_warning: Optional[Callable[[str], None]] = None,
         progress: Any = None,  # a progress.ProgressLog, told of every tensor (None: no progress lines)
+        carrier: Optional[LoadPlan] = None,
     ) -> None:
+        """``carrier``: what runai streams when it is more than ``plan`` (the union of the shares of
+        this host's ranks, :func:`.distributed.agreed_shares`); only ``plan``'s tensors reach the model."""
         self.plan = plan
+        self.carrier = carrier if carrier is not None else plan
+        self._own = None if carrier is None or plan.names is None else plan.names
+        self.bytes_passed_on = 0  # carried for the host's other ranks, not fed to this rank's model
         self.settings = settings
         self.device = device
         self.distributed = distributed
@@ -358,7 +365,7 @@ class VerifiedStream:
         """
         if self._streamer is not None:
             raise RuntimeError("VerifiedStream is already started")
-        claim_backend(self.plan.source, self.plan.uris)
+        claim_backend(self.carrier.source, self.carrier.uris)
         # The identity re-check "before streaming" runs while runai starts and fetches the first
         # tensor (one round trip less on an object store); nothing reaches the model before it passed.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mx-recheck") as recheck:
@@ -389,9 +396,9 @@ class VerifiedStream:
         self._env = streamer_environment(self.variables)
         self._env.__enter__()
         self._streamer = PlannedStreamer().__enter__()
-        if self.plan.shards:
+        if self.carrier.shards:
             # The probe's headers, not a second read of them (runai_plan).
-            self._streamer.stream_plan(self.plan, device=self.device, is_distributed=self.distributed)
+            self._streamer.stream_plan(self.carrier, device=self.device, is_distributed=self.distributed)
             self._from_storage = self._streamer.bytes_from_storage()
             self._iter = self._streamer.get_tensors()
             self._first = next(self._iter, None)
@@ -445,7 +452,7 @@ class VerifiedStream:
         dtypes and shapes. An identity that cannot be read now is warned
         about, not failed on (MX_ROBUST_VERIFY_CONTENT covers the bytes).
         """
-        shards = [s for s in self.plan.shards if getattr(s, "identity", None)]
+        shards = [s for s in self.carrier.shards if getattr(s, "identity", None)]
         if not shards:
             return None
         changed, unknown = source_changes(self.plan.source, shards, self.settings)
@@ -477,6 +484,11 @@ class VerifiedStream:
         return 0 if self._in_order is None else self._in_order.peak_bytes
 
     @property
+    def bytes_carried(self) -> int:
+        """The tensor bytes that reached this rank: its plan's, plus the host's other ranks' (a carrier)."""
+        return self.carrier.bytes
+
+    @property
     def bytes_from_storage(self) -> Optional[int]:
         """What this rank read from storage itself (runai's partition share when distributed), or None."""
         return self._from_storage
@@ -497,7 +509,10 @@ class VerifiedStream:
         arrived: set[str] = set()
         while pending is not None:
             arrived.add(pending[0])
-            yield pending
+            if self._own is None or pending[0] in self._own:
+                yield pending
+            else:  # another rank's of this host: runai's broadcast brought it here; dropped at once
+                self.bytes_passed_on += pending[1].numel() * pending[1].element_size()
             try:
                 pending = next(self._iter, None) if self._iter is not None else None
             except Exception as exc:

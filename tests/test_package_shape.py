@@ -52,6 +52,7 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "mx_strategies.patches",
         "mx_strategies.planning",
         "mx_strategies.progress",
+        "mx_strategies.rank_share",
         "mx_strategies.reads_cache",
         "mx_strategies.releases",
         "mx_strategies.report",

@@ -17,7 +17,9 @@ decode kernel only compiles for DeepSeek's latent size (kv_lora_rank 512 +
 rope 64), so those two stay; everything else is tiny. A model is a few MB
 and builds in a few seconds. ``"gpu"`` uses the head sizes vLLM's CUDA
 kernels are built and tested for (DeepSeek-V2-Lite's MLA heads: 16 heads,
-nope 128, v 128; Qwen3-Next's head_dim 256), still a few MB.
+nope 128, v 128; Qwen3-Next's head_dim 256), still a few MB. ``"ranks"`` is
+``"cpu"`` with three decoder layers and eight routed experts, so that
+pipeline stages and expert-parallel ranks each hold a share of their own.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ ARCHS: dict[str, dict[str, Any]] = {
 # Per profile, what differs from ARCHS (see the module docstring).
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "cpu": {},
+    "ranks": {"deepseek_v3": dict(num_hidden_layers=3, n_routed_experts=8)},
     "gpu": {
         "deepseek_v3": dict(
             hidden_size=256,

@@ -1,0 +1,115 @@
+"""A rank's share of the checkpoint, read from the structure of the module the engine built.
+
+With pipeline parallel a stage holds its own decoder layers and the others
+are placeholders (vLLM's and SGLang's ``PPMissingLayer``, vLLM's
+``StageMissingLayer``): the model's ``load_weights`` skips every name under
+them (vLLM's ``is_pp_missing_parameter``). With expert parallel each rank's
+fused-MoE layers hold an ``expert_map`` (global expert id -> local slot, -1
+for the experts of other ranks), and ``load_weights`` drops the other
+experts' tensors.
+
+The dry run (:mod:`.module_reads`) sees both without being told. This module
+is the fallback where the module cannot be asked and a table row or a
+convention decides: the names a rank does not hold are taken out of the
+plan, with the engine's own rules:
+
+- a name under a missing layer (``name.startswith(layer + ".")``, exactly
+  vLLM's ``get_pp_missing_layer_names``);
+- a per-expert weight (``<moe>.<id>.<...>.weight`` or ``.weight_packed``)
+  whose expert the module's ``expert_map`` gives to another rank. As vLLM's
+  own filter (``model_loader/ep_weight_filter.py``), scales and other
+  per-expert metadata stay, and nothing is filtered under EPLB, whose
+  redundant slots may hold any expert.
+
+Pure reading: the model is not touched.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+MISSING_LAYER_CLASSES = frozenset({"PPMissingLayer", "StageMissingLayer"})
+OTHER_STAGE = "another pipeline stage's layer (the module holds a PPMissingLayer there)"
+OTHER_EXPERT_RANK = "another expert-parallel rank's expert (the module's expert_map)"
+# vLLM's ep_weight_filter skips only these: "scale tensors are tiny and some backends need them from ALL experts".
+_HEAVY_SUFFIXES = (".weight", ".weight_packed")
+_EXPERT_ID = re.compile(r"\.(\d+)\.")  # matched at the MoE path's end (pattern.match anchors at pos)
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """What the built module holds, as far as its structure says: missing layers and local experts."""
+
+    missing_layers: tuple[str, ...] = ()  # module paths, each with its trailing "."
+    # MoE module path (with its trailing ".") -> the global expert ids this rank holds
+    local_experts: Mapping[str, frozenset[int]] = field(default_factory=dict)
+
+    @property
+    def whole(self) -> bool:
+        """True when the module holds every layer and every expert (nothing to leave out)."""
+        return not self.missing_layers and not self.local_experts
+
+    def why_not_held(self, name: str) -> Optional[str]:
+        """Why this rank does not read checkpoint tensor ``name``, or None when it may."""
+        if any(name.startswith(prefix) for prefix in self.missing_layers):
+            return OTHER_STAGE
+        if not name.endswith(_HEAVY_SUFFIXES):
+            return None
+        for prefix, local in self.local_experts.items():
+            if name.startswith(prefix):
+                match = _EXPERT_ID.match(name, len(prefix) - 1)
+                if match and int(match.group(1)) not in local:
+                    return OTHER_EXPERT_RANK
+        return None
+
+
+def _expert_map(module: Any) -> Optional[list[int]]:
+    """The module's global -> local expert map as a list, or None (not an expert-parallel MoE layer)."""
+    try:
+        value = getattr(module, "expert_map", None)
+    except Exception:  # noqa: BLE001 - a property of an engine class; reading it must never fail a load
+        return None
+    if value is None or not hasattr(value, "tolist"):
+        return None
+    try:
+        return [int(v) for v in value.tolist()]
+    except Exception:  # noqa: BLE001 - a meta tensor or another shape: no answer
+        return None
+
+
+def _eplb(module: Any) -> bool:
+    """Whether the layer runs vLLM's expert-parallel load balancer (redundant slots may hold any expert)."""
+    if getattr(module, "enable_eplb", False) is True:
+        return True
+    parallel = getattr(getattr(module, "moe_config", None), "moe_parallel_config", None)
+    return getattr(parallel, "enable_eplb", False) is True
+
+
+def share_of(model: Any) -> RankShare:
+    """The share of the checkpoint the built ``model`` holds, read from its structure (see the module docstring)."""
+    named = getattr(model, "named_modules", None)
+    if named is None:
+        return RankShare()
+    missing: list[str] = []
+    local: dict[str, frozenset[int]] = {}
+    for path, module in named():
+        if type(module).__name__ in MISSING_LAYER_CLASSES:
+            if path:
+                missing.append(path + ".")
+            continue
+        mapping = _expert_map(module)
+        if mapping is None or not path:
+            continue
+        if _eplb(module):
+            return RankShare(tuple(missing))  # as vLLM: read every expert under EPLB
+        held = frozenset(g for g, slot in enumerate(mapping) if slot >= 0)
+        if len(held) < len(mapping):
+            local[path + "."] = held
+    # A MoE layer nested in another (vLLM's FusedMoE and its routed_experts) is checked by its outer path.
+    outer = {p: ids for p, ids in local.items() if not any(p != q and p.startswith(q) for q in local)}
+    return RankShare(tuple(missing), outer)
+
+
+__all__ = ["OTHER_EXPERT_RANK", "OTHER_STAGE", "RankShare", "share_of"]

