@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mx_strategies.errors import DraftPlanError, RanksDisagree
-from mx_strategies.distributed import agreed_plan
+from mx_strategies.distributed import agreed_plan, agreed_shares
 from mx_strategies.testing.loopback import free_port
 
 WORLD = 2
@@ -56,6 +56,37 @@ def _check_on_rank(rank: int, case: str):
 
 CASES = ("agree", "rank0_fails", "rank1_refuses")
 
+# agreed_shares: a checkpoint of six tensors; rank r's share, its host, and what else differs per case.
+UNIVERSE = ["embed", "layer0", "layer1.experts.0", "layer1.experts.1", "layer2", "head"]
+SIZES = [100, 10, 20, 30, 40, 5]
+SHARE_CASES = {
+    # pipeline stages on one host: disjoint shares, the host streams their union
+    "stages_one_host": ({0: {"embed", "layer0"}, 1: {"layer2", "head"}}, {0: "node-a", 1: "node-a"}),
+    # expert-parallel ranks on two hosts: each host holds one rank, so each streams its own share
+    "experts_two_hosts": ({0: {"embed", "layer1.experts.0"}, 1: {"embed", "layer1.experts.1"}},
+                          {0: "node-a", 1: "node-b"}),
+    "equal_shares": ({0: set(UNIVERSE), 1: set(UNIVERSE)}, {0: "node-a", 1: "node-a"}),
+}
+SHARE_FAULTS = ("share_rank1_refuses", "share_other_checkpoint")
+
+
+def _share_on_rank(rank: int, case: str) -> dict:
+    try:
+        if case in SHARE_CASES:
+            shares, hosts = SHARE_CASES[case]
+            got = agreed_shares(GroupAdapter(), rank, UNIVERSE, SIZES, frozenset(shares[rank]), host=hosts[rank])
+        elif case == "share_rank1_refuses":
+            own, why = (None, "draft load from s3://m: no draft tensor found") if rank == 1 else (frozenset(UNIVERSE), None)
+            got = agreed_shares(GroupAdapter(), rank, UNIVERSE, SIZES, own, why, host="node-a")
+        else:  # rank 1 planned against another checkpoint (another list of tensors)
+            universe = UNIVERSE + (["extra"] if rank == 1 else [])
+            got = agreed_shares(GroupAdapter(), rank, universe, SIZES + [1] * (rank == 1), frozenset(UNIVERSE),
+                                host="node-a")  # fmt: skip
+    except RanksDisagree as exc:
+        return {"ok": False, "error": str(exc), "mutated": exc.mutated}
+    return {"ok": True, "own": sorted(got.own), "carried": sorted(got.carried), "host_ranks": list(got.host_ranks),
+            "ranks": [[r.rank, r.host, r.tensors, r.bytes] for r in got.ranks], "differ": got.shares_differ}  # fmt: skip
+
 
 def _worker(rank: int, port: int, out: str) -> None:
     dist.init_process_group(
@@ -69,6 +100,8 @@ def _worker(rank: int, port: int, out: str) -> None:
                 outcomes[case] = {"ok": True, "plan": plan}
             except RanksDisagree as exc:
                 outcomes[case] = {"ok": False, "error": str(exc), "mutated": exc.mutated}
+        for case in (*SHARE_CASES, *SHARE_FAULTS):
+            outcomes[case] = _share_on_rank(rank, case)
     finally:
         dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
@@ -81,7 +114,7 @@ def outcomes(tmp_path_factory) -> dict[str, list[dict]]:
     out = tmp_path_factory.mktemp("ranks")
     mp.start_processes(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True, start_method="spawn")
     per_rank = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
-    return {case: [rank[case] for rank in per_rank] for case in CASES}
+    return {case: [rank[case] for rank in per_rank] for case in (*CASES, *SHARE_CASES, *SHARE_FAULTS)}
 
 
 @pytest.mark.timeout(120)
@@ -113,3 +146,46 @@ def test_an_adapter_that_cannot_broadcast_is_refused():
 
     with pytest.raises(RanksDisagree, match=r"^rank 1: the engine adapter did not share rank 0's load plan"):
         agreed_plan(NoBroadcast(), 1, lambda: "plan")
+
+
+# -- agreed_shares: ranks that read different tensors ------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_stages_on_one_host_stream_their_union_and_keep_their_own(outcomes):
+    rank0, rank1 = outcomes["stages_one_host"]
+    table = [[0, "node-a", 2, 110], [1, "node-a", 2, 45]]  # who reads what: the same on every rank
+    union = sorted({"embed", "layer0", "layer2", "head"})
+    assert rank0 == {"ok": True, "own": ["embed", "layer0"], "carried": union, "host_ranks": [0, 1],
+                     "ranks": table, "differ": True}  # fmt: skip
+    assert rank1 == {"ok": True, "own": ["head", "layer2"], "carried": union, "host_ranks": [0, 1],
+                     "ranks": table, "differ": True}  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+def test_ranks_alone_on_their_hosts_stream_only_their_own(outcomes):
+    rank0, rank1 = outcomes["experts_two_hosts"]
+    assert (rank0["carried"], rank0["host_ranks"], rank0["differ"]) == (["embed", "layer1.experts.0"], [0], False)
+    assert (rank1["carried"], rank1["host_ranks"], rank1["differ"]) == (["embed", "layer1.experts.1"], [1], False)
+    assert rank0["ranks"] == rank1["ranks"] == [[0, "node-a", 2, 120], [1, "node-b", 2, 130]]
+
+
+@pytest.mark.timeout(120)
+def test_equal_shares_stream_exactly_the_plan(outcomes):
+    for result in outcomes["equal_shares"]:
+        assert result["differ"] is False and result["carried"] == result["own"] == sorted(UNIVERSE)
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_cannot_plan_its_share_fails_every_rank_unmutated(outcomes):
+    expected = ("1 of 2 ranks cannot take their share of rank 0's plan, so none streams: "
+                "rank 1: draft load from s3://m: no draft tensor found")  # fmt: skip
+    assert outcomes["share_rank1_refuses"] == [{"ok": False, "error": expected, "mutated": False}] * WORLD
+
+
+@pytest.mark.timeout(120)
+def test_ranks_that_planned_against_other_tensors_fail_every_rank_unmutated(outcomes):
+    for rank, result in enumerate(outcomes["share_other_checkpoint"]):
+        assert result["ok"] is False and result["mutated"] is False
+        other = 1 - rank
+        assert f"rank {other}: planned against another list of tensors than rank {rank}" in result["error"]

@@ -21,6 +21,10 @@ default loader on the same classes.
   its own experts.
 * ``ep-probe-fault``: distributed, rank 1 reaches the store through a dead
   port: both ranks refuse before anything is streamed, ``mutated=False``.
+* ``pp2-table``, ``ep-own-table``: the same layouts with the dry run left out
+  (``MX_ROBUST_SELECTION_SOURCES=table,convention``): the table row decides,
+  and the module's structure (``mx_strategies.rank_share``: its
+  ``PPMissingLayer``s, its ``expert_map``) narrows it to the rank's share.
 """
 
 from __future__ import annotations
@@ -50,7 +54,11 @@ LAYOUTS = {
     "ep-dist": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "1"}),
     "ep-own": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "0"}),
     "ep-probe-fault": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "1"}, dead_rank=1),
+    "pp2-table": dict(tp=1, pp=2, ep=False, draft=True, env={"MX_ROBUST_SELECTION_SOURCES": "table,convention"}),
+    "ep-own-table": dict(tp=2, pp=1, ep=True, draft=False,
+                         env={"MX_MS_DISTRIBUTED": "0", "MX_ROBUST_SELECTION_SOURCES": "table,convention"}),
 }
+TABLE = {"pp2-table", "ep-own-table"}  # the layouts where the table and the module's structure decide
 
 
 @pytest.fixture(scope="module")
@@ -162,8 +170,9 @@ def assert_bit_identical(result: dict, name: str) -> None:
 # -- pipeline parallel 2 ------------------------------------------------------------
 
 
-def test_each_pipeline_stage_streams_its_own_layers(store):
-    run = run_layout("pp2", store)
+@pytest.mark.parametrize("layout", ["pp2", "pp2-table"])
+def test_each_pipeline_stage_streams_its_own_layers(store, layout):
+    run = run_layout(layout, store)
     sizes = tensor_sizes(store["local"])
     n = 3  # decoder layers; layer 3 is the MTP layer
     stage0, stage1 = (only_report(r["roles"]["target"]) for r in run["ranks"])
@@ -172,7 +181,11 @@ def test_each_pipeline_stage_streams_its_own_layers(store):
     expected1 = {k for k in sizes if k in ("model.norm.weight", "lm_head.weight") or layer_of(k) == 2}
     assert stage0["tensors"] == len(expected0) and stage0["bytes_streamed"] == sum(sizes[k] for k in expected0)
     assert stage1["tensors"] == len(expected1) and stage1["bytes_streamed"] == sum(sizes[k] for k in expected1)
-    assert stage0["selection_source"] == stage1["selection_source"] == "dry_run"
+    if layout in TABLE:  # the table row (the target less its MTP layer), less the other stage's layers
+        assert stage0["selection_source"] == stage1["selection_source"] == "table"
+        assert stage0["not_held"] == len(expected1) and stage1["not_held"] == len(expected0)
+    else:
+        assert stage0["selection_source"] == stage1["selection_source"] == "dry_run"
     assert not stage0["distributed"] and not stage1["distributed"]
     # The MTP draft: built on the last stage only, where it streams the MTP layer (and nothing on stage 0).
     assert not run["ranks"][0]["last_stage"] and "draft" not in run["ranks"][0]["roles"]
@@ -190,18 +203,20 @@ def draft_names(rank_result: dict) -> list[str]:
     return rank_result["roles"]["draft"].get("fed", [])
 
 
-def test_every_pipeline_stage_is_bit_identical_to_the_default_loader(store):
-    run = run_layout("pp2", store)
+@pytest.mark.parametrize("layout", ["pp2", "pp2-table"])
+def test_every_pipeline_stage_is_bit_identical_to_the_default_loader(store, layout):
+    run = run_layout(layout, store)
     for result in run["ranks"]:
-        assert_bit_identical(result, "pp2")
+        assert_bit_identical(result, layout)
     assert set(run["ranks"][1]["roles"]) == {"target", "draft"}
 
 
 # -- tensor parallel 2 with expert parallel ----------------------------------------------
 
 
-def test_each_expert_parallel_rank_streams_only_its_own_experts(store):
-    run = run_layout("ep-own", store)
+@pytest.mark.parametrize("layout", ["ep-own", "ep-own-table"])
+def test_each_expert_parallel_rank_streams_only_its_own_experts(store, layout):
+    run = run_layout(layout, store)
     sizes = tensor_sizes(store["local"])
     reports = [only_report(r["roles"]["target"]) for r in run["ranks"]]
     for rank, report in enumerate(reports):
@@ -210,12 +225,15 @@ def test_each_expert_parallel_rank_streams_only_its_own_experts(store):
         others = {k for k in sizes if expert_of(k) is not None and expert_of(k) not in mine}
         expected = {k for k in sizes if k not in others and layer_of(k) != 3}
         assert report["tensors"] == len(expected), (rank, report["tensors"], len(expected))
+        assert report["selection_source"] == ("table" if layout in TABLE else "dry_run")
+        # (the MTP layer's experts the table already left to the draft)
+        assert report["not_held"] == (len({k for k in others if layer_of(k) != 3}) if layout in TABLE else 0)
         assert report["bytes_streamed"] == sum(sizes[k] for k in expected)
         served = run["served"][rank]
         assert report["bytes_streamed"] <= served <= 1.02 * report["bytes_streamed"] + store_metadata_bytes(store) \
             + HTTP_OVERHEAD * requests(store, rank), (rank, served, report["bytes_streamed"])
     for result in run["ranks"]:
-        assert_bit_identical(result, "ep-own")
+        assert_bit_identical(result, layout)
 
 
 def test_distributed_expert_ranks_stream_the_hosts_union_once_and_keep_their_own(store):
