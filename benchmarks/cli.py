@@ -81,6 +81,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--observability", action="store_true",
                         help="only measure progress lines and metrics on against off: robust loads of a generated "
                              "--size checkpoint, interleaved over --reps (benchmarks.observability)")  # fmt: skip
+    parser.add_argument("--rank-shares", action="store_true",
+                        help="only compute, names only, what each rank reads of DeepSeek-V3 at PP=2, EP=8 and "
+                             "DP=8 x EP=8 against runai's and vLLM's default loader (benchmarks.rank_shares)")  # fmt: skip
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.reps < 1 or args.warmup < 0 or args.memory_reps < 1 or args.engine_reps < 1:
@@ -189,6 +192,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
 
     quiet_logging()
+    if args.rank_shares:
+        from .rank_shares import render_rank_shares, run_rank_shares
+
+        result = run_rank_shares()
+        print(render_rank_shares(result))
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump({"command": " ".join(["python -m benchmarks", *(argv or sys.argv[1:])]),
+                           "rank_shares": result}, handle, indent=1)  # fmt: skip
+        return 0
     os.makedirs(args.workdir, exist_ok=True)
     if args.observability:
         from .observability import render_observability, run_observability
