@@ -142,7 +142,7 @@ def test_robust_load_passes_the_right_reports_and_names_each_wrong_one():
              _report("draft", 3, 300, ["m-3.safetensors"], convention="nextn_layers")]  # fmt: skip
     assert robust_load_problems(_run(reports=whole), MANIFEST, URI) == [
         "rank 0: target streamed 10 tensors, 1000 bytes; the target's share of the checkpoint is 7, 700",
-        "rank 0: target left None tensors, None bytes to the draft; the MTP layer has 3, 300",
+        "rank 0: target left None tensors, None bytes to the draft (left_to_draft); the MTP layer has 3, 300",
         "rank 0: draft streamed 3 tensors, 300 bytes; the draft module keeps 2, 200",
     ]
     empty_read = [_report("target", 7, 700, ["m-1.safetensors", "m-2.safetensors", "m-3.safetensors"],
@@ -152,6 +152,15 @@ def test_robust_load_passes_the_right_reports_and_names_each_wrong_one():
         "rank 0: target read shards ['m-1.safetensors', 'm-2.safetensors', 'm-3.safetensors'], expected "
         "['m-2.safetensors', 'm-3.safetensors']",
         "rank 0: draft convention 'mtp', expected 'nextn_layers'",
+    ]
+    # The module's own answer (selection_source dry_run) leaves the MTP layer out as names it does not read.
+    asked = [_report("target", 7, 700, ["m-3.safetensors", "m-2.safetensors"], selection_source="dry_run",
+                     left_out=3, left_out_bytes=300),
+             _report("draft", 2, 200, ["m-3.safetensors"], convention="nextn_layers")]  # fmt: skip
+    assert robust_load_problems(_run(reports=asked), MANIFEST, URI) == []
+    asked[0]["left_out"] = 2
+    assert robust_load_problems(_run(reports=asked), MANIFEST, URI) == [
+        "rank 0: target left 2 tensors, 300 bytes to the draft (left_out); the MTP layer has 3, 300"
     ]
     assert robust_load_problems(_run(reports=[]), MANIFEST, URI) == [
         "rank 0: robust's load reports are [], not a loaded target and a loaded draft"

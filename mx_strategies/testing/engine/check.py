@@ -222,10 +222,13 @@ def robust_load_problems(
                 f"{where}: target streamed {target['tensors']} tensors, {target['bytes_streamed']} bytes; "
                 f"the target's share of the checkpoint is {target_tensors}, {target_bytes}"
             )
-        if (target.get("left_to_draft"), target.get("left_to_draft_bytes")) != (len(manifest["draft_tensors"]), manifest["draft_bytes"]):
+        # The table names what it leaves to the draft (left_to_draft); the module's own answer leaves the MTP
+        # layer out as names its load_weights does not read (left_out).
+        left = ("left_out", "left_out_bytes") if target.get("selection_source") == "dry_run" else ("left_to_draft", "left_to_draft_bytes")
+        if (target.get(left[0]), target.get(left[1])) != (len(manifest["draft_tensors"]), manifest["draft_bytes"]):
             problems.append(
-                f"{where}: target left {target.get('left_to_draft')} tensors, {target.get('left_to_draft_bytes')} bytes to "
-                f"the draft; the MTP layer has {len(manifest['draft_tensors'])}, {manifest['draft_bytes']}"
+                f"{where}: target left {target.get(left[0])} tensors, {target.get(left[1])} bytes to "
+                f"the draft ({left[0]}); the MTP layer has {len(manifest['draft_tensors'])}, {manifest['draft_bytes']}"
             )
         expected_shards = sorted(s for s in manifest.get("target_shards", non_empty) if s in non_empty)
         if sorted(target["shards"]) != expected_shards:
