@@ -66,16 +66,59 @@ class RankShare:
 
 
 def _expert_map(module: Any) -> Optional[list[int]]:
-    """The module's global -> local expert map as a list, or None (not an expert-parallel MoE layer)."""
+    """The module's global -> local expert map as a list, or None (not an expert-parallel MoE layer, or one
+    whose experts do not sit in the slots of their checkpoint ids: every expert is read).
+
+    vLLM: the fused-MoE layer's ``expert_map`` tensor. SGLang 0.5.23 keeps no such map: its ``FusedMoE``
+    (layers/moe/fused_moe_triton/layer.py) holds ``_num_local_routed`` routed experts from
+    ``_expert_storage_rank`` on, and its ``weight_loader`` drops every expert for which
+    ``_map_global_expert_id_to_local_expert_id`` answers -1 (:1153-1161, :1188-1194); the map is that
+    method over ``range(num_experts)`` (fused shared experts map to local slots: every rank holds them).
+    A served target's loader first maps each checkpoint (logical) expert to its physical slots through
+    the global expert-location metadata (:1196-1233; ``ModelRunner.maybe_init_expert_location_metadata``
+    sets it before loading). Logical and physical ids are one only under the trivial placement without
+    redundant experts: with ``--ep-num-redundant-experts``, another ``--init-expert-location``, SGLang's
+    EPLB, or a parameter that takes every expert (``_sglang_require_global_experts``), there is no map.
+    """
     try:
         value = getattr(module, "expert_map", None)
     except Exception:  # noqa: BLE001 - a property of an engine class; reading it must never fail a load
         return None
-    if value is None or not hasattr(value, "tolist"):
+    if value is not None:  # vLLM
+        if not hasattr(value, "tolist"):
+            return None
+        try:
+            return [int(v) for v in value.tolist()]
+        except Exception:  # noqa: BLE001 - a meta tensor or another shape: no answer
+            return None
+    if not hasattr(module, "_num_local_routed"):  # not SGLang's FusedMoE
         return None
-    try:
-        return [int(v) for v in value.tolist()]
-    except Exception:  # noqa: BLE001 - a meta tensor or another shape: no answer
+    try:  # SGLang
+        local_of = getattr(module, "_map_global_expert_id_to_local_expert_id", None)
+        experts, slots = getattr(module, "num_experts", None), getattr(module, "num_local_experts", None)
+        if not callable(local_of) or not isinstance(experts, int) or not isinstance(slots, int):
+            return None
+        if any(getattr(p, "_sglang_require_global_experts", False) for p in module.parameters(recurse=False)):
+            return None
+        if getattr(module, "uses_expert_location", False) is True:  # a target: the placement must be trivial
+            from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
+            from sglang.srt.runtime_context import get_exec
+
+            moe = get_exec().moe
+            if getattr(moe, "enable_eplb", False) or getattr(moe, "ep_num_redundant_experts", 0):
+                return None
+            metadata = get_global_expert_location_metadata()
+            if metadata is not None:  # None: the loader maps checkpoint ids directly
+                if metadata.num_physical_experts != metadata.num_logical_experts:
+                    return None
+                layer, table = getattr(module, "layer_id", None), metadata.physical_to_logical_map_cpu
+                if not isinstance(layer, int):
+                    return None
+                # A layer past the table's (a draft's) gets SGLang's identity fallback (logical_to_all_physical).
+                if layer < table.shape[0] and [int(v) for v in table[layer].tolist()] != list(range(table.shape[1])):
+                    return None
+        return [slot if 0 <= slot < slots else -1 for slot in (int(local_of(g)) for g in range(experts))]
+    except Exception:  # noqa: BLE001 - another SGLang, or its runtime not set up: no answer, every expert read
         return None
 
 
