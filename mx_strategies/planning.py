@@ -258,16 +258,8 @@ def target_selection(
     draft_only = mtp_table.draft_only(row, row_layout_for(row, checkpoint, engine), full.expected, held)
     if not draft_only:
         return replace(full, architecture=row.key)
-    names = frozenset(n for n in full.expected if n not in draft_only)
-    left_bytes = sum(t.nbytes for s in full.shards for n, t in s.tensors.items() if n in draft_only)
-    return replace(
-        full,
-        names=names,
-        shards=_shards_holding(full.shards, names),
-        architecture=row.key,
-        left_to_draft=draft_only,
-        left_to_draft_bytes=left_bytes,
-    )
+    return _less(full, draft_only, architecture=row.key, left_to_draft=draft_only,
+                 left_to_draft_bytes=_bytes_of(full, draft_only))  # fmt: skip
 
 
 def architecture_row(engine: EngineView) -> Optional[mtp_table.MtpArchitecture]:
@@ -345,6 +337,17 @@ def _plan_for_row(
     )
 
 
+def _less(plan: LoadPlan, dropped: frozenset[str], **changes) -> LoadPlan:
+    """``plan`` without the names in ``dropped``, from the shards that still hold one of its names."""
+    names = frozenset(n for n in plan.expected if n not in dropped)
+    return replace(plan, names=names, shards=_shards_holding(plan.shards, names), **changes)
+
+
+def _bytes_of(plan: LoadPlan, names: frozenset[str]) -> int:
+    """The bytes of ``names`` in the plan's shards."""
+    return sum(t.nbytes for s in plan.shards for n, t in s.tensors.items() if n in names)
+
+
 def _shards_holding(shards: Iterable[Shard], names: frozenset[str]) -> tuple[Shard, ...]:
     """The shards that hold at least one of ``names``, in their order: the only ones a draft reads."""
     return tuple(s for s in shards if any(n in names for n in s.tensors))
@@ -370,8 +373,7 @@ def narrow_to_model(plan: LoadPlan, unused: Optional[Callable[[str], bool]]) -> 
     dropped = frozenset(n for n in plan.expected if unused(n))
     if not dropped:
         return plan
-    names = frozenset(n for n in plan.expected if n not in dropped)
-    return replace(plan, names=names, shards=_shards_holding(plan.shards, names), shared=plan.shared - dropped, unused_by_model=dropped)
+    return _less(plan, dropped, shared=plan.shared - dropped, unused_by_model=dropped)
 
 
 def share_universe(checkpoint: Checkpoint, settings: RobustSettings) -> tuple[list[str], list[int]]:
@@ -405,17 +407,9 @@ def narrow_to_rank(plan: LoadPlan, share: Optional[RankShare]) -> LoadPlan:
     reasons = {n: why for n in plan.expected if (why := share.why_not_held(n))}
     if not reasons:
         return plan
-    names = frozenset(n for n in plan.expected if n not in reasons)
-    dropped = sum(t.nbytes for s in plan.shards for n, t in s.tensors.items() if n in reasons)
-    return replace(
-        plan,
-        names=names,
-        shards=_shards_holding(plan.shards, names),
-        shared=plan.shared - frozenset(reasons),
-        left_out={**plan.left_out, **reasons},
-        not_held=frozenset(reasons),
-        not_held_bytes=dropped,
-    )
+    not_held = frozenset(reasons)
+    return _less(plan, not_held, shared=plan.shared - not_held, left_out={**plan.left_out, **reasons},
+                 not_held=not_held, not_held_bytes=_bytes_of(plan, not_held))  # fmt: skip
 
 
 def is_target_source(candidate: Candidate, engine: EngineView, settings: RobustSettings) -> bool:

@@ -29,17 +29,14 @@ default loader on the same classes.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
-import time
 
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM's classes: scripts/test.sh installs them")
 
+from helpers.ranks import run_ranks  # noqa: E402
 from helpers.shares import expert_of, layer_of, tensor_sizes  # noqa: E402
 
 from mx_strategies.testing.engine.models import make_model  # noqa: E402
@@ -95,38 +92,18 @@ def run_layout(name: str, store) -> dict:
     for proxy in store["proxies"]:
         proxy.reset()
     port, dead = free_port(), free_port()
-    processes = []
+    args, envs = [], []
     for rank in range(2):
-        args = dict(rank=rank, port=port, tp=layout["tp"], pp=layout["pp"], ep=layout["ep"], draft=layout["draft"],
-                    config_dir=store["config_only"], local_dir=store["local"], out=str(folder / f"rank{rank}.json"))  # fmt: skip
-        (folder / f"args{rank}.json").write_text(json.dumps(args))
+        args.append(dict(rank=rank, port=port, tp=layout["tp"], pp=layout["pp"], ep=layout["ep"], draft=layout["draft"],
+                         config_dir=store["config_only"], local_dir=store["local"]))  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "VLLM_", "RUNAI_"))}
         endpoint = f"http://127.0.0.1:{dead}" if layout.get("dead_rank") == rank else store["proxies"][rank].endpoint
         env.update(S3_ENV, AWS_ENDPOINT_URL=endpoint, MX_MODEL_URI=store["uri"], VLLM_TARGET_DEVICE="cpu",
                    HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_ASSETS_CACHE=str(folder / "assets"),
                    MX_ROBUST_READS_CACHE_DIR=str(folder / "reads"),
                    RUNAI_STREAMER_DIST_TIMEOUT="120", PYTHONPATH=REPO, **layout["env"])  # fmt: skip
-        log = open(folder / f"rank{rank}.log", "w")
-        processes.append((subprocess.Popen([sys.executable, CHILD, str(folder / f"args{rank}.json")], env=env,
-                                           stdout=log, stderr=subprocess.STDOUT, cwd=str(folder)), log))  # fmt: skip
-    deadline = time.monotonic() + CHILD_TIMEOUT
-    for process, log in processes:
-        try:
-            process.wait(timeout=max(deadline - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
-            for other, _ in processes:
-                other.kill()
-            pytest.fail(f"{name}: a rank did not finish in {CHILD_TIMEOUT}s (a hang); logs in {folder}")
-        finally:
-            log.close()
-    ranks = []
-    for rank in range(2):
-        out = folder / f"rank{rank}.json"
-        tail = (folder / f"rank{rank}.log").read_text()[-3000:]
-        assert out.exists(), f"{name} rank {rank}: no result; log tail:\n{tail}"
-        result = json.loads(out.read_text())
-        assert "error" not in result, f"{name} rank {rank}: {result['error']}\nlog tail:\n{tail}"
-        ranks.append(result)
+        envs.append(env)
+    ranks = run_ranks(CHILD, folder, args, envs, CHILD_TIMEOUT)
     _runs[name] = {"ranks": ranks, "served": [p.to_client for p in store["proxies"]], "folder": folder}
     return _runs[name]
 

@@ -35,13 +35,11 @@ table,convention``, where the table's plan is narrowed by the module's structure
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import time
 
 import pytest
+
+from helpers.ranks import run_ranks
 
 from mx_strategies.testing.loopback import CountingProxy
 from sglang_support import builders as sb
@@ -100,36 +98,15 @@ def run_all(root, ckpt, proxies) -> dict:
                for name in LAYOUTS]
         for ports in [{name: sb.free_port() for name in LAYOUTS}] for rank in range(2)
     }  # fmt: skip
-    processes = []
+    args, envs = [], []
     for rank in range(2):
-        args = dict(rank=rank, model_path=ckpt.config_only, full=ckpt.full, out=str(root / f"rank{rank}.json"),
-                    layouts=layouts[rank])  # fmt: skip
-        (root / f"args{rank}.json").write_text(json.dumps(args))
+        args.append(dict(rank=rank, model_path=ckpt.config_only, full=ckpt.full, layouts=layouts[rank]))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "SGLANG_", "RUNAI_"))}
         env.update(MX_STRATEGY="mx_strategies.robust", MX_MODEL_URI=ckpt.uri, MX_ROBUST_MODEL_COMPLETENESS="fail",
                    RUNAI_STREAMER_DIST_TIMEOUT="120",
                    PYTHONPATH=os.pathsep.join([REPO, TESTS, os.path.join(TESTS, "stubs", "sglang"), env.get("PYTHONPATH", "")]))  # fmt: skip
-        log = open(root / f"rank{rank}.log", "w")
-        processes.append((subprocess.Popen([sys.executable, WORKER, str(root / f"args{rank}.json")], env=env,
-                                           stdout=log, stderr=subprocess.STDOUT, cwd=str(root)), log))  # fmt: skip
-    deadline = time.monotonic() + WORKER_TIMEOUT
-    for process, log in processes:
-        try:
-            process.wait(timeout=max(deadline - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
-            for other, _ in processes:
-                other.kill()
-            pytest.fail(f"a rank did not finish in {WORKER_TIMEOUT}s (a hang); logs in {root}")
-        finally:
-            log.close()
-    found = []
-    for rank in range(2):
-        out = root / f"rank{rank}.json"
-        tail = (root / f"rank{rank}.log").read_text()[-3000:]
-        assert out.exists(), f"rank {rank}: no result; log tail:\n{tail}"
-        result = json.loads(out.read_text())
-        assert "error" not in result, f"rank {rank}: {result['error']}\nlog tail:\n{tail}"
-        found.append(result)
+        envs.append(env)
+    found = run_ranks(WORKER, root, args, envs, WORKER_TIMEOUT)
     return {
         name: {
             "ranks": [found[rank][name] for rank in range(2)],
