@@ -147,6 +147,7 @@ def test_pipeline_stages_stream_their_own_layers(engines):
     shares = [_loaded(robust, rank, "target")["bytes_streamed"] for rank in (0, 1)]
     for rank in (0, 1):
         assert shares[rank] <= served[rank] <= 1.02 * shares[rank] + OVERHEAD, (rank, served, shares)
+    engines.note(f"engine-ranks: pp2: stages streamed {shares} bytes, S3 served them {served}")
 
 
 @pytest.mark.timeout(TWO_ENGINES)
@@ -169,3 +170,8 @@ def test_expert_parallel_ranks_stream_their_hosts_union_once_and_keep_their_own_
     drafts = [_loaded(robust, rank, "draft") for rank in (0, 1)]
     once = sum(sizes[k] for k in union) + drafts[0]["bytes_carried"]  # the draft's (its ranks' union), also once
     assert once <= sum(served) <= 1.02 * once + 2 * OVERHEAD, (served, once)
+    engines.note(
+        f"engine-ranks: ep: ranks kept {[t['bytes_streamed'] for t in targets]} target bytes, carried "
+        f"{targets[0]['bytes_carried']}, read {[t['bytes_from_storage'] for t in targets]} from storage; "
+        f"S3 served {served} (target and draft)"
+    )
