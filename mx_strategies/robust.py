@@ -266,7 +266,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         if rank != 0:
             try:
                 own = own_plan()
-                extra = [s for s in own.shards if s.key not in {k.key for k in rank0_plan.shards}]
+                planned = {s.key for s in rank0_plan.shards}
+                extra = [s for s in own.shards if s.key not in planned]
                 refusal = sees_same_files(settings)((resolution, replace(own, shards=tuple(extra)))) if extra else None
             except MxStrategiesError as exc:
                 refusal = str(exc)

@@ -37,7 +37,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM's classes: scripts/test.sh installs them")
 
 from helpers.ranks import run_ranks  # noqa: E402
-from helpers.shares import expert_of, layer_of, tensor_sizes  # noqa: E402
+from helpers.shares import expert_of, layer_of, probe_bytes, tensor_sizes  # noqa: E402
 
 from mx_strategies.testing.engine.models import make_model  # noqa: E402
 from mx_strategies.testing.loopback import S3_ENV, CountingProxy, LoopbackS3, free_port  # noqa: E402
@@ -232,16 +232,7 @@ def test_a_rank_that_cannot_take_its_share_fails_every_rank_before_the_model_is_
 
 
 def store_metadata_bytes(store) -> int:
-    """The probe's reads: each shard's header, the index and config files the source chain reads."""
-    total = 0
-    for name in os.listdir(store["local"]):
-        path = os.path.join(store["local"], name)
-        if name.endswith(".safetensors"):
-            with open(path, "rb") as handle:
-                total += 8 + int.from_bytes(handle.read(8), "little")
-        elif name.endswith(".json"):
-            total += os.path.getsize(path)
-    return total
+    return probe_bytes(store["local"])
 
 
 def requests(store, rank: int) -> int:

@@ -33,6 +33,19 @@ def expert_of(name: str) -> Optional[int]:
     return int(rest) if rest.isdigit() else None
 
 
+def probe_bytes(folder: str) -> int:
+    """What the probe reads of the checkpoint in ``folder``: each shard's header, the index and config files."""
+    total = 0
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if name.endswith(".safetensors"):
+            with open(path, "rb") as handle:
+                total += 8 + int.from_bytes(handle.read(8), "little")
+        elif name.endswith(".json"):
+            total += os.path.getsize(path)
+    return total
+
+
 def stage_share(sizes: dict[str, int], stage: int, mtp_layer: int) -> set[str]:
     """What a stage of two holds of a three-layer model (vLLM's get_pp_indices: layers 0-1, then 2)."""
     if stage == 0:

@@ -40,6 +40,7 @@ import os
 import pytest
 
 from helpers.ranks import run_ranks
+from helpers.shares import expert_of, layer_of, probe_bytes
 
 from mx_strategies.testing.loopback import CountingProxy
 from sglang_support import builders as sb
@@ -120,17 +121,6 @@ def run_all(root, ckpt, proxies) -> dict:
 # -- the checkpoint's names, and each rank's share of them --------------------------------------------
 
 
-def layer_of(name: str):
-    return int(name.split(".")[2]) if name.startswith("model.layers.") else None
-
-
-def expert_of(name: str):
-    if ".mlp.experts." not in name:
-        return None
-    rest = name.split(".mlp.experts.")[1].split(".")[0]
-    return int(rest) if rest.isdigit() else None
-
-
 def target_names(ckpt) -> set[str]:
     """What SGLang's target reads at TP=1, PP=1: every tensor but the NextN layer's."""
     return {n for n in ckpt.tensors if layer_of(n) != N_LAYERS}
@@ -175,16 +165,7 @@ def only_report(load: dict) -> dict:
 
 
 def headers_bytes(ckpt) -> int:
-    """The probe's reads: each shard's header, the index and the config."""
-    total = 0
-    for name in os.listdir(ckpt.full):
-        path = os.path.join(ckpt.full, name)
-        if name.endswith(".safetensors"):
-            with open(path, "rb") as handle:
-                total += 8 + int.from_bytes(handle.read(8), "little")
-        elif name.endswith(".json"):
-            total += os.path.getsize(path)
-    return total
+    return probe_bytes(ckpt.full)
 
 
 # -- the tests -------------------------------------------------------------------------------------------
