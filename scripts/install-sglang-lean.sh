@@ -74,8 +74,8 @@ forbidding "$work/constraints.txt" $GPU_ONLY
 echo "triton==${TRITON_VERSION}" >>"$work/requirements.txt"
 echo "dill" >>"$work/requirements.txt"
 
-"${PIP[@]}" install -q -c "$work/constraints.txt" -r "$work/requirements.txt"
-"${PIP[@]}" install -q --no-deps -c "$work/constraints.txt" "$wheel"
+pip_install "$PY" -q -c "$work/constraints.txt" -r "$work/requirements.txt"
+pip_install "$PY" -q --no-deps -c "$work/constraints.txt" "$wheel"
 
 check
 echo "install-sglang-lean: sglang ${SGLANG_VERSION} classes + torch $("$PY" -c 'import torch; print(torch.__version__)') ready in $(( $(date +%s) - start ))s ($(du -sh "$("$PY" -c 'import sys; print(sys.prefix)')" | cut -f1))"

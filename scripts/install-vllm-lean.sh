@@ -65,8 +65,8 @@ forbidding "$work/constraints.txt" $GPU_ONLY
 "$PY" "$(dirname "$0")/wheel_requirements.py" "$wheel" --extra runai \
   --skip torch xgrammar oss-harmony $GPU_ONLY >"$work/requirements.txt"
 
-"${PIP[@]}" install -q -c "$work/constraints.txt" -r "$work/requirements.txt"
-"${PIP[@]}" install -q --no-deps -c "$work/constraints.txt" \
+pip_install "$PY" -q -c "$work/constraints.txt" -r "$work/requirements.txt"
+pip_install "$PY" -q --no-deps -c "$work/constraints.txt" \
   "xgrammar==${XGRAMMAR_VERSION}" "oss-harmony>=0.0.11" "$wheel"
 
 check

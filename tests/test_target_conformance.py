@@ -33,6 +33,7 @@ import pytest
 
 from mx_strategies.testing.engine.check import KERNEL_PROBE, unsupported_cpu
 from conformance.archs import ARCHS
+from helpers.together import Together, collected_params
 
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("CI", "").strip().lower() == "true":
@@ -78,16 +79,32 @@ def _kernels_missing() -> str:
 NEEDS_KERNELS = {"gpt2-tied"}
 
 
-def _sweep(arch: str, tmp_path) -> dict:
-    out = tmp_path / "result.json"
+def _child(arch: str, folder) -> tuple:
+    """Run the conformance child for ``arch`` in ``folder``: (exit status, stderr, result or None)."""
+    out = folder / "result.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "VLLM_"))}
     env.update(VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     done = subprocess.run(
-        [sys.executable, CHILD, arch, str(tmp_path), str(out)],
-        capture_output=True, text=True, timeout=CHILD_TIMEOUT, env=env, cwd=str(tmp_path),
+        [sys.executable, CHILD, arch, str(folder), str(out)],
+        capture_output=True, text=True, timeout=CHILD_TIMEOUT, env=env, cwd=str(folder),
     )  # fmt: skip
-    assert out.exists(), f"{arch}: no result (exit {done.returncode}); log tail:\n{done.stderr[-3000:]}"
-    result = json.loads(out.read_text())
+    return done.returncode, done.stderr, json.loads(out.read_text()) if out.exists() else None
+
+
+@pytest.fixture(scope="module")
+def sweeps(request, tmp_path_factory):
+    """Every collected architecture's child (and the negative control's), two at a time (helpers.together)."""
+    archs = collected_params(request, "arch")
+    if any(item.module is request.module and item.name.startswith("test_negative_control") for item in request.session.items):
+        archs.append(NEGATIVE)
+    together = Together({arch: (lambda a=arch: _child(a, tmp_path_factory.mktemp(a))) for arch in archs})
+    yield together
+    together.close()
+
+
+def _sweep(arch: str, sweeps: Together) -> dict:
+    returncode, stderr, result = sweeps.result(arch)
+    assert result is not None, f"{arch}: no result (exit {returncode}); log tail:\n{stderr[-3000:]}"
     assert "error" not in result, f"{arch}: {result['error']}\n{result.get('traceback', '')}"
     return result
 
@@ -112,8 +129,8 @@ def _sweep_params() -> list:
 
 @pytest.mark.timeout(CHILD_TIMEOUT + 30)
 @pytest.mark.parametrize("arch", _sweep_params())
-def test_robust_loads_what_the_default_loader_loads_with_completeness_fail(arch, tmp_path):
-    result = _sweep(arch, tmp_path)
+def test_robust_loads_what_the_default_loader_loads_with_completeness_fail(arch, sweeps):
+    result = _sweep(arch, sweeps)
     assert result["class"] == CLASSES[arch]
     assert result["shards"] >= 1
     assert result["reference"] == "loaded"
@@ -126,8 +143,8 @@ def test_robust_loads_what_the_default_loader_loads_with_completeness_fail(arch,
 
 
 @pytest.mark.timeout(CHILD_TIMEOUT + 30)
-def test_negative_control_a_checkpoint_lacking_a_kept_tensor_is_still_refused(tmp_path):
-    result = _sweep(NEGATIVE, tmp_path)
+def test_negative_control_a_checkpoint_lacking_a_kept_tensor_is_still_refused(sweeps):
+    result = _sweep(NEGATIVE, sweeps)
     assert result["reference"] == "ValueError: Following weights were not initialized from checkpoint: {'model.norm.weight'}"
     assert result["robust"] != "loaded"
     report = result["report"]

