@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .harness import DEVICES, EngineRun, coverage_counts, cpu_binding, run_engine, tensor_mismatches
+from .harness import DEVICES, EngineRun, EngineSet, coverage_counts, cpu_binding, tensor_mismatches
 
 STRATEGY = "mx_strategies.robust"
 # ModelExpress's line when a strategy that touched the model failed and the chain rebuilt it.
@@ -350,7 +350,8 @@ def check_arch(
     bucket: str = "mx-engine-check",
 ) -> EngineCheck:
     """Build the tiny ``arch`` model, serve it from ``s3`` (a ``LoopbackS3``), start vLLM twice
-    (the default loader on a local copy, then robust from S3) and compare.
+    (the default loader on a local copy, and robust from S3: side by side on a CPU with two cores for
+    one-worker engines, one after the other on a GPU) and compare.
 
     ``tensor_parallel_size`` > 1 streams distributed (``MX_MS_DISTRIBUTED=1``)
     and checks that the store served each byte once for all ranks.
@@ -372,23 +373,30 @@ def check_arch(
         if device == "cpu":
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(tensor_parallel_size)
     common = dict(
-        workdir=os.path.join(workdir, "runs"),
-        timeout=timeout,
         tensor_parallel_size=tensor_parallel_size,
         device=device,
         llm_kwargs=llm_kwargs,
         enable_prefix_caching=not (device == "cpu" and arch in NO_PREFIX_CACHING_ON_CPU),
     )
     check = EngineCheck(arch, device, tensor_parallel_size, manifest, uri)
-    check.default = run_engine(f"{arch}-default", model=local, load_format="auto", env=dict(env), **common)
-    say(f"{arch}: vLLM's default loader (local copy): {'started' if check.default.ok else 'FAILED'} in {check.default.seconds:.0f}s")
-    if not check.default.ok:
-        check.problems.append(f"vLLM's default loader did not start: {check.default.describe()[:600]}")
-        check.seconds = time.perf_counter() - started
-        return check
-    check.robust = run_engine(
-        f"{arch}-robust", model=uri, load_format="modelexpress", env={**env, **robust_env(uri)}, s3=s3, **common
-    )
+    default, robust = f"{arch}-default", f"{arch}-robust"
+    runs = EngineSet(workdir, s3, timeout=timeout, configs=lambda: {
+        default: dict(model=local, load_format="auto", env=dict(env), **common),
+        robust: dict(model=uri, load_format="modelexpress", env={**env, **robust_env(uri)}, **common),
+    })  # fmt: skip
+    if device == "cpu" and tensor_parallel_size == 1:
+        runs.batch([default, robust])  # two one-worker engines side by side, each on a core of its own
+    try:
+        check.default = runs.get(default)
+        say(f"{arch}: vLLM's default loader (local copy): {'started' if check.default.ok else 'FAILED'} "
+            f"in {check.default.seconds:.0f}s")  # fmt: skip
+        if not check.default.ok:
+            check.problems.append(f"vLLM's default loader did not start: {check.default.describe()[:600]}")
+            check.seconds = time.perf_counter() - started
+            return check
+        check.robust = runs.get(robust)
+    finally:
+        runs.close()
     say(f"{arch}: robust from S3: {'started' if check.robust.ok else 'FAILED'} in {check.robust.seconds:.0f}s")
     if not check.robust.ok:
         check.problems.append(f"robust's engine did not start: {check.robust.describe()[:600]}")
