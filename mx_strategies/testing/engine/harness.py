@@ -304,6 +304,7 @@ class EngineSet:
         self._lock = threading.Lock()
         self._batch_of: dict[str, list[str]] = {}  # run -> the runs that start with it (batch())
         self._pending: dict[str, threading.Event] = {}  # runs started, set when finished
+        self._errors: dict[str, BaseException] = {}  # runs that raised instead of reporting
         self._threads: list[threading.Thread] = []
         self._notes: list[str] = []  # lines from runs in other threads, written by the test's own thread
 
@@ -320,29 +321,28 @@ class EngineSet:
 
     def get(self, name: str) -> EngineRun:
         with self._lock:
-            if name not in self.runs and name not in self._pending:
-                names = [n for n in self._batch_of.get(name, [name]) if n not in self.runs and n not in self._pending]
+            if name not in self._pending:
+                names = [n for n in self._batch_of.get(name, [name]) if n not in self._pending]
                 cores = sorted(os.sched_getaffinity(0))
-                together = len(names) > 1 and len(names) <= len(cores)
-                starts = [(names, True)] if together else [([n], False) for n in names if n == name]
-                for group, side_by_side in starts:
-                    for i, member in enumerate(group):
-                        self._pending[member] = threading.Event()
-                        thread = threading.Thread(target=self._run_pending, name=f"{self.label}-{member}", daemon=True,
-                                                  args=(member, cores[i] if side_by_side else None))  # fmt: skip
-                        self._threads.append(thread)
-                        thread.start()
-            pending = self._pending.get(name)
-        if pending is not None:
-            pending.wait()
+                side_by_side = 1 < len(names) <= len(cores)
+                for i, member in enumerate(names if side_by_side else [name]):
+                    self._pending[member] = threading.Event()
+                    thread = threading.Thread(target=self._run_pending, name=f"{self.label}-{member}", daemon=True,
+                                              args=(member, cores[i] if side_by_side else None))  # fmt: skip
+                    self._threads.append(thread)
+                    thread.start()
+            pending = self._pending[name]
+        pending.wait()
         self._flush_notes()
-        if name not in self.runs:
-            raise RuntimeError(f"{self.label}: run {name} ended without a result (see the notes above)")
+        if name in self._errors:
+            raise self._errors[name]
         return self.runs[name]
 
     def _run_pending(self, name: str, core: Optional[int]) -> None:
         try:
             self._run(name, core)
+        except BaseException as exc:  # noqa: BLE001 - raised in the test that asks for the run
+            self._errors[name] = exc
         finally:
             self._pending[name].set()
 
