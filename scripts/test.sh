@@ -107,7 +107,7 @@ status=0
 # engine starts leave a core idle much of the time (a serial run kept 1.15 of 2 cores busy on average), so
 # they cost little wall time there. What each test computes does not depend on what runs beside it; each
 # background suite has a temporary folder of its own (--basetemp), apart from the main suite's.
-side_by_side() {  # side_by_side NAME LOG COMMAND...: run in the background; its PHASES line goes to LOG.phase
+in_background() {  # in_background NAME LOG COMMAND...: run in the background; its PHASES line goes to LOG.phase
   local name="$1" log="$2"
   shift 2
   ( PHASES=(); rc=0; phase "$name" "$@" >"$log" 2>&1 || rc=$?; printf '%s\n' "${PHASES[@]}" >"$log.phase"; exit "$rc" ) &
@@ -122,12 +122,12 @@ collect() {  # collect PID LOG HEADER: wait for it, print its log and join its p
 }
 logs="$(mktemp -d)"
 if [ "$run_next" = 1 ]; then
-  MX_TEST_EXPECT_VLLM="$NEXT_VLLM" side_by_side "suite: vLLM ${NEXT_VLLM} classes (background)" "$logs/next.log" \
+  MX_TEST_EXPECT_VLLM="$NEXT_VLLM" in_background "suite: vLLM ${NEXT_VLLM} classes (background)" "$logs/next.log" \
     "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/next-tmp" "$@" "${NEXT_SUITES[@]}"
   next_pid=$!
 fi
 if [ "$run_sglang" = 1 ]; then
-  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" side_by_side "suite: SGLang ${SGLANG_VERSION} classes (background)" \
+  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" in_background "suite: SGLang ${SGLANG_VERSION} classes (background)" \
     "$logs/sglang.log" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/sglang-tmp" "$@" tests/sglang_suite
   sglang_pid=$!
 fi
