@@ -1,24 +1,23 @@
-"""Ask a built module which checkpoint names its own ``load_weights`` reads, without touching it.
+"""Ask a built module which checkpoint names its own ``load_weights`` reads, on a twin, never the module.
 
 The engine built the module; its ``load_weights`` is the one authority on
 which checkpoint tensors it takes (which names it renames, stacks, fuses or
-skips). :func:`dry_run` runs that very method over the checkpoint's names
-with tensors that hold no data (``device="meta"``, the header's shape and
-dtype) and records which names the model actually uses, and into which of
-its parameters each one flows.
+skips). :func:`dry_run` runs that very method, on an isolated data-less twin
+of the module (:mod:`.twin`), over the checkpoint's names with tensors that
+hold no data (``device="meta"``, the header's shape and dtype). It records
+which names the module uses, into which of its parameters each one flows,
+and which elements of each parameter each write reaches
+(:class:`.coverage.Write`: whole parameters or no load).
 
-How the model is kept untouched:
+Why the model stays as it was:
 
-- every parameter and buffer is swapped, in its module's ``_parameters`` /
-  ``_buffers``, for a meta tensor of the same class, shape, stride, dtype and
-  Python attributes (``weight_loader`` and the like); the originals are put
-  back in a ``finally`` block, so the model holds the same objects, storage
-  and bytes as before (``param.data = <meta>`` is refused by torch on a CPU
-  parameter, hence the swap); every module's attributes are put back as they
-  were too (a ``load_weights`` that stores derived tensors on its modules);
+- ``load_weights`` runs on the twin: its parameters and buffers are meta
+  tensors, its modules, containers and Python state its own copies
+  (shard marks, counters, lists of what it was handed, derived tensors all
+  land on the twin);
 - a :class:`~torch.overrides.TorchFunctionMode` refuses any in-place write
-  into a tensor that is not a meta tensor (a loader holding a stale
-  reference to a real parameter), before it happens;
+  into a tensor that is neither meta nor the twin's own (a loader holding a
+  module-level reference to a real tensor), before it happens;
 - the engine's global registries a ``load_weights`` could add to (vLLM's
   ``static_forward_context``) are compared before and after: a change is
   undone and the dry run fails;
@@ -36,6 +35,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+
+from .coverage import Layout, Write
+from .twin import TwinFailed, make_twin
 
 # Torch calls that only look at a tensor's metadata: no use of its values.
 METADATA_CALLS = frozenset(
@@ -55,7 +57,7 @@ class DryRunFailed(Exception):
 
 @dataclass
 class DryRun:
-    """What one dry run saw: the names the module used, and the parameters each flowed into."""
+    """What one dry run saw: the names the module used, the parameters each flowed into, and every write's region."""
 
     read: frozenset[str]
     written: Mapping[str, frozenset[str]]  # checkpoint name -> names of the parameters/buffers it was copied into
@@ -64,83 +66,40 @@ class DryRun:
     fed: int
     seconds: float
     returned: Optional[frozenset[str]] = None  # what load_weights returned (names it says it loaded), if a set
-
-
-@dataclass
-class _Swap:
-    """The originals of one module's swapped entries."""
-
-    table: dict
-    key: str
-    original: Any
+    writes: tuple[Write, ...] = ()  # every write into a parameter or buffer: its region and the names it holds
+    layouts: Mapping[str, Layout] = field(default_factory=dict)  # parameter/buffer name -> its own layout
+    twin_seconds: float = 0.0
 
 
 @dataclass
 class _State:
-    param_of_storage: dict  # storage cdata of a swapped meta tensor -> (its names in the model, numel)
+    param_of_storage: dict  # storage cdata of a twin's meta tensor -> (its names in the module, numel)
     deadline: float
+    owned: frozenset = frozenset()  # storages of the twin's own real tensors (clones): writing them is harmless
     read: set = field(default_factory=set)
     written: dict = field(default_factory=dict)
     partial: set = field(default_factory=set)  # names written into part of a parameter (stacked, sharded)
     whole_writes: list = field(default_factory=list)
+    writes: list = field(default_factory=list)
     scalar_from: frozenset = frozenset()  # names whose value was last read out as a number (``param.fill_(w.item())``)
 
 
-def _meta_like(tensor: Any) -> Any:
-    """A meta tensor of the same class, shape, stride, dtype and Python attributes as ``tensor``."""
-    import torch
-
-    data = torch.empty_strided(tuple(tensor.size()), tuple(tensor.stride()), dtype=tensor.dtype, device="meta")
-    if type(tensor) is torch.Tensor:
-        meta = data
-    else:
-        meta = torch.Tensor._make_subclass(type(tensor), data, tensor.requires_grad)
-    meta.__dict__.update(getattr(tensor, "__dict__", {}))
-    return meta
-
-
-@contextmanager
-def meta_swapped(model: Any) -> Iterator[dict]:
-    """Every parameter and buffer of ``model`` replaced by a meta twin while the block runs.
-
-    Yields ``storage cdata -> (names, numel)`` of the twins (a parameter shared by two
-    modules gets one twin, keeping the tie). Restores the originals, and
-    checks it did, whatever happens inside.
-    """
-    twins: dict[int, Any] = {}
-    swaps: list[_Swap] = []
-    # Every module's attributes as they are: a load_weights that derives tensors and stores them on its
-    # modules (SGLang's DeepSeek keeps w_kc / w_vc made from kv_b_proj) leaves meta tensors there; all go back.
-    attributes = {id(m): (m, dict(m.__dict__)) for _, m in model.named_modules(remove_duplicate=False)}
+def _storages(module: Any) -> tuple[dict, dict]:
+    """``storage cdata -> (names, numel)`` of the twin's parameters and buffers, and each name's :class:`Layout`."""
     names_of: dict[int, set[str]] = {}
-    done: set[tuple[int, str]] = set()  # a module reached under two names is swapped once
-    try:
-        for prefix, module in model.named_modules(remove_duplicate=False):
-            for table_name in ("_parameters", "_buffers"):
-                table = getattr(module, table_name, None) or {}
-                for key, original in list(table.items()):
-                    if original is None:
-                        continue
-                    twin = twins.get(id(original), original)  # reached again: the entry is already a twin
-                    if (id(table), key) not in done:
-                        done.add((id(table), key))
-                        if twin is original:
-                            twin = twins[id(original)] = _meta_like(original)
-                        swaps.append(_Swap(table, key, original))
-                        table[key] = twin
-                    names_of.setdefault(twin.untyped_storage()._cdata, set()).add(f"{prefix}.{key}" if prefix else key)
-        numel = {t.untyped_storage()._cdata: t.numel() for t in twins.values()}
-        yield {cdata: (frozenset(names), numel[cdata]) for cdata, names in names_of.items()}
-    finally:
-        for swap in reversed(swaps):
-            swap.table[swap.key] = swap.original
-        for module, saved in attributes.values():
-            if module.__dict__.keys() != saved.keys() or any(module.__dict__[k] is not v for k, v in saved.items()):
-                module.__dict__.clear()
-                module.__dict__.update(saved)
-    left = [s.key for s in swaps if s.table.get(s.key) is not s.original]
-    if left:
-        raise DryRunFailed(f"could not restore {len(left)} parameter(s) after the dry run: {left[:5]}")
+    numel: dict[int, int] = {}
+    layouts: dict[str, Layout] = {}
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        for table in (sub._parameters, sub._buffers):
+            for key, tensor in table.items():
+                if tensor is None:
+                    continue
+                cdata = tensor.untyped_storage()._cdata
+                name = f"{prefix}.{key}" if prefix else key
+                names_of.setdefault(cdata, set()).add(name)
+                numel[cdata] = max(numel.get(cdata, 0), tensor.numel())
+                layouts[name] = Layout(tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
+    return {cdata: (frozenset(names), numel[cdata]) for cdata, names in names_of.items()}, layouts
 
 
 def _mode(state: _State):
@@ -159,6 +118,30 @@ def _mode(state: _State):
             elif isinstance(value, (list, tuple)):
                 found |= names_in(value)
         return found
+
+    def record(target: Any, name: str, used: set) -> None:
+        """A write into ``target``: refused unless it is the twin's; its region noted where it is a parameter's."""
+        storage = target.untyped_storage()._cdata
+        if not target.is_meta and storage not in state.owned:
+            raise DryRunFailed(
+                f"load_weights wrote into a tensor that is not the twin's ({name}); refused before the write"
+            )
+        entry = state.param_of_storage.get(storage)
+        if not entry:
+            return
+        params, numel = entry
+        region = Layout(tuple(target.shape), tuple(target.stride()), target.storage_offset())
+        for param in params:
+            state.writes.append(Write(param, region, frozenset(used)))
+        if not used:
+            return
+        whole = target.numel() == numel and target.storage_offset() == 0
+        if whole:
+            state.whole_writes.append((params, frozenset(used)))
+        for checkpoint_name in used:
+            state.written[checkpoint_name] = state.written.get(checkpoint_name, frozenset()) | params
+            if not whole:
+                state.partial.add(checkpoint_name)
 
     class Recorder(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -188,25 +171,11 @@ def _mode(state: _State):
             )
             if writes and not used and state.scalar_from:
                 used, state.scalar_from = set(state.scalar_from), frozenset()
-            if writes and isinstance(target, torch.Tensor):
-                if not target.is_meta:
-                    raise DryRunFailed(
-                        f"load_weights wrote into a tensor that is not part of the swapped model ({name}); "
-                        "refused before the write"
-                    )
-                entry = state.param_of_storage.get(target.untyped_storage()._cdata)
-                if entry and used:
-                    params, numel = entry
-                    whole = target.numel() == numel and target.storage_offset() == 0
-                    if whole:
-                        state.whole_writes.append((params, frozenset(used)))
-                    for checkpoint_name in used:
-                        state.written[checkpoint_name] = state.written.get(checkpoint_name, frozenset()) | params
-                        if not whole:
-                            state.partial.add(checkpoint_name)
             out = kwargs.get("out")
-            if isinstance(out, torch.Tensor) and not out.is_meta:
-                raise DryRunFailed(f"load_weights wrote into a real tensor ({name}, out=); refused before the write")
+            if isinstance(out, torch.Tensor):
+                record(out, name, used)
+            if writes and isinstance(target, torch.Tensor):
+                record(target, name, used)
             result = func(*args, **kwargs)
             if used and isinstance(result, torch.Tensor) and result.is_meta and not writes:
                 # Derived tensors (views, casts, slices) carry the names they came from.
@@ -301,8 +270,8 @@ def dry_run(
     """Run ``model.load_weights`` over ``headers`` (name -> (shape, torch dtype)) with data-less tensors.
 
     ``call(model, weights)``: how the engine feeds the model (default
-    ``model.load_weights(weights)``). Raises :class:`DryRunFailed` on any
-    error; the model holds its own parameters and buffers afterwards in every case.
+    ``twin.load_weights(weights)``), called with the twin. Raises :class:`DryRunFailed`
+    on any error; the model is never run, and holds what it held in every case.
     """
     import torch
 
@@ -310,24 +279,28 @@ def dry_run(
         raise DryRunFailed("the model has no load_weights to ask")
     call = call or (lambda m, weights: m.load_weights(weights))
     started = time.perf_counter()
+    try:
+        twin = make_twin(model)
+    except TwinFailed as exc:
+        raise DryRunFailed(f"no isolated copy of the module could be made to ask: {exc}") from None
     shots = _snapshot(_global_registries())
     fed = 0
+    param_of_storage, layouts = _storages(twin.module)
+    state = _State(param_of_storage, started + timeout_s, twin.owned_storages)
     try:
-        with meta_swapped(model) as param_of_storage:
-            state = _State(param_of_storage, started + timeout_s)
 
-            def weights() -> Iterator[tuple[str, Any]]:
-                nonlocal fed
-                for name, (shape, dtype) in headers.items():
-                    if time.perf_counter() > state.deadline:
-                        raise DryRunFailed(f"took longer than its time bound ({timeout_s:g} s)")
-                    tensor = torch.empty(shape, dtype=dtype, device="meta")
-                    tensor.__dict__["_mx_dry_names"] = frozenset((name,))
-                    fed += 1
-                    yield name, tensor
+        def weights() -> Iterator[tuple[str, Any]]:
+            nonlocal fed
+            for name, (shape, dtype) in headers.items():
+                if time.perf_counter() > state.deadline:
+                    raise DryRunFailed(f"took longer than its time bound ({timeout_s:g} s)")
+                tensor = torch.empty(shape, dtype=dtype, device="meta")
+                tensor.__dict__["_mx_dry_names"] = frozenset((name,))
+                fed += 1
+                yield name, tensor
 
-            with _inline_executors(), _mode(state), torch.no_grad():
-                returned = call(model, weights())
+        with _inline_executors(), _mode(state), torch.no_grad():
+            returned = call(twin.module, weights())
     except DryRunFailed:
         raise
     except Exception as exc:  # noqa: BLE001 - a class that cannot run on data-less tensors: the caller falls back
@@ -341,8 +314,9 @@ def dry_run(
         names = frozenset(returned)
     full = {name: name not in state.partial for name in state.written}
     return DryRun(
-        frozenset(state.read), dict(state.written), full, tuple(state.whole_writes), fed, time.perf_counter() - started, names
-    )
+        frozenset(state.read), dict(state.written), full, tuple(state.whole_writes), fed,
+        time.perf_counter() - started, names, tuple(state.writes), layouts, twin.seconds,
+    )  # fmt: skip
 
 
-__all__ = ["DryRun", "DryRunFailed", "dry_run", "meta_swapped"]
+__all__ = ["DryRun", "DryRunFailed", "dry_run"]

@@ -97,6 +97,11 @@ class IncompleteModel(MxStrategiesError):
     mutated = True
 
 
+class PartialParameters(MxStrategiesError):
+    """The checkpoint fills a parameter only in part (a stacked or fused one lacks a member): refused before
+    a byte streams, so never mutated."""
+
+
 __all__ = [
     "ActivationError",
     "ConfigurationError",
@@ -108,6 +113,7 @@ __all__ = [
     "MxStrategiesError",
     "NoCheckpoint",
     "NoStreamableSource",
+    "PartialParameters",
     "RanksDisagree",
     "StoreError",
     "StreamBroken",

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
 from .checkpoint import Checkpoint
+from .coverage import Gap, Layout, gaps as coverage_gaps
 from .dry_run import DryRunFailed, dry_run
 from .settings import RobustSettings
 
@@ -58,6 +59,10 @@ class ModuleReads:
     seconds: float = 0.0  # time the question took (0 from the cache)
     cached: bool = False
     note: str = ""  # for a table/convention answer: why the module could not be asked
+    # Parameters the answer's names would leave in part at their init values (a stacked or fused parameter
+    # the checkpoint fills only in part): the load is refused before a byte streams (coverage.Gap).
+    gaps: tuple[Gap, ...] = ()
+    judged: int = 0  # how many parameters the coverage was checked on
 
 
 @dataclass(frozen=True)
@@ -173,7 +178,36 @@ def ask(
         return Unanswered(cls, f"the dry run found {len(read)} name(s) read, all replaced by the engine")
     if not names:
         return Unanswered(cls, f"the dry run found none of the {len(headers)} names fed read by the module")
-    return ModuleReads(names, "dry_run", left_out, cls, time.perf_counter() - started)
+    judged = _judged(model, run.layouts, replaced)
+    unit = None
+    if run.sampled:
+        from .name_sampling import parse
+
+        unit = lambda name: (lambda ints: ints if len(ints) >= 2 else None)(parse(name)[1])  # noqa: E731
+    found = coverage_gaps(
+        judged,
+        run.writes,
+        streamed=names.__contains__,
+        present=tensors.__contains__,
+        packed=getattr(model, "packed_modules_mapping", None) or {},
+        unit=unit,
+    )
+    return ModuleReads(names, "dry_run", left_out, cls, time.perf_counter() - started, gaps=tuple(found), judged=len(judged))
+
+
+def _judged(model: Any, layouts: Mapping[str, Layout], replaced: Callable[[str], bool]) -> dict[str, Layout]:
+    """The parameters whose every element the checkpoint must fill: those the model keeps (less what no
+    checkpoint carries, :func:`.completeness.required_tensors`) and the engine does not fill afterwards."""
+    from .completeness import required_tensors
+
+    judged = {}
+    for required in required_tensors(model):
+        if required.kind != "parameter" or any(replaced(alias) for alias in required.aliases):
+            continue
+        layout = next((layouts[a] for a in required.aliases if a in layouts), None)
+        if layout is not None:
+            judged[required.name] = layout
+    return judged
 
 
 @dataclass
@@ -185,6 +219,9 @@ class _Runs:
     full: dict
     whole_writes: tuple
     fed_names: frozenset
+    writes: tuple = ()
+    layouts: Mapping = field(default_factory=dict)
+    sampled: bool = False
 
 
 def _run(model: Any, headers: dict, settings: RobustSettings, call: Optional[Callable]) -> _Runs:
@@ -194,7 +231,7 @@ def _run(model: Any, headers: dict, settings: RobustSettings, call: Optional[Cal
     timeout = settings.dry_run_timeout_s
     if len(headers) <= settings.dry_run_sample_above:
         run = dry_run(model, headers, timeout_s=timeout, call=call)
-        return _Runs(run.read, dict(run.written), dict(run.full), run.whole_writes, frozenset(headers))
+        return _Runs(run.read, dict(run.written), dict(run.full), run.whole_writes, frozenset(headers), run.writes, run.layouts)
     started = time.perf_counter()
     sample = name_sampling.Sample(headers)
     first = sample.first_round()
@@ -210,7 +247,10 @@ def _run(model: Any, headers: dict, settings: RobustSettings, call: Optional[Cal
     for r in runs:
         written.update(r.written)
         full.update(r.full)
-    return _Runs(read, written, full, tuple(w for r in runs for w in r.whole_writes), fed)
+    return _Runs(
+        read, written, full, tuple(w for r in runs for w in r.whole_writes), fed,
+        tuple(w for r in runs for w in r.writes), runs[0].layouts, True,
+    )  # fmt: skip
 
 
 def ask_cached(
@@ -234,7 +274,7 @@ def ask_cached(
         names = frozenset(n for n in tensors if n not in left_out)
         return ModuleReads(names, kept["source"], left_out, kept["module_class"], time.perf_counter() - started, True)
     answer = ask(model, checkpoint, settings, **how)
-    if isinstance(answer, ModuleReads):
+    if isinstance(answer, ModuleReads) and not answer.gaps:  # a refused checkpoint is asked again next time
         reads_cache.store(settings.reads_cache_dir, key, answer.source, answer.module_class, answer.left_out)
     return answer
 
@@ -251,6 +291,7 @@ def left_out_summary(left_out: Mapping[str, str], shown: int = 5) -> str:
 
 __all__ = [
     "Answer",
+    "Gap",
     "INFERRED_NOT_READ",
     "DECLARED_UNUSED",
     "ModuleReads",

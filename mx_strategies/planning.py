@@ -40,7 +40,8 @@ from .checkpoint import Checkpoint, Shard
 from . import mtp_table
 from .draft import layer_layout, select_draft_tensors
 from .engine import EngineView
-from .errors import DraftPlanError, InconsistentCheckpoint
+from .errors import DraftPlanError, InconsistentCheckpoint, PartialParameters
+from .coverage import Gap
 from .module_reads import Answer, ModuleReads, Unanswered
 from .rank_share import RankShare
 from .settings import RobustSettings
@@ -76,6 +77,9 @@ class LoadPlan:
     left_out_bytes: int = 0  # bytes of the checkpoint's tensors the module's answer leaves out
     not_held: frozenset[str] = frozenset()  # left out by the module's structure: other stages' layers, other experts
     not_held_bytes: int = 0
+    # Parameters this plan fills only in part, accepted under MX_ROBUST_MODEL_COMPLETENESS=warn (else refused).
+    gaps: tuple[Gap, ...] = ()
+    judged: int = 0  # parameters whose every element the module's answer was checked to fill
 
     @property
     def expected(self) -> list[str]:
@@ -134,6 +138,7 @@ def plan_for(
             return full
         answer = reads(checkpoint) if reads is not None else None
         if isinstance(answer, ModuleReads):
+            refuse_partial(answer, checkpoint, engine.role, settings)
             row = mtp_table.match_target(engine.hf_config, engine=engine.engine) or mtp_table.match_target(
                 checkpoint.config, engine=engine.engine
             )
@@ -164,6 +169,7 @@ def plan_for(
     else:
         answer = reads(checkpoint) if reads is not None else None
     if isinstance(answer, ModuleReads):
+        refuse_partial(answer, checkpoint, engine.role, settings)
         plan = _plan_from_reads(full, checkpoint, answer)
         # The naming its checkpoint uses, in the reports' vocabulary, where the table knows the class.
         convention = mtp_table.convention_name(row) if row is not None else None
@@ -201,6 +207,26 @@ def points_at_target(engine: EngineView) -> bool:
     return bool(mine & {normalize_uri(u) for u in engine.target_uris})
 
 
+GAPS_SHOWN = 3
+
+
+def refuse_partial(answer: ModuleReads, checkpoint: Checkpoint, role: str, settings: RobustSettings) -> None:
+    """Refuse, before a byte streams, a load that would leave part of a parameter at its init values.
+
+    vLLM stacks ``gate_proj``/``up_proj`` into ``gate_up_proj``, ``q/k/v_proj`` into ``qkv_proj``, experts'
+    ``w1``/``w3`` into ``w13``: a checkpoint that lacks one member would load "fine" by name. Under
+    ``MX_ROBUST_MODEL_COMPLETENESS=warn`` the plan carries the gaps and the strategy warns instead.
+    """
+    if not answer.gaps or settings.model_completeness != "fail":
+        return
+    shown = "; ".join(gap.describe() for gap in answer.gaps[:GAPS_SHOWN])
+    more = f" (and {len(answer.gaps) - GAPS_SHOWN} more)" if len(answer.gaps) > GAPS_SHOWN else ""
+    raise PartialParameters(
+        f"{role} load from {checkpoint.uri} refused before streaming: {len(answer.gaps)} parameter(s) the "
+        f"checkpoint fills only in part: {shown}{more} (MX_ROBUST_MODEL_COMPLETENESS=warn accepts this)"
+    )
+
+
 def _plan_from_reads(full: LoadPlan, checkpoint: Checkpoint, answer: ModuleReads) -> LoadPlan:
     """The plan of a load whose module said what it reads: those names, from the shards that hold them."""
     names = frozenset(n for n in full.expected if n in answer.names)
@@ -216,6 +242,8 @@ def _plan_from_reads(full: LoadPlan, checkpoint: Checkpoint, answer: ModuleReads
         selection_seconds=answer.seconds,
         selection_cached=answer.cached,
         module_class=answer.module_class,
+        gaps=answer.gaps,
+        judged=answer.judged,
     )
 
 

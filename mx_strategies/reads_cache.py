@@ -33,10 +33,10 @@ FORMAT = 1
 
 def _code_digest() -> str:
     """The code that computes an answer: a changed dry run, sampler or question is a new key."""
-    from . import dry_run, module_reads, name_sampling
+    from . import coverage, dry_run, module_reads, name_sampling, twin
 
     digest = hashlib.sha256()
-    for module in (dry_run, module_reads, name_sampling):
+    for module in (coverage, dry_run, module_reads, name_sampling, twin):
         try:
             digest.update(Path(module.__file__).read_bytes())
         except OSError:

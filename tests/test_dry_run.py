@@ -84,13 +84,95 @@ def test_records_what_the_model_reads_and_where_it_goes_without_touching_it():
     assert run.returned == {"qkv", "norm", "scale"} and run.fed == len(HEADERS)
 
 
+STALE: dict = {}  # a module-level reference to a real tensor, outside the module tree: the twin cannot reach it
+
+
 def test_a_write_into_a_real_tensor_is_refused_before_it_happens():
-    model = Stacked()
-    object.__setattr__(model, "stale", model.norm)  # a reference kept outside _parameters: the swap cannot reach it
+    class Global(Stacked):
+        def load_weights(self, weights):
+            for _, tensor in weights:
+                STALE["norm"].copy_(tensor)
+
+    model = Global()
+    STALE["norm"] = model.norm.data
     before = snapshot(model)
-    with pytest.raises(DryRunFailed, match="wrote into a tensor that is not part of the swapped model"):
+    with pytest.raises(DryRunFailed, match="wrote into a tensor that is not the twin's"):
         dry_run(model, {"stale": ((4,), torch.bfloat16)}, timeout_s=30)
     assert_untouched(model, before)
+
+
+def test_a_reference_the_module_keeps_to_its_own_parameter_is_the_twins():
+    """A loader that writes through an attribute holding its own parameter (outside ``_parameters``)
+    writes into the twin: the question answers, and the model is as before."""
+    model = Stacked()
+    object.__setattr__(model, "stale", model.norm)
+    before = snapshot(model)
+    run = dry_run(model, {"stale": ((4,), torch.bfloat16)}, timeout_s=30)
+    assert_untouched(model, before)
+    assert run.read == {"stale"} and run.written == {"stale": {"norm"}}
+
+
+class Keeps(Stacked):
+    """A module that keeps state of what it was handed, in place (plugin models do; vLLM 0.34 marks shards)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+        self.counts = {"calls": 0}
+        self.qkv.loaded_shard_ids = {}  # vLLM 0.34's per-shard marks live on the parameter
+        self.qkv.weight_loader = self.mark  # a bound method of the module, as vLLM's parameters hold
+
+    def mark(self, param, tensor, shard):
+        param.loaded_shard_ids.setdefault("weight", []).append(shard)
+        param.data.narrow(0, "qkv".index(shard) * 2, 2).copy_(tensor)
+        self.seen.append(shard)
+
+    def load_weights(self, weights):
+        self.counts["calls"] += 1
+        for name, tensor in weights:
+            if name in ("q", "k", "v"):
+                self.qkv.weight_loader(self.qkv, tensor, name)
+            elif name == "norm":
+                self.norm.data.copy_(tensor)
+        return {"qkv", "norm"}
+
+
+def test_what_load_weights_changes_in_place_stays_on_the_twin():
+    model = Keeps()
+    before = snapshot(model)
+    run = dry_run(model, HEADERS, timeout_s=30)
+    assert_untouched(model, before)
+    assert model.seen == [] and model.counts == {"calls": 0} and model.qkv.loaded_shard_ids == {}
+    assert model.qkv.weight_loader.__self__ is model  # the parameter's loader is still bound to the model
+    assert run.written["q"] == {"qkv"} and run.read >= {"q", "k", "v", "norm"}
+
+
+def test_each_write_records_the_region_it_fills():
+    from mx_strategies.coverage import Layout, Write
+
+    run = dry_run(Stacked(), HEADERS, timeout_s=30)
+    assert run.layouts["qkv"] == Layout((6, 4), (4, 1), 0)
+    qkv = sorted((w for w in run.writes if w.param == "qkv"), key=lambda w: w.view.offset)
+    assert qkv == [
+        Write("qkv", Layout((2, 4), (4, 1), 0), frozenset({"q"})),
+        Write("qkv", Layout((2, 4), (4, 1), 8), frozenset({"k"})),
+        Write("qkv", Layout((2, 4), (4, 1), 16), frozenset({"v"})),
+    ]
+    assert Write("scale", Layout((1,), (1,), 0), frozenset({"scale"})) in run.writes  # through .item() and fill_
+
+
+def test_a_module_that_cannot_be_copied_is_not_asked():
+    class Locked(Stacked):
+        def __init__(self, path):
+            super().__init__()
+            self.lock = open(path, "rb")  # an open file: no copy of it can be made
+
+    model = Locked(__file__)
+    before = snapshot(model)
+    with pytest.raises(DryRunFailed, match=r"no isolated copy of the module could be made to ask: Locked\.lock"):
+        dry_run(model, HEADERS, timeout_s=30)
+    assert_untouched(model, before)
+    model.lock.close()
 
 
 def test_a_class_that_needs_real_values_fails_and_the_model_is_as_before():

@@ -108,6 +108,8 @@ def ask_draft(arch: str, root, pp: int):
         )
     assert_untouched(built.module, before)
     assert forward_context(built.vllm_config).keys() == context.keys()
+    if isinstance(answer, module_reads.ModuleReads):  # the whole checkpoint fills every kept parameter whole
+        assert answer.judged > 0 and answer.gaps == (), [g.describe() for g in answer.gaps]
     return built, ckpt, checkpoint, engine, answer
 
 
@@ -156,6 +158,7 @@ def test_a_real_targets_answer_is_the_checkpoint_less_its_mtp_layers(arch, tmp_p
         answer = module_reads.ask(target, checkpoint, settings, unused=declared_unused(target))
     assert_untouched(target, before)
     assert isinstance(answer, module_reads.ModuleReads) and answer.source == "dry_run"
+    assert answer.judged == len(list(target.parameters())) and answer.gaps == ()
     assert set(answer.names) == set(tensors) and set(answer.left_out) == set(mtp)
     row = mtp_table.match_target(config.hf_config)
     layout = mtp_table.row_layout(row, ("config", config.hf_config))
@@ -173,8 +176,8 @@ def test_the_answer_is_kept_and_a_restart_asks_nothing(tmp_path, vllm_cpu, monke
     with set_current_vllm_config(vc):
         first = module_reads.ask_cached(target, checkpoint, settings, context)
         calls = []
-        real = target.load_weights
-        target.load_weights = lambda weights: calls.append(1) or real(weights)
+        real = type(target).load_weights  # the class's method: the question runs it on the module's twin
+        monkeypatch.setattr(type(target), "load_weights", lambda self, weights: calls.append(1) or real(self, weights))
         second = module_reads.ask_cached(target, checkpoint, settings, context)
         other_rank = module_reads.ask_cached(target, checkpoint, settings, context[:5] + (1,) + context[6:])
     assert not first.cached and second.cached and calls == [1]  # only the other rank asked the module

@@ -1,0 +1,281 @@
+"""An isolated, data-less twin of a built module: what the module question runs on, never the model.
+
+The module's own ``load_weights`` is the authority on what it reads, but
+running it changes state in place: vLLM 0.34 marks shards loaded
+(``loaded_shard_ids``), plugin models count or list what they were handed,
+SGLang's DeepSeek derives ``w_kc``/``w_vc`` onto its attention modules. A
+shallow swap of parameters cannot keep those out of the model. :func:`make_twin`
+copies the module tree instead:
+
+- every parameter and buffer becomes a meta tensor of the same class,
+  shape, stride and dtype (no data is copied); its Python attributes
+  (``weight_loader``, ``output_dim``, shard marks) are copied too, with
+  bound methods rebound to the twin's modules, so a loader that writes
+  into ``self`` writes into the twin;
+- every module, container (list, dict, set, tuple), ``functools.partial``,
+  closure (a wrapper around the module's own method) and plain Python
+  object reachable from the tree is the twin's own copy;
+  other tensors (an expert map a loader reads values from) are cloned,
+  as their values steer the answer;
+- shared with the model, by reference, and never state of this module: the
+  engine's configs and parallel groups (vLLM's ``VllmConfig`` and
+  ``GroupCoordinator``, transformers' and SGLang's configs, torch's process
+  groups), classes, functions and Python modules. Engine-global registries
+  are guarded by :mod:`.dry_run` as before.
+
+An object the walk cannot copy (a C object that is not engine
+infrastructure, a file, a lock held by another thread) raises
+:class:`TwinFailed` naming the attribute's path: the caller falls back to
+the table and never runs the real module.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import enum
+import functools
+import threading
+import types
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+# Objects shared with the model by reference: immutable values, code and types.
+_ATOMIC = (
+    type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis), type(NotImplemented),
+    type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType, types.CodeType, enum.Enum,
+    weakref.ref, property, staticmethod, classmethod,
+    # Process infrastructure a decorator or a cache closes over: shared, as a copy could not coordinate anything.
+    contextvars.ContextVar, type(threading.Lock()), type(threading.RLock()),
+)
+# The engine's own infrastructure a module refers to but does not own (matched by the class's module and
+# name along its MRO, so no engine has to be importable): configs and parallel groups.
+_ENGINE_SHARED_MODULES = (
+    "vllm.config",  # VllmConfig, ModelConfig, ParallelConfig, ... (read by loaders; the engine's)
+    "vllm.transformers_utils.configs",
+    "transformers.configuration_utils",  # PretrainedConfig and every model config derived from it
+    "transformers.models.",  # model configs live in their model's package
+    "sglang.srt.configs",
+    "sglang.srt.server_args",
+    "torch.distributed",
+    "torch._C._distributed_c10d",
+    "torch._dynamo",  # compiled ops' guards and configs
+    "torch._inductor",
+)
+_ENGINE_SHARED_CLASSES = frozenset(
+    {
+        "vllm.distributed.parallel_state.GroupCoordinator",
+        "sglang.srt.distributed.parallel_state.GroupCoordinator",
+    }
+)
+MAX_DEPTH = 200
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not a C type
+
+
+class TwinFailed(Exception):
+    """The module holds something the twin cannot copy (named by its path): ask the table, not the module."""
+
+
+@dataclass
+class Twin:
+    """The twin module and its bookkeeping."""
+
+    module: Any
+    twin_of: dict  # id(real tensor) -> its meta twin (parameters and buffers)
+    owned_storages: frozenset  # storage cdata of every real tensor the twin owns (clones): writable in the dry run
+    objects: int  # how many objects the walk copied
+    seconds: float
+
+
+def _shared(obj: Any) -> bool:
+    if isinstance(obj, _ATOMIC):
+        return True
+    try:
+        import torch
+
+        if isinstance(obj, (torch.dtype, torch.device, torch.Size, torch.layout, torch.memory_format, torch.Generator)):
+            return True
+    except ImportError:  # pragma: no cover - torch is a dependency of every engine we ask
+        pass
+    for cls in type(obj).__mro__:
+        module = getattr(cls, "__module__", "") or ""
+        if f"{module}.{cls.__qualname__}" in _ENGINE_SHARED_CLASSES:
+            return True
+        if module.startswith(_ENGINE_SHARED_MODULES):
+            return True
+    return False
+
+
+def _state_is_dict(kind: type) -> bool:
+    """A class made by class statements on ``object`` alone (no tuple, dict or C base) with no slots
+    (``abc.ABC``'s empty ones aside): all its instances' state is in ``__dict__``."""
+    return all(c is object or c.__flags__ & _HEAP_TYPE for c in kind.__mro__) and not any(
+        vars(c).get("__slots__") for c in kind.__mro__
+    )
+
+
+def meta_twin(tensor: Any) -> Any:
+    """A meta tensor of the same class, shape, stride and dtype as ``tensor`` (no attributes yet)."""
+    import torch
+
+    data = torch.empty_strided(tuple(tensor.size()), tuple(tensor.stride()), dtype=tensor.dtype, device="meta")
+    if type(tensor) is torch.Tensor:
+        return data
+    return torch.Tensor._make_subclass(type(tensor), data, tensor.requires_grad)
+
+
+class _Walker:
+    def __init__(self, model: Any):
+        import torch
+
+        self.torch = torch
+        self.memo: dict[int, Any] = {}
+        self.keep: list[Any] = []  # originals kept alive while their ids key the memo
+        self.twin_of: dict[int, Any] = {}
+        self.owned: set[int] = set()
+        # Parameters and buffers first: each gets one meta twin, so a tie stays a tie.
+        for _, module in model.named_modules(remove_duplicate=False):
+            for table in (module._parameters, module._buffers):
+                for tensor in table.values():
+                    if tensor is not None and id(tensor) not in self.twin_of:
+                        self.twin_of[id(tensor)] = self.memo[id(tensor)] = meta_twin(tensor)
+                        self.keep.append(tensor)
+        self.pending = [(id(t), t) for t in self.keep]
+
+    def copy(self, obj: Any, path: str, depth: int = 0) -> Any:
+        found = self.memo.get(id(obj), self)
+        if found is not self:
+            return found
+        if isinstance(obj, types.FunctionType) and obj.__closure__ and self._closes_over_the_module(obj):
+            return self._closure(obj, path, depth)
+        if _shared(obj):
+            return obj
+        if depth > MAX_DEPTH:
+            raise TwinFailed(f"{path}: nested deeper than {MAX_DEPTH} levels")
+        torch = self.torch
+        self.keep.append(obj)
+        if isinstance(obj, torch.Tensor):
+            clone = obj.detach().clone() if not obj.is_meta else meta_twin(obj)
+            if type(obj) is not torch.Tensor and not isinstance(clone, type(obj)):
+                clone = torch.Tensor._make_subclass(type(obj), clone, obj.requires_grad)
+            self.memo[id(obj)] = clone
+            if not clone.is_meta:
+                self.owned.add(clone.untyped_storage()._cdata)
+            self._attributes(obj, clone, path, depth)
+            return clone
+        kind = type(obj)
+        if kind in (list, set, frozenset, tuple) or kind.__name__ in ("OrderedDict", "defaultdict", "dict") and isinstance(obj, dict):
+            return self._container(obj, path, depth)
+        if isinstance(obj, types.MethodType):
+            new = types.MethodType(obj.__func__, self.copy(obj.__self__, f"{path}.__self__", depth + 1))
+            self.memo[id(obj)] = new
+            return new
+        if isinstance(obj, functools.partial):
+            new = functools.partial(
+                self.copy(obj.func, f"{path}.func", depth + 1),
+                *self.copy(obj.args, f"{path}.args", depth + 1),
+                **self.copy(obj.keywords, f"{path}.keywords", depth + 1),
+            )
+            self.memo[id(obj)] = new
+            return new
+        if isinstance(obj, torch.nn.Module) or (_state_is_dict(kind) and hasattr(obj, "__dict__")):
+            new = self._blank(obj, path)
+            self.memo[id(obj)] = new
+            new.__dict__.update({k: self.copy(v, f"{path}.{k}", depth + 1) for k, v in vars(obj).items()})
+            return new
+        try:  # anything else: the copy protocol, through the same memo (so what it reaches is the twin's)
+            return copy.deepcopy(obj, self.memo)
+        except Exception as exc:  # noqa: BLE001 - the object cannot be copied: say which, the caller falls back
+            raise TwinFailed(f"{path}: a {kind.__module__}.{kind.__qualname__} cannot be copied ({exc})") from None
+
+    def _blank(self, obj: Any, path: str) -> Any:
+        """An empty instance of ``obj``'s class, made without running its ``__init__``.
+
+        A module through ``object.__new__`` (vLLM's ``SupportsQuant.__new__`` reads the engine's config);
+        any other object through its class's own ``__new__`` (``SimpleNamespace`` needs it)."""
+        kind = type(obj)
+        makers = [object.__new__] if isinstance(obj, self.torch.nn.Module) else [kind.__new__, object.__new__]
+        for make in makers:
+            try:
+                return make(kind)
+            except Exception:  # noqa: BLE001 - the next maker, else say which object could not be copied
+                continue
+        raise TwinFailed(f"{path}: a {kind.__module__}.{kind.__qualname__} cannot be copied (no way to make one)")
+
+    def _closes_over_the_module(self, func: Any) -> bool:
+        """Whether a closure holds a module, a tensor, or a module's bound method (a wrapper around
+        ``load_weights``): those are copied; any other closure (a compiled op's, a decorator's) is shared."""
+        torch = self.torch
+        for cell in func.__closure__:
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            if isinstance(value, types.MethodType):
+                value = value.__self__
+            if isinstance(value, (torch.nn.Module, torch.Tensor)):
+                return True
+        return False
+
+    def _closure(self, func: Any, path: str, depth: int) -> Any:
+        """A function closing over values (a wrapper around the module's own method): its cells copied."""
+        cells = tuple(types.CellType() for _ in func.__closure__)
+        new = types.FunctionType(func.__code__, func.__globals__, func.__name__, func.__defaults__, cells)
+        new.__kwdefaults__ = func.__kwdefaults__
+        new.__dict__.update(func.__dict__)
+        self.memo[id(func)] = new  # before the cells: a closure that reaches itself gets the copy
+        self.keep.append(func)
+        for index, (cell, mine) in enumerate(zip(func.__closure__, cells)):
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell (a name bound later)
+                continue
+            mine.cell_contents = self.copy(contents, f"{path}.<closure {func.__code__.co_freevars[index]}>", depth + 1)
+        return new
+
+    def _container(self, obj: Any, path: str, depth: int) -> Any:
+        kind = type(obj)
+        if isinstance(obj, dict):
+            new = kind(obj.default_factory) if kind.__name__ == "defaultdict" else kind()
+            self.memo[id(obj)] = new
+            for key, value in obj.items():
+                new[self.copy(key, path, depth + 1)] = self.copy(value, f"{path}.{key}", depth + 1)
+            return new
+        if kind is list:
+            new = []
+            self.memo[id(obj)] = new
+            new.extend(self.copy(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(obj))
+            return new
+        items = [self.copy(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(obj)]
+        new = kind(items)
+        self.memo[id(obj)] = new
+        return new
+
+    def _attributes(self, real: Any, twin: Any, path: str, depth: int) -> None:
+        attributes = getattr(real, "__dict__", None)
+        if attributes:
+            twin.__dict__.update({k: self.copy(v, f"{path}.{k}", depth + 1) for k, v in attributes.items()})
+
+
+def make_twin(model: Any) -> Twin:
+    """The isolated, data-less twin of ``model`` (see the module docstring). Raises :class:`TwinFailed`."""
+    import time
+
+    started = time.perf_counter()
+    walker = _Walker(model)
+    try:
+        module = walker.copy(model, type(model).__name__)
+        for key, real in walker.pending:  # the parameters' own attributes, rebound to the twin's modules
+            walker._attributes(real, walker.twin_of[key], f"{type(model).__name__}<{tuple(real.shape)} tensor>", 0)
+    except TwinFailed:
+        raise
+    except RecursionError:
+        raise TwinFailed("the module's objects nest too deeply to copy") from None
+    except Exception as exc:  # noqa: BLE001 - whatever a copy raises, the module is not asked (never the model)
+        raise TwinFailed(f"{type(exc).__name__}: {exc}") from None
+    owned = frozenset(walker.owned)
+    return Twin(module, walker.twin_of, owned, len(walker.memo), time.perf_counter() - started)
+
+
+__all__ = ["Twin", "TwinFailed", "make_twin", "meta_twin"]
