@@ -138,13 +138,32 @@ class Keeps(Stacked):
 
 
 def test_what_load_weights_changes_in_place_stays_on_the_twin():
+    from helpers.state import differences, module_state
+
     model = Keeps()
-    before = snapshot(model)
+    before, state = snapshot(model), module_state(model)
     run = dry_run(model, HEADERS, timeout_s=30)
     assert_untouched(model, before)
+    assert module_state(model) == state, differences(state, module_state(model))
     assert model.seen == [] and model.counts == {"calls": 0} and model.qkv.loaded_shard_ids == {}
     assert model.qkv.weight_loader.__self__ is model  # the parameter's loader is still bound to the model
     assert run.written["q"] == {"qkv"} and run.read >= {"q", "k", "v", "norm"}
+
+
+def test_the_state_check_sees_what_a_load_changes_in_place():
+    """The check the sweeps use (tests/helpers/state.py) fails on each trace a real load_weights leaves."""
+    from helpers.state import module_state
+
+    model = Keeps()
+    state = module_state(model)
+    model.load_weights((name, torch.ones(shape, dtype=dtype)) for name, (shape, dtype) in HEADERS.items())
+    assert module_state(model) != state
+    for change in (lambda m: m.seen.append("q"), lambda m: m.counts.update(calls=1),
+                   lambda m: m.qkv.loaded_shard_ids.setdefault("weight", []).append("q")):  # fmt: skip
+        fresh = Keeps()
+        state = module_state(fresh)
+        change(fresh)
+        assert module_state(fresh) != state
 
 
 def test_each_write_records_the_region_it_fills():

@@ -47,6 +47,7 @@ from test_mtp_architectures import (  # noqa: E402
     vllm_cpu,  # noqa: F401 - the module's fixture
 )
 
+from helpers.state import differences, module_state  # noqa: E402
 from mx_strategies import completeness, module_reads, mtp_table  # noqa: E402
 from mx_strategies.engine import declared_unused, engine_view  # noqa: E402
 from mx_strategies.planning import points_at_target, row_layout_for  # noqa: E402
@@ -102,11 +103,14 @@ def ask_draft(arch: str, root, pp: int):
         engine_view(build_vllm_load_context(built.vllm_config, built.draft_model_config)), pipeline_parallel_size=pp
     )
     before, context = snapshot(built.module), forward_context(built.vllm_config)
+    state = module_state(built.module)
     with set_current_vllm_config(built.vllm_config):
         answer = module_reads.ask(
             built.module, checkpoint, settings, unused=declared_unused(built.module), replaced=completeness.engine_fills(engine)
         )
     assert_untouched(built.module, before)
+    after = module_state(built.module)
+    assert after == state, differences(state, after)  # every attribute, container and parameter attribute as it was
     assert forward_context(built.vllm_config).keys() == context.keys()
     if isinstance(answer, module_reads.ModuleReads):  # the whole checkpoint fills every kept parameter whole
         assert answer.judged > 0 and answer.gaps == (), [g.describe() for g in answer.gaps]
@@ -153,10 +157,12 @@ def test_a_real_targets_answer_is_the_checkpoint_less_its_mtp_layers(arch, tmp_p
     folder, _, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint(arch, tmp_path)
     settings = load_settings()
     checkpoint = probe(Candidate("explicit", folder), settings)
-    before = snapshot(target)
+    before, state = snapshot(target), module_state(target)
     with set_current_vllm_config(vc):
         answer = module_reads.ask(target, checkpoint, settings, unused=declared_unused(target))
     assert_untouched(target, before)
+    after = module_state(target)
+    assert after == state, differences(state, after)
     assert isinstance(answer, module_reads.ModuleReads) and answer.source == "dry_run"
     assert answer.judged == len(list(target.parameters())) and answer.gaps == ()
     assert set(answer.names) == set(tensors) and set(answer.left_out) == set(mtp)

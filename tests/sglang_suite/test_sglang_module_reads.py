@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.state import differences, module_state
 from sglang_support import builders as sb
 
 from mx_strategies import completeness, module_reads, mtp_table
@@ -79,10 +80,14 @@ def test_the_modules_answer_is_what_sglangs_own_loader_reads(name, draft, runtim
     engine = engine_for(built, draft)
     before = snapshot(built.model)
     attributes = {n: set(m.__dict__) for n, m in built.model.named_modules()}
+    state = module_state(built.model)
     answer = module_reads.ask(
         built.model, checkpoint, settings, unused=declared_unused(built.model), replaced=completeness.engine_fills(engine)
     )
     assert_untouched(built.model, before, attributes)
+    after = module_state(built.model)
+    assert after == state, differences(state, after)  # every attribute, container and parameter attribute as it was
+    assert answer.judged > 0 and answer.gaps == (), [g.describe() for g in answer.gaps]
     assert isinstance(answer, module_reads.ModuleReads), answer
     assert answer.source == "dry_run" and answer.module_class.endswith(sb.ARCHITECTURES[name][int(draft)])
 
