@@ -38,9 +38,10 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from . import mtp_table
+from .coverage import Gap, Layout, Write, gaps as coverage_gaps
 from .engine import EngineView
 from .errors import IncompleteModel
 
@@ -180,6 +181,24 @@ def required_tensors(model: Any) -> list[Required]:
     return sorted(required, key=lambda r: r.name)
 
 
+def judged_parameters(model: Any, filled_by_engine: Callable[[str], bool]) -> dict[str, Layout]:
+    """The parameters whose every element a load must write from the checkpoint, with their layouts.
+
+    The model's parameters less what no checkpoint carries (:func:`required_tensors`) and what the engine
+    fills afterwards (``filled_by_engine``, :func:`engine_fills`). Asked of the model or of its twin
+    (:mod:`.twin`): both have the same names, shapes and strides.
+    """
+    named = dict(model.named_parameters(remove_duplicate=False))
+    judged = {}
+    for required in required_tensors(model):
+        if required.kind != "parameter" or any(filled_by_engine(alias) for alias in required.aliases):
+            continue
+        tensor = named.get(required.name)
+        if tensor is not None:
+            judged[required.name] = Layout(tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
+    return judged
+
+
 def required_names(model: Any) -> dict[str, str]:
     """Each required tensor's name (as named_parameters()/named_buffers() give it) -> "parameter" or "buffer"."""
     return {r.name: r.kind for r in required_tensors(model)}
@@ -246,6 +265,36 @@ def check(
     return result
 
 
+def check_written(
+    model: Any,
+    judged: Mapping[str, Layout],
+    writes: Sequence[Write],
+    *,
+    role: str,
+    policy: str,
+    on_warning: Callable[[str], None] = lambda message: None,
+) -> list[Gap]:
+    """What the load really wrote (:mod:`.write_watch`): every element of every judged parameter, or fail/warn.
+
+    A parameter the load replaced by another object (a loader that sets a new ``Parameter``) is not
+    judged: the writes were into the one it replaced. Raises IncompleteModel (``mutated=True``) under ``fail``.
+    """
+    now = dict(model.named_parameters(remove_duplicate=False)) if model is not None else {}
+    kept = {n: layout for n, layout in judged.items() if n in now}
+    found = coverage_gaps(kept, writes, streamed=lambda name: True)
+    if found:
+        shown = "; ".join(g.describe().replace(" (no checkpoint tensor writes it)", "") for g in found[:3])
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        message = (
+            f"{role} model incomplete: the load wrote {len(found)} of the {len(kept)} parameters it checks only in "
+            f"part: {shown}{more}"
+        )
+        if policy == "fail":
+            raise IncompleteModel(message + " (MX_ROBUST_MODEL_COMPLETENESS=warn accepts this)")
+        on_warning(message)
+    return found
+
+
 def engine_fills(engine: EngineView) -> Callable[[str], bool]:
     """The parameters the engine writes after this load: none for a target; a draft's shared embedding and head."""
     if not engine.is_draft:
@@ -254,4 +303,7 @@ def engine_fills(engine: EngineView) -> Callable[[str], bool]:
     return mtp_table.filled_by_engine(row, shares_target_weights=engine.shares_target_weights)
 
 
-__all__ = ["Completeness", "LoadedNames", "Required", "capture_loaded", "check", "engine_fills", "required_names", "required_tensors"]
+__all__ = [
+    "Completeness", "LoadedNames", "Required", "capture_loaded", "check", "check_written", "engine_fills", "judged_parameters",
+    "required_names", "required_tensors",
+]  # fmt: skip

@@ -33,6 +33,16 @@ PARTS_SHOWN = 3
 SIBLINGS = (("gate_proj", "up_proj"), ("w1", "w3"), ("q_proj", "k_proj", "v_proj"), ("q_a_proj", "kv_a_proj_with_mqa"))
 
 
+def writes_in_place(func_name: str) -> bool:
+    """Whether a torch function of this name writes into its first argument (``copy_``, ``fill_``,
+    ``__setitem__``, ``x.data = ...``, ``+=``): the one rule the dry run and the write watch share."""
+    return (
+        (func_name.endswith("_") and not func_name.startswith("__"))
+        or func_name in ("__setitem__", "__set__", "set_")
+        or (func_name.startswith("__i") and func_name.endswith("__") and func_name not in ("__index__", "__int__"))
+    )
+
+
 @dataclass(frozen=True)
 class Layout:
     """A parameter's own view of its storage (elements)."""
@@ -281,4 +291,4 @@ def gaps(
     return found
 
 
-__all__ = ["Gap", "Layout", "MAX_INTERVALS", "Write", "describe_part", "gaps", "intervals"]
+__all__ = ["Gap", "Layout", "MAX_INTERVALS", "Write", "describe_part", "gaps", "intervals", "writes_in_place"]

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
-from .coverage import Layout, Write
+from .coverage import Layout, Write, writes_in_place
 from .twin import TwinFailed, make_twin
 
 # Torch calls that only look at a tensor's metadata: no use of its values.
@@ -164,11 +164,7 @@ def _mode(state: _State):
             if name == "tolist" and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
                 return torch.zeros(args[0].shape, dtype=args[0].dtype).tolist()
             target = args[0] if args else None
-            writes = (
-                (name.endswith("_") and not name.startswith("__"))
-                or name in ("__setitem__", "__set__", "set_")
-                or (name.startswith("__i") and name.endswith("__") and name not in ("__index__", "__int__"))
-            )
+            writes = writes_in_place(name)
             if writes and not used and state.scalar_from:
                 used, state.scalar_from = set(state.scalar_from), frozenset()
             out = kwargs.get("out")

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
 from .checkpoint import Checkpoint
-from .coverage import Gap, Layout, gaps as coverage_gaps
+from .completeness import judged_parameters
+from .coverage import Gap, gaps as coverage_gaps
 from .dry_run import DryRunFailed, dry_run
 from .settings import RobustSettings
 
@@ -178,7 +179,8 @@ def ask(
         return Unanswered(cls, f"the dry run found {len(read)} name(s) read, all replaced by the engine")
     if not names:
         return Unanswered(cls, f"the dry run found none of the {len(headers)} names fed read by the module")
-    judged = _judged(model, run.layouts, replaced)
+    # Which parameters are judged: the model's; their layouts: the twin's, whose storages the writes were in.
+    judged = {n: run.layouts.get(n, layout) for n, layout in judged_parameters(model, replaced).items()}
     unit = None
     if run.sampled:
         from .name_sampling import parse
@@ -193,21 +195,6 @@ def ask(
         unit=unit,
     )
     return ModuleReads(names, "dry_run", left_out, cls, time.perf_counter() - started, gaps=tuple(found), judged=len(judged))
-
-
-def _judged(model: Any, layouts: Mapping[str, Layout], replaced: Callable[[str], bool]) -> dict[str, Layout]:
-    """The parameters whose every element the checkpoint must fill: those the model keeps (less what no
-    checkpoint carries, :func:`.completeness.required_tensors`) and the engine does not fill afterwards."""
-    from .completeness import required_tensors
-
-    judged = {}
-    for required in required_tensors(model):
-        if required.kind != "parameter" or any(replaced(alias) for alias in required.aliases):
-            continue
-        layout = next((layouts[a] for a in required.aliases if a in layouts), None)
-        if layout is not None:
-            judged[required.name] = layout
-    return judged
 
 
 @dataclass

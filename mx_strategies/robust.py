@@ -20,7 +20,7 @@ from modelexpress.load_strategy.base import LoadContext, LoadStrategy, _as_load_
 from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
-from . import completeness, module_reads, progress, rank_share, telemetry
+from . import completeness, module_reads, progress, rank_share, telemetry, write_watch
 from .engine import SGLANG, EngineView, bypassed_features, declared_unused, engine_view, held_names
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .distributed import RankShares, agreed_plan, agreed_shares, distributes, sees_same_files
@@ -351,9 +351,12 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             progress=progress.for_load(plan, settings, ctx, engine.role),
             carrier=carrier,
         )
+        filled_by_engine = completeness.engine_fills(engine)
+        judged = completeness.judged_parameters(result.model, filled_by_engine) if result.model is not None else {}
+        warn = lambda message: logger.warning(f"[Worker {rank}] {message}")  # noqa: E731
         try:
             with stream:  # entering starts the stream and fetches the first tensor
-                with completeness.capture_loaded(result.model) as loaded:
+                with completeness.capture_loaded(result.model) as loaded, write_watch.watched(result.model, judged) as written:
                     result = ctx.adapter.apply_weight_iter(result, stream.tensors())
                 stream.settle()
             completeness.check(
@@ -361,8 +364,11 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                 loaded,
                 role=engine.role,
                 policy=settings.model_completeness,
-                filled_by_engine=completeness.engine_fills(engine),
-                on_warning=lambda message: logger.warning(f"[Worker {rank}] {message}"),
+                filled_by_engine=filled_by_engine,
+                on_warning=warn,
+            )
+            completeness.check_written(
+                result.model, judged, written.writes, role=engine.role, policy=settings.model_completeness, on_warning=warn
             )
         except Exception as exc:
             # Our errors know whether the model was touched; the engine's own happen while it is written.

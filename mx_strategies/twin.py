@@ -54,8 +54,7 @@ _ATOMIC = (
 _ENGINE_SHARED_MODULES = (
     "vllm.config",  # VllmConfig, ModelConfig, ParallelConfig, ... (read by loaders; the engine's)
     "vllm.transformers_utils.configs",
-    "transformers.configuration_utils",  # PretrainedConfig and every model config derived from it
-    "transformers.models.",  # model configs live in their model's package
+    "transformers.configuration_utils",  # PretrainedConfig, and so every model config derived from it (MRO)
     "sglang.srt.configs",
     "sglang.srt.server_args",
     "torch.distributed",
@@ -91,13 +90,12 @@ class Twin:
 def _shared(obj: Any) -> bool:
     if isinstance(obj, _ATOMIC):
         return True
-    try:
-        import torch
+    import torch
 
-        if isinstance(obj, (torch.dtype, torch.device, torch.Size, torch.layout, torch.memory_format, torch.Generator)):
-            return True
-    except ImportError:  # pragma: no cover - torch is a dependency of every engine we ask
-        pass
+    if isinstance(obj, (torch.nn.Module, torch.Tensor)):
+        return False  # whatever package defines it (a transformers model inside vLLM's backend): the module's state
+    if isinstance(obj, (torch.dtype, torch.device, torch.Size, torch.layout, torch.memory_format, torch.Generator)):
+        return True
     for cls in type(obj).__mro__:
         module = getattr(cls, "__module__", "") or ""
         if f"{module}.{cls.__qualname__}" in _ENGINE_SHARED_CLASSES:

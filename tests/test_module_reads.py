@@ -113,8 +113,20 @@ def ask_draft(arch: str, root, pp: int):
     assert after == state, differences(state, after)  # every attribute, container and parameter attribute as it was
     assert forward_context(built.vllm_config).keys() == context.keys()
     if isinstance(answer, module_reads.ModuleReads):  # the whole checkpoint fills every kept parameter whole
-        assert answer.judged > 0 and answer.gaps == (), [g.describe() for g in answer.gaps]
+        assert answer.judged > 0 and {g.param for g in answer.gaps} == EXPECTED_GAPS.get((arch, pp), set()), [
+            g.describe() for g in answer.gaps
+        ]
     return built, ckpt, checkpoint, engine, answer
+
+
+# The one place a whole checkpoint leaves a kept parameter at init values: vLLM 0.33's Transformers-backend MTP
+# drafts at pipeline parallel > 1. There the proposer keeps the draft's own embedding ("will be loaded separately
+# from the target model", v1/spec_decode/llm_base_proposer.py:1424-1509), and the class's load_weights never
+# reads one (TABLE_STREAMS_UNREAD below): served, it would hold its init values. robust refuses that load.
+EXPECTED_GAPS = {
+    ("deepseek_v3-transformers", 2): {"model.embed_tokens.weight"},
+    ("glm4_moe-transformers", 2): {"model.embed_tokens.weight"},
+}
 
 
 # Where the sweep found the table wrong, and the module's answer better (kept here, not hidden): at pipeline

@@ -629,9 +629,19 @@ def test_target_missing_a_tensor_fails_naming_the_parameter(tmp_path, robust, mo
     monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
     ctx = build_vllm_load_context(vc, target_config)
 
+    # The module's answer covers no element of it: refused before a byte streams.
     with pytest.raises(StrategyFailed) as failure:
         RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), ctx)
+    assert failure.value.mutated is False
+    assert "target load from" in str(failure.value) and "refused before streaming" in str(failure.value)
+    assert f"elements 0-63 of {missing} [64] (64 element(s)) would keep init values (no checkpoint tensor writes it)" in str(
+        failure.value
+    )
 
+    # Where the table decides (no module answer), the load's own checks find it after streaming.
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    with pytest.raises(StrategyFailed) as failure:
+        RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), ctx)
     assert failure.value.mutated is True
     assert missing in str(failure.value) and "target model incomplete" in str(failure.value)
 
@@ -706,16 +716,25 @@ def test_completeness_policy_and_models_that_report_nothing(tmp_path, robust, mo
     write_checkpoint(folder, {"a": torch.randn(4, 4)}, shards=1)  # "b" is missing: index and header agree
     monkeypatch.setenv("MX_MODEL_URI", folder)
     monkeypatch.setenv("MX_ROBUST_MODEL_COMPLETENESS", policy)
+    # The module's own answer would refuse this before streaming (tests/test_whole_parameters.py); without it
+    # the checks after streaming are what stands: the names load_weights reports, and what the load wrote.
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
     model = TinyModel(reports)
     ctx = load_context(type("MC", (), {"model": folder, "model_weights": None, "hf_config": None})(),
                        StandInAdapter(lambda: TinyModel(reports)))
     caplog.set_level(logging.WARNING)
 
-    if reports and policy == "fail":
+    if policy == "fail":
         with pytest.raises(StrategyFailed) as failure:
             RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), ctx)
-        assert failure.value.mutated is True and "target model incomplete: 1 of 2 parameters" in str(failure.value)
-        assert ": b (MX_ROBUST_MODEL_COMPLETENESS=warn" in str(failure.value)
+        if reports:
+            assert failure.value.mutated is True and "target model incomplete: 1 of 2 parameters" in str(failure.value)
+            assert ": b (MX_ROBUST_MODEL_COMPLETENESS=warn" in str(failure.value)
+        else:  # no names reported, and still found: nothing was written into b
+            assert failure.value.mutated is True and str(failure.value) == (
+                "target model incomplete: the load wrote 1 of the 2 parameters it checks only in part: elements 0-3 "
+                "of b [4] (4 element(s)) would keep init values (MX_ROBUST_MODEL_COMPLETENESS=warn accepts this)"
+            )
         # The refusal costs the user robust's streaming: an ERROR says what to do about it.
         (refusal,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert refusal == (
@@ -732,6 +751,7 @@ def test_completeness_policy_and_models_that_report_nothing(tmp_path, robust, mo
         assert "target model incomplete" in warned and ": b" in warned
     else:
         assert "target completeness not checked: the model's load_weights returned no set of loaded names" in warned
+    assert "the load wrote 1 of the 2 parameters it checks only in part: elements 0-3 of b [4]" in warned
 
 
 def test_a_draft_config_with_zero_layers_is_not_reported_as_not_found():

@@ -168,3 +168,66 @@ def test_warn_accepts_a_partial_parameter_and_says_so(tmp_path, monkeypatch, cap
     )
     warnings = [r.getMessage() for r in caplog.records if "fills only in part" in r.getMessage()]
     assert len(warnings) == 1 and f"{part} of {param}" in warnings[0] and missing in warnings[0]
+
+
+# -- what the load really wrote (mx_strategies.write_watch) ---------------------------------------------
+
+
+class Stacked(torch.nn.Module):
+    """gate/up stacked into one parameter. ``skips_when``: a real load that leaves up_proj out on a condition of
+    the values (the twin's tensors hold none: its answer and the real load differ). ``pool``: each write
+    handed to a thread pool, as SGLang's DeepSeek loader does."""
+
+    supports_dry_run = True
+
+    def __init__(self, skips_real_up: bool = False, pool: bool = False):
+        super().__init__()
+        self.gate_up = torch.nn.Parameter(torch.zeros(8, 4))
+        self.skips_real_up, self.pool = skips_real_up, pool
+
+    def load_weights(self, weights):
+        from concurrent.futures import ThreadPoolExecutor
+
+        def put(offset, tensor):
+            self.gate_up.data.narrow(0, offset, 4).copy_(tensor)
+
+        with ThreadPoolExecutor(2) as executor:
+            for name, tensor in weights:
+                offset = 0 if name == "gate_proj.weight" else 4
+                if name == "up_proj.weight" and self.skips_real_up and not tensor.is_meta:
+                    continue
+                if self.pool:
+                    executor.submit(put, offset, tensor).result()
+                else:
+                    put(offset, tensor)
+        return {"gate_up"}
+
+
+def load_stacked(model, tmp_path, monkeypatch):
+    from mx_strategies.testing.standin import StandInAdapter, load_context
+
+    folder = str(tmp_path / "stacked")
+    tensors = {"gate_proj.weight": torch.randn(4, 4), "up_proj.weight": torch.randn(4, 4)}
+    write_checkpoint(folder, tensors, shards=1)
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    ctx = load_context(type("MC", (), {"model": folder, "model_weights": None, "hf_config": None})(),
+                       StandInAdapter(lambda: Stacked()))  # fmt: skip
+    return tensors, lambda: RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), ctx)
+
+
+def test_a_load_that_writes_less_than_its_answer_said_is_refused_after_streaming(tmp_path, monkeypatch):
+    model = Stacked(skips_real_up=True)
+    _, load = load_stacked(model, tmp_path, monkeypatch)
+    with pytest.raises(StrategyFailed) as failure:
+        load()
+    assert failure.value.mutated is True and str(failure.value) == (
+        "target model incomplete: the load wrote 1 of the 1 parameters it checks only in part: rows 4-7 of "
+        "gate_up [8, 4] (16 element(s)) would keep init values (MX_ROBUST_MODEL_COMPLETENESS=warn accepts this)"
+    )
+
+
+def test_writes_a_loader_hands_to_a_thread_pool_are_seen(tmp_path, monkeypatch):
+    model = Stacked(pool=True)
+    tensors, load = load_stacked(model, tmp_path, monkeypatch)
+    load()
+    assert same_bytes(model.gate_up.data, torch.cat([tensors["gate_proj.weight"], tensors["up_proj.weight"]]))
