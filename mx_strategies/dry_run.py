@@ -82,6 +82,20 @@ class _State:
     whole_writes: list = field(default_factory=list)
     writes: list = field(default_factory=list)
     scalar_from: frozenset = frozenset()  # names whose value was last read out as a number (``param.fill_(w.item())``)
+    model: Any = None  # the real model: only to name a tensor a refused write aimed at
+
+    def model_tensor_names(self, target: Any) -> str:
+        """Which of the model's tensors (parameters, buffers, tensor attributes) share ``target``'s storage."""
+        try:
+            pointer = target.untyped_storage().data_ptr()
+            found = [n for n, t in list(self.model.named_parameters(remove_duplicate=False))
+                     + list(self.model.named_buffers(remove_duplicate=False)) if t.untyped_storage().data_ptr() == pointer]
+            for prefix, module in self.model.named_modules(remove_duplicate=False):
+                found += [f"{prefix}.{k}" for k, v in vars(module).items()
+                          if hasattr(v, "untyped_storage") and v.untyped_storage().data_ptr() == pointer]
+            return ", ".join(sorted(set(found))[:3])
+        except Exception:  # noqa: BLE001 - only a better message
+            return ""
 
 
 def _storages(module: Any) -> tuple[dict, dict]:
@@ -123,8 +137,11 @@ def _mode(state: _State):
         """A write into ``target``: refused unless it is the twin's; its region noted where it is a parameter's."""
         storage = target.untyped_storage()._cdata
         if not target.is_meta and storage not in state.owned:
+            owner = state.model_tensor_names(target)
             raise DryRunFailed(
-                f"load_weights wrote into a tensor that is not the twin's ({name}); refused before the write"
+                f"load_weights wrote into a tensor that is not the twin's ({name} into a {type(target).__name__} "
+                f"{list(target.shape)} {target.dtype}{', the model' + chr(39) + 's ' + owner if owner else ''}); "
+                "refused before the write"
             )
         entry = state.param_of_storage.get(storage)
         if not entry:
@@ -282,7 +299,7 @@ def dry_run(
     shots = _snapshot(_global_registries())
     fed = 0
     param_of_storage, layouts = _storages(twin.module)
-    state = _State(param_of_storage, started + timeout_s, twin.owned_storages)
+    state = _State(param_of_storage, started + timeout_s, twin.owned_storages, model=model)
     try:
 
         def weights() -> Iterator[tuple[str, Any]]:

@@ -13,8 +13,9 @@ copies the module tree instead:
   bound methods rebound to the twin's modules, so a loader that writes
   into ``self`` writes into the twin;
 - every module, container (list, dict, set, tuple), ``functools.partial``,
-  closure (a wrapper around the module's own method) and plain Python
-  object reachable from the tree is the twin's own copy;
+  function holding the module in its closure or default arguments (a
+  wrapper around the module's own method) and plain Python object
+  reachable from the tree is the twin's own copy;
   other tensors (an expert map a loader reads values from) are cloned,
   as their values steer the answer;
 - shared with the model, by reference, and never state of this module: the
@@ -145,7 +146,7 @@ class _Walker:
         found = self.memo.get(id(obj), self)
         if found is not self:
             return found
-        if isinstance(obj, types.FunctionType) and obj.__closure__ and self._closes_over_the_module(obj):
+        if isinstance(obj, types.FunctionType) and self._holds_the_module(obj):
             return self._closure(obj, path, depth)
         if _shared(obj):
             return obj
@@ -201,15 +202,19 @@ class _Walker:
                 continue
         raise TwinFailed(f"{path}: a {kind.__module__}.{kind.__qualname__} cannot be copied (no way to make one)")
 
-    def _closes_over_the_module(self, func: Any) -> bool:
-        """Whether a closure holds a module, a tensor, or a module's bound method (a wrapper around
-        ``load_weights``): those are copied; any other closure (a compiled op's, a decorator's) is shared."""
+    def _holds_the_module(self, func: Any) -> bool:
+        """Whether a function holds, in its closure or its default arguments, a module, a tensor or a module's
+        bound method (a wrapper around ``load_weights``): it is copied; any other function (a compiled op's,
+        a decorator's) is shared."""
         torch = self.torch
-        for cell in func.__closure__:
+        held = []
+        for cell in func.__closure__ or ():
             try:
-                value = cell.cell_contents
+                held.append(cell.cell_contents)
             except ValueError:
                 continue
+        held += list(func.__defaults__ or ()) + list((func.__kwdefaults__ or {}).values())
+        for value in held:
             if isinstance(value, types.MethodType):
                 value = value.__self__
             if isinstance(value, (torch.nn.Module, torch.Tensor)):
@@ -217,19 +222,22 @@ class _Walker:
         return False
 
     def _closure(self, func: Any, path: str, depth: int) -> Any:
-        """A function closing over values (a wrapper around the module's own method): its cells copied."""
-        cells = tuple(types.CellType() for _ in func.__closure__)
-        new = types.FunctionType(func.__code__, func.__globals__, func.__name__, func.__defaults__, cells)
-        new.__kwdefaults__ = func.__kwdefaults__
+        """A function holding the module (a wrapper around its own method): its cells and defaults copied."""
+        cells = tuple(types.CellType() for _ in func.__closure__ or ())
+        new = types.FunctionType(func.__code__, func.__globals__, func.__name__, None, cells or None)
         new.__dict__.update(func.__dict__)
         self.memo[id(func)] = new  # before the cells: a closure that reaches itself gets the copy
         self.keep.append(func)
-        for index, (cell, mine) in enumerate(zip(func.__closure__, cells)):
+        for index, (cell, mine) in enumerate(zip(func.__closure__ or (), cells)):
             try:
                 contents = cell.cell_contents
             except ValueError:  # an empty cell (a name bound later)
                 continue
             mine.cell_contents = self.copy(contents, f"{path}.<closure {func.__code__.co_freevars[index]}>", depth + 1)
+        if func.__defaults__:
+            new.__defaults__ = self.copy(func.__defaults__, f"{path}.<defaults>", depth + 1)
+        if func.__kwdefaults__:
+            new.__kwdefaults__ = self.copy(func.__kwdefaults__, f"{path}.<kwdefaults>", depth + 1)
         return new
 
     def _container(self, obj: Any, path: str, depth: int) -> Any:

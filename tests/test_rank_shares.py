@@ -65,7 +65,18 @@ LAYOUTS = {
                       communicator="torch"),  # fmt: skip
     "ep-own-table": dict(tp=2, pp=1, ep=True, draft=False, communicator="platform",
                          env={"MX_MS_DISTRIBUTED": "0", "MX_ROBUST_SELECTION_SOURCES": "table,convention"}),
+    # Tensor parallel 2 (stacked parameters sliced per rank) on a checkpoint that lacks one member of four stacks.
+    "tp2-partial": dict(tp=2, pp=1, ep=False, draft=True, env={"MX_MS_DISTRIBUTED": "0"}, communicator="torch",
+                        checkpoint="partial"),  # fmt: skip
 }
+# What the "partial" checkpoint lacks: a dense MLP's, a routed expert's and a shared expert's up_proj, and the
+# MLA attention's kv_a_proj_with_mqa (stacked into gate_up_proj, experts.w13_weight, fused_qkv_a_proj).
+PARTIAL = (
+    "model.layers.0.mlp.up_proj.weight",
+    "model.layers.1.mlp.experts.2.up_proj.weight",
+    "model.layers.2.self_attn.kv_a_proj_with_mqa.weight",
+    "model.layers.3.mlp.shared_experts.up_proj.weight",
+)
 TABLE = {"pp2-table", "ep-own-table"}  # the layouts where the table and the module's structure decide
 
 
@@ -78,9 +89,13 @@ def store(tmp_path_factory, request):
     manifest = make_model("deepseek_v3", local, profile="ranks")
     config_only = str(root / "config-only")
     shutil.copytree(local, config_only, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
+    partial = str(root / "ds3-partial")
+    shutil.copytree(local, partial)
+    drop_tensors(partial, PARTIAL)
     with LoopbackS3() as s3:
         uri = s3.upload(local, "models", "ds3")
         store = dict(root=root, local=local, config_only=config_only, manifest=manifest, uri=uri,
+                     partial_uri=s3.upload(partial, "models", "ds3-partial"),
                      moto_port=int(s3.direct.rsplit(":", 1)[1]))  # fmt: skip
         store["runs"] = Together({name: (lambda n=name: _run_layout(n, store)) for name in collected_params(request, "layout")})
         try:
@@ -109,7 +124,8 @@ def _run_layout(name: str, store) -> dict:
                              config_dir=store["config_only"], local_dir=store["local"]))  # fmt: skip
             env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "VLLM_", "RUNAI_"))}
             endpoint = f"http://127.0.0.1:{dead}" if layout.get("dead_rank") == rank else proxies[rank].endpoint
-            env.update(S3_ENV, AWS_ENDPOINT_URL=endpoint, MX_MODEL_URI=store["uri"], VLLM_TARGET_DEVICE="cpu",
+            uri = store["partial_uri"] if layout.get("checkpoint") == "partial" else store["uri"]
+            env.update(S3_ENV, AWS_ENDPOINT_URL=endpoint, MX_MODEL_URI=uri, VLLM_TARGET_DEVICE="cpu",
                        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_ASSETS_CACHE=str(folder / "assets"),
                        MX_ROBUST_READS_CACHE_DIR=str(folder / "reads"),
                        RUNAI_STREAMER_DIST_TIMEOUT="120", PYTHONPATH=REPO, **layout["env"])  # fmt: skip
@@ -120,6 +136,24 @@ def _run_layout(name: str, store) -> dict:
             proxy.stop()
     return {"ranks": ranks, "served": [p.to_client for p in proxies], "requests": [len(p.requests) for p in proxies],
             "folder": folder}  # fmt: skip
+
+
+def drop_tensors(folder: str, names) -> None:
+    """Rewrite ``folder``'s shards (and index) without ``names``: a checkpoint whose index and headers agree."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    index_path = os.path.join(folder, "model.safetensors.index.json")
+    index = json.load(open(index_path)) if os.path.exists(index_path) else None
+    for shard in sorted(Path(folder).glob("*.safetensors")):
+        tensors = load_file(str(shard))
+        if any(n in tensors for n in names):
+            save_file({n: t for n, t in tensors.items() if n not in names}, str(shard), metadata={"format": "pt"})
+    if index is not None:
+        index["weight_map"] = {n: f for n, f in index["weight_map"].items() if n not in names}
+        with open(index_path, "w") as handle:
+            json.dump(index, handle)
 
 
 def only_report(entry: dict) -> dict:
@@ -242,6 +276,42 @@ def test_a_rank_that_cannot_take_its_share_fails_every_rank_before_the_model_is_
         assert "rank 1" in failures[0]["error"], failures[0]["error"]
         assert not [r for r in entry["reports"] if r["outcome"] == "loaded" and r["role"] == "target"
                     and r.get("source", "").startswith("s3://")]  # fmt: skip
+
+
+# -- tensor parallel 2: whole parameters or no load ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["tp2-partial"])
+def test_at_tensor_parallel_2_a_partial_stack_is_refused_on_every_rank_before_streaming(store, layout):
+    """Each rank asks its own module, whose stacked parameters are its slice (half the MLP's rows, half of
+    each expert's); each refuses its target and its draft before a byte of a tensor streams, naming the rows
+    of its own slice that would keep their init values and the checkpoint name it lacks."""
+    run = run_layout(layout, store)
+    partial = str(store["root"] / "ds3-partial")
+    for result in run["ranks"]:
+        assert "error" not in result, result.get("error")
+        errors = {}
+        for role, entry in result["roles"].items():
+            failures = [r for r in entry["reports"] if r["outcome"] == "failed"]
+            assert failures and failures[0]["mutated"] is False, (result["rank"], role, entry["reports"])
+            assert entry["fed"] == [] and not [r for r in entry["reports"] if r["outcome"] == "loaded"]
+            errors[role] = failures[0]["error"]
+        assert errors["target"].startswith(
+            f"target load from {store['partial_uri']} refused before streaming: 3 parameter(s) the checkpoint fills "
+            "only in part: rows 128-255 of model.layers.0.mlp.gate_up_proj.weight [256, 128] (16384 element(s)) would "
+            "keep init values; the checkpoint lacks model.layers.0.mlp.up_proj.weight"
+        ), errors["target"]
+        assert "[2, 32:64, :] of model.layers.1.mlp.experts.routed_experts.w13_weight [8, 64, 128]" in errors["target"]
+        assert "the checkpoint lacks model.layers.1.mlp.experts.2.up_proj.weight" in errors["target"]
+        assert "rows 64-639 of model.layers.2.self_attn.fused_qkv_a_proj.weight [640, 128]" in errors["target"]
+        assert "the checkpoint lacks model.layers.2.self_attn.kv_a_proj_with_mqa.weight" in errors["target"]
+        assert errors["draft"].startswith(
+            f"draft load from {store['partial_uri']} refused before streaming: 1 parameter(s) the checkpoint fills only "
+            "in part: rows 32-63 of model.layers.3.mtp_block.mlp.shared_experts.gate_up_proj.weight [64, 128]"
+        ), errors["draft"]
+        assert "the checkpoint lacks model.layers.3.mlp.shared_experts.up_proj.weight" in errors["draft"]
+    for rank in range(2):  # each rank read the checkpoint's headers (target and draft), no tensor
+        assert run["served"][rank] <= 2 * probe_bytes(partial) + requests(run, rank) * HTTP_OVERHEAD, run["served"]
 
 
 # -- vLLM's CPU communicators -------------------------------------------------------------------
