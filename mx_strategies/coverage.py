@@ -15,8 +15,7 @@ elements) and the checkpoint names whose values flowed into it. A write no
 checkpoint name flowed into is the engine's own (VocabParallelEmbedding
 zero-fills its padding rows): it counts as filled. :func:`gaps` turns a
 parameter's writes into flat element intervals and reports what no write
-reaches. Pure functions over shapes and strides (torch for the interval
-arithmetic); no model, no engine.
+reaches. Pure functions over shapes and strides; no torch, no model, no engine.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 # Above this many intervals for one write (a transposed, element-strided view), the write is not
 # expanded: its parameter is judged by the other writes only if they already cover it.
-MAX_INTERVALS = 1 << 22
+MAX_INTERVALS = 1 << 16
 PARTS_SHOWN = 3
 # Checkpoint tensors vLLM and SGLang stack into one parameter, beyond a model's packed_modules_mapping:
 # the fused experts' w1/w3 (FusedMoE.make_expert_params_mapping) and their HF names.
@@ -94,17 +93,15 @@ class Gap:
         return text
 
 
-def intervals(view: Layout) -> Optional["object"]:
-    """The flat storage intervals ``[start, stop)`` a view covers, as an ``(N, 2)`` int64 tensor.
+def intervals(view: Layout) -> Optional[list[tuple[int, int]]]:
+    """The flat storage intervals ``[start, stop)`` a view covers, in storage order.
 
-    None when the view would expand to more than :data:`MAX_INTERVALS` intervals.
+    None when the view would expand to more than :data:`MAX_INTERVALS` intervals (a transposed,
+    element-strided view of a large parameter).
     """
-    import torch
-
-    dims = [(size, stride) for size, stride in zip(view.shape, view.stride) if size != 1]
     if any(size == 0 for size in view.shape):
-        return torch.empty((0, 2), dtype=torch.int64)
-    dims.sort(key=lambda d: -d[1])
+        return []
+    dims = sorted(((size, stride) for size, stride in zip(view.shape, view.stride) if size != 1), key=lambda d: -d[1])
     run = 1  # the innermost contiguous run, in elements
     while dims and dims[-1][1] == run:
         size, _ = dims.pop()
@@ -114,69 +111,73 @@ def intervals(view: Layout) -> Optional["object"]:
         count *= size
     if count > MAX_INTERVALS:
         return None
-    starts = torch.tensor([view.offset], dtype=torch.int64)
+    starts = [view.offset]
     for size, stride in dims:
-        starts = (starts[:, None] + torch.arange(size, dtype=torch.int64) * stride).reshape(-1)
-    return torch.stack([starts, starts + run], dim=1)
+        starts = [s + i * stride for s in starts for i in range(size)]
+    return [(start, start + run) for start in starts]
 
 
-def _union(parts: Sequence["object"]) -> "object":
-    import torch
-
-    spans = torch.cat(list(parts)) if parts else torch.empty((0, 2), dtype=torch.int64)
-    if spans.numel() == 0:
-        return spans
-    spans = spans[torch.argsort(spans[:, 0], stable=True)]
-    starts, stops = spans[:, 0], torch.cummax(spans[:, 1], dim=0).values
-    # A new merged interval begins where a start lies past every earlier stop.
-    begins = torch.ones(len(starts), dtype=torch.bool)
-    begins[1:] = starts[1:] > stops[:-1]
-    index = torch.nonzero(begins).reshape(-1)
-    ends = torch.cat([index[1:] - 1, torch.tensor([len(starts) - 1])])
-    return torch.stack([starts[index], stops[ends]], dim=1)
+def _union(parts: Iterable[list[tuple[int, int]]]) -> list[tuple[int, int]]:
+    """The union of interval lists, merged and sorted."""
+    spans = sorted(span for part in parts for span in part)
+    merged: list[tuple[int, int]] = []
+    for start, stop in spans:
+        if merged and start <= merged[-1][1]:
+            if stop > merged[-1][1]:
+                merged[-1] = (merged[-1][0], stop)
+        else:
+            merged.append((start, stop))
+    return merged
 
 
-def _subtract(whole: "object", covered: "object") -> list[tuple[int, int]]:
-    """``whole`` less ``covered`` (both merged, sorted interval tensors), as a list of intervals."""
+def _subtract(whole: list[tuple[int, int]], covered: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``whole`` less ``covered`` (both merged and sorted)."""
     out: list[tuple[int, int]] = []
-    cov = covered.tolist()
     j = 0
-    for start, stop in whole.tolist():
+    for start, stop in whole:
         cursor = start
-        while j < len(cov) and cov[j][1] <= cursor:
+        while j < len(covered) and covered[j][1] <= cursor:
             j += 1
         k = j
-        while k < len(cov) and cov[k][0] < stop:
-            if cov[k][0] > cursor:
-                out.append((cursor, cov[k][0]))
-            cursor = max(cursor, cov[k][1])
+        while k < len(covered) and covered[k][0] < stop:
+            if covered[k][0] > cursor:
+                out.append((cursor, covered[k][0]))
+            cursor = max(cursor, covered[k][1])
             k += 1
         if cursor < stop:
             out.append((cursor, stop))
     return out
 
 
+def unwritten(layout: Layout, views: Iterable[Layout]) -> list[tuple[int, int]]:
+    """The storage intervals of ``layout`` that none of ``views`` covers ([] when it is covered whole, or when a
+    view or the layout is too scattered to expand: then it is not judged)."""
+    whole = intervals(layout)
+    spans = [intervals(v) for v in views]
+    if whole is None or any(s is None for s in spans):
+        return []
+    return _subtract(_union([whole]), _union(spans))
+
+
 def _unit_gaps(layout: Layout, done: list[Write], spans: list, unit: Callable[[str], Optional[tuple]]) -> list[tuple[int, int]]:
     """Per fed unit: the rows (first dimension) its writes touch, less what it and the unsampled writes fill."""
-    import torch
-
     row = layout.stride[0] if layout.shape else 1
     common = [s for w, s in zip(done, spans) if not any(unit(n) is not None for n in w.names)]
     by_unit: dict[tuple, list] = {}
     for w, s in zip(done, spans):
-        keys = {unit(n) for n in w.names} - {None}
-        for key in keys:
+        for key in {unit(n) for n in w.names} - {None}:
             by_unit.setdefault(key, []).append(s)
-    missing: list[tuple[int, int]] = []
-    for key, parts in sorted(by_unit.items()):
+    missing: set[tuple[int, int]] = set()
+    for _, parts in sorted(by_unit.items()):
         merged = _union(parts)
-        if merged.numel() == 0 or row <= 0:
+        if not merged or row <= 0:
             continue
-        first = (merged[:, 0] - layout.offset) // row
-        last = (merged[:, 1] - 1 - layout.offset) // row
-        rows = torch.stack([first * row + layout.offset, (last + 1) * row + layout.offset], dim=1)
-        missing += _subtract(_union([rows]), _union(parts + common))
-    return sorted(set(missing))
+        rows = [
+            ((a - layout.offset) // row * row + layout.offset, ((b - 1 - layout.offset) // row + 1) * row + layout.offset)
+            for a, b in merged
+        ]
+        missing.update(_subtract(_union([rows]), _union(parts + common)))
+    return sorted(missing)
 
 
 def _index(flat: int, layout: Layout) -> list[int]:
@@ -264,17 +265,14 @@ def gaps(
         if layout.numel == 0:
             continue
         done = [w for w in by_param.get(name, ()) if all(streamed(n) for n in w.names)]
-        spans = [intervals(w.view) for w in done]
-        if any(s is None for s in spans):
-            continue  # a write too scattered to expand: not judged here (the names check still guards it)
-        whole = intervals(layout)
-        if whole is None:
-            continue
         units = {unit(n) for w in done for n in w.names} - {None} if unit is not None else set()
         if units:
+            spans = [intervals(w.view) for w in done]
+            if any(s is None for s in spans):
+                continue  # a write too scattered to expand: not judged here (the names check still guards it)
             missing = _unit_gaps(layout, done, spans, unit)
         else:
-            missing = _subtract(_union([whole]), _union(spans))
+            missing = unwritten(layout, [w.view for w in done])
         if not missing:
             continue
         filled_by = sorted({n for w in done for n in w.names})
@@ -291,4 +289,4 @@ def gaps(
     return found
 
 
-__all__ = ["Gap", "Layout", "MAX_INTERVALS", "Write", "describe_part", "gaps", "intervals", "writes_in_place"]
+__all__ = ["Gap", "Layout", "MAX_INTERVALS", "Write", "describe_part", "gaps", "intervals", "unwritten", "writes_in_place"]
