@@ -88,7 +88,7 @@ class Gap:
         if self.filled_by:
             shown = ", ".join(self.filled_by[:PARTS_SHOWN]) + (" ..." if len(self.filled_by) > PARTS_SHOWN else "")
             text += f" (written only by {shown})"
-        else:
+        elif not self.would_fill:
             text += " (no checkpoint tensor writes it)"
         return text
 

@@ -194,7 +194,31 @@ def ask(
         packed=getattr(model, "packed_modules_mapping", None) or {},
         unit=unit,
     )
+    if run.sample is not None:  # the units no dry run was fed: a member their fed peers have, missing
+        stacked = [n for n in run.fed_names if n in names and not run.full.get(n, True)]
+        found += _unfed_gaps(run, run.sample.missing_members(run.fed_names, stacked), judged)
     return ModuleReads(names, "dry_run", left_out, cls, time.perf_counter() - started, gaps=tuple(found), judged=len(judged))
+
+
+def _unfed_gaps(run: "_Runs", missing: Mapping[str, str], judged: Mapping[str, Any]) -> list[Gap]:
+    """Gaps for names a sampled checkpoint lacks in units no dry run was fed (:meth:`.name_sampling.Sample.missing_members`)."""
+    from .name_sampling import parse
+
+    gaps = []
+    for name, example in sorted(missing.items()):
+        params = sorted(run.written.get(example, ()))
+        if not params:
+            continue
+        # The parameter the missing name would fill: its fed peer's, at the missing name's own layer.
+        layer, peer_layer = parse(name)[1][0], parse(example)[1][0]
+        param = params[0].replace(f".{peer_layer}.", f".{layer}.", 1)
+        layout = judged.get(param)
+        if layout is None:
+            continue  # not a parameter this rank keeps (another stage's layer, another rank's expert)
+        size = next((w.view.numel for w in run.writes if w.names == frozenset((example,))), 0)
+        part = f"the part {example.rsplit('.', 2)[-2]} fills for unit {parse(name)[1]}"
+        gaps.append(Gap(param, layout.shape, (part,), size, (), (name,)))
+    return gaps
 
 
 @dataclass
@@ -209,6 +233,7 @@ class _Runs:
     writes: tuple = ()
     layouts: Mapping = field(default_factory=dict)
     sampled: bool = False
+    sample: Any = None  # the name_sampling.Sample of a sampled run
 
 
 def _run(model: Any, headers: dict, settings: RobustSettings, call: Optional[Callable]) -> _Runs:
@@ -236,7 +261,7 @@ def _run(model: Any, headers: dict, settings: RobustSettings, call: Optional[Cal
         full.update(r.full)
     return _Runs(
         read, written, full, tuple(w for r in runs for w in r.whole_writes), fed,
-        tuple(w for r in runs for w in r.writes), runs[0].layouts, True,
+        tuple(w for r in runs for w in r.writes), runs[0].layouts, True, sample,
     )  # fmt: skip
 
 

@@ -96,6 +96,33 @@ class Sample:
                     break
         return extra
 
+    def missing_members(self, fed: Iterable[str], stacked: Iterable[str]) -> dict[str, str]:
+        """Names an unfed unit lacks that its fed peers have and that fill part of a parameter.
+
+        ``stacked``: the fed names the module wrote into part of a parameter (an expert's ``up_proj`` into
+        half of its ``w13`` rows). A unit of the same family (the template up to its last integer) that was
+        not fed and lacks one of those templates would leave that part at its init values. Returns
+        ``missing name -> a fed name of the same template`` (whose parameter it would have filled).
+        """
+        fed = set(fed)
+        by_family: dict[str, dict[str, str]] = defaultdict(dict)  # family -> template -> a fed name of it
+        for name in stacked:
+            template, ints = parse(name)
+            if len(ints) >= 2:
+                by_family[template.rsplit("#", 1)[0]].setdefault(template, name)
+        missing: dict[str, str] = {}
+        for ints, members in self.units.items():
+            if len(ints) < 2 or members[0] in fed:
+                continue
+            templates = {parse(name)[0] for name in members}
+            for family in {t.rsplit("#", 1)[0] for t in templates}:
+                for template, example in by_family.get(family, {}).items():
+                    if template not in templates:
+                        values = iter(ints)
+                        name = ".".join(str(next(values)) if part == "#" else part for part in template.split("."))
+                        missing[name] = example
+        return missing
+
     def infer(self, fed: Iterable[str], read: Iterable[str]) -> set[str]:
         """Every name the module reads: the fed ones it read, and the others whose keys all were read."""
         fed = set(fed)

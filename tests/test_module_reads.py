@@ -539,3 +539,31 @@ def test_gemma4_dspark_has_a_checkpoint_of_its_own(detected, tmp_path, vllm_cpu)
     checkpoint = probe(Candidate("model", draft_folder), load_settings())
     plan = plan_for(checkpoint, engine, load_settings(), source_is_target=False, reads=lambda c: pytest.fail("asked"))
     assert plan.names is None and sorted(plan.expected) == sorted(own) and plan.selection_source == "whole"
+
+
+def test_a_sampled_dry_run_refuses_a_unit_it_was_not_fed_that_lacks_a_stacked_member(tmp_path, vllm_cpu, monkeypatch):  # noqa: F811
+    """Above MX_ROBUST_DRY_RUN_SAMPLE_ABOVE names the dry run feeds a sample of the experts; an expert of the MTP
+    layer it was not fed whose checkpoint lacks up_proj (half of its w13 rows) is found by its peers' names
+    and refused all the same."""
+    from vllm.config import set_current_vllm_config
+
+    from mx_strategies import name_sampling
+
+    folder, built, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint("deepseek_v3", tmp_path)
+    names = {**tensors, **mtp}
+    missing = "model.layers.2.mlp.experts.3.up_proj.weight"
+    assert missing in names and missing not in name_sampling.Sample(names).first_round()  # a unit no round feeds
+    write_checkpoint(folder, {n: t for n, t in names.items() if n != missing}, shards=3)
+    monkeypatch.setenv("MX_ROBUST_DRY_RUN_SAMPLE_ABOVE", "10")
+    settings = load_settings()
+    checkpoint = probe(Candidate("explicit", folder), settings)
+    engine = engine_view(build_vllm_load_context(built.vllm_config, built.draft_model_config))
+    with set_current_vllm_config(built.vllm_config):
+        answer = module_reads.ask(built.module, checkpoint, settings, unused=declared_unused(built.module),
+                                  replaced=completeness.engine_fills(engine))  # fmt: skip
+    assert isinstance(answer, module_reads.ModuleReads) and answer.source == "dry_run"
+    (gap,) = answer.gaps
+    assert gap.param == "model.layers.2.mtp_block.mlp.experts.routed_experts.w13_weight" and gap.would_fill == (missing,)
+    assert gap.describe().startswith(
+        f"[3, 32:64, :] of {gap.param} [4, 64, 64] (2048 element(s)) would keep init values; the checkpoint lacks {missing}"
+    ), gap.describe()
