@@ -31,7 +31,9 @@ from types import SimpleNamespace
 
 CHECKPOINT_BYTES = 689e9
 LOAD_GBPS = 2.0
+NODE_GBPS = 10.0  # a single 100 GbE node's rate
 TARGET_SHARE = 0.01  # of the load's time, what the question may add
+WATCH_TENSORS = 4000  # tensors of the write watch's micro-measure
 
 CONFIG = dict(
     model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], num_hidden_layers=61, n_routed_experts=256,
@@ -135,8 +137,21 @@ def measure(model, checkpoint, settings, vllm_config, unused=None, replaced=lamb
         profile.disable()
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(8)
+    from mx_strategies.twin import make_twin
+
+    twin_times = []
+    for _ in range(3):
+        twin_times.append(make_twin(model).seconds)
+    tracemalloc.start()
+    make_twin(model)
+    _, twin_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
     return {
         "seconds": round(seconds, 3),
+        "twin_s": round(sorted(twin_times)[1], 3),
+        "twin_peak_python_mib": round(twin_peak / 2**20, 1),
+        "judged": getattr(answer, "judged", 0),
+        "gaps": len(getattr(answer, "gaps", ())),
         "peak_python_mib": round(peak / 2**20, 1),
         "answered": type(answer).__name__,
         "source": getattr(answer, "source", None),
@@ -180,7 +195,14 @@ def run_question(workdir: str) -> dict:
     finally:
         built.context.__exit__(None, None, None)
     load_s = CHECKPOINT_BYTES / (LOAD_GBPS * 1e9)
+    node_s = CHECKPOINT_BYTES / (NODE_GBPS * 1e9)
+    watch = watch_overhead()
     return {
+        "load_s_at_10gbps": round(node_s, 1),
+        "target_share_at_10gbps": round(target["seconds"] / node_s, 5),
+        "budget_s_at_10gbps": round(TARGET_SHARE * node_s, 2),
+        "watch": watch,
+        "watch_share_at_10gbps": round(watch["extra_us_per_tensor"] * 1e-6 * len(names) / node_s, 5),
         "names": len(names),
         "build_s": round(build_s, 2),
         "target": target,
@@ -194,18 +216,64 @@ def run_question(workdir: str) -> dict:
     }
 
 
+def watch_overhead() -> dict:
+    """What the write watch adds to a load's ``load_weights``: a module of WATCH_TENSORS small parameters loaded
+    by copy, with and without :func:`mx_strategies.write_watch.watched`, interleaved; medians of five."""
+    import torch
+
+    from mx_strategies.completeness import judged_parameters
+    from mx_strategies.write_watch import watched
+
+    class Many(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(8, 8)) for _ in range(WATCH_TENSORS))
+
+        def load_weights(self, weights):
+            params = dict(self.named_parameters())
+            for name, tensor in weights:
+                params[name].data.copy_(tensor)
+
+    model = Many()
+    tensors = [(n, torch.ones(8, 8)) for n, _ in model.named_parameters()]
+    judged = judged_parameters(model, lambda name: False)
+    plain, watched_s = [], []
+    for _ in range(5):
+        started = time.perf_counter()
+        model.load_weights(iter(tensors))
+        plain.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        with watched(model, judged) as written:
+            model.load_weights(iter(tensors))
+        watched_s.append(time.perf_counter() - started)
+    assert len(written.writes) == WATCH_TENSORS
+    a, b = sorted(plain)[2], sorted(watched_s)[2]
+    return {"tensors": WATCH_TENSORS, "plain_s": round(a, 4), "watched_s": round(b, 4),
+            "extra_us_per_tensor": round((b - a) / WATCH_TENSORS * 1e6, 1)}  # fmt: skip
+
+
 def render_question(result: dict) -> str:
     lines = [
         f"\n== Asking the module (DeepSeek-V3 names, {result['names']} tensors; built on meta in {result['build_s']} s)",
-        "| role | seconds | peak Python MiB | answered by | names read | left out |",
-        "|---|---|---|---|---|---|",
+        "| role | seconds | peak Python MiB | twin s | twin peak MiB | answered by | names read | left out | "
+        "parameters judged | gaps |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for role in ("target", "draft"):
         r = result[role]
-        lines.append(f"| {role} | {r['seconds']} | {r['peak_python_mib']} | {r['source'] or r['reason']} | {r['names_read']} | {r['left_out']} |")
+        lines.append(f"| {role} | {r['seconds']} | {r['peak_python_mib']} | {r['twin_s']} | {r['twin_peak_python_mib']} | "
+                     f"{r['source'] or r['reason']} | {r['names_read']} | {r['left_out']} | {r['judged']} | {r['gaps']} |")  # fmt: skip
     lines.append(
         f"target: {100 * result['target_share_of_load']:.2f}% of a {result['load_s_at_2gbps']} s load at 2 GB/s "
-        f"(budget 1%: {result['budget_s']} s); a restart: {result['restart_s']} s (kept answer: {result['restart_cached']})"
+        f"(budget 1%: {result['budget_s']} s), {100 * result['target_share_at_10gbps']:.2f}% of a "
+        f"{result['load_s_at_10gbps']} s load at 10 GB/s (budget 1%: {result['budget_s_at_10gbps']} s); "
+        f"a restart: {result['restart_s']} s (kept answer: {result['restart_cached']})"
+    )
+    w = result["watch"]
+    lines.append(
+        f"write watch: {w['tensors']} tensors loaded in {w['plain_s']} s plain, {w['watched_s']} s watched: "
+        f"{w['extra_us_per_tensor']} us per tensor, {100 * result['watch_share_at_10gbps']:.2f}% of the 10 GB/s load "
+        f"for {result['names']} tensors"
     )
     lines.append("where the target's time goes (cProfile, tottime):")
     lines += [f"    {line}" for line in result["target"]["profile_top"]]

@@ -148,6 +148,31 @@ def test_a_target_checkpoint_missing_part_of_a_dense_mlp_is_refused_before_strea
     assert not wrong
 
 
+def test_where_the_table_decides_the_partial_stack_is_found_in_what_the_load_wrote(tmp_path, monkeypatch, vllm_cpu):  # noqa: F811
+    """MX_ROBUST_SELECTION_SOURCES=table,convention: no module answer to check before streaming; the write watch
+    sees half of the shared expert's rows never written, and the load fails (mutated=True: the chain rebuilds)."""
+    arch, missing, param, part = DRAFT_CASES["shared-expert"]
+    folder = str(tmp_path / arch)
+    builders.write_config(folder, arch)
+    with builders.in_process_inspection():
+        built = builders.build_draft(folder, arch)
+    ckpt = draft_checkpoint(arch, built.module, folder)
+    write_checkpoint(folder, {n: t for n, t in ckpt.tensors.items() if n != missing})
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
+    with pytest.raises(StrategyFailed) as failure:
+        RobustModelStreamerStrategy().load(
+            LoadResult(value=built.module, model=built.module),
+            build_vllm_load_context(built.vllm_config, built.draft_model_config),
+        )
+    assert failure.value.mutated is True
+    assert str(failure.value).startswith("draft model incomplete: the load wrote 1 of the ")
+    assert f"parameters it checks only in part: {part} of {param} [64, 64] (2048 element(s)) would keep init values" in str(
+        failure.value
+    )
+
+
 def test_warn_accepts_a_partial_parameter_and_says_so(tmp_path, monkeypatch, caplog, vllm_cpu):  # noqa: F811
     """MX_ROBUST_MODEL_COMPLETENESS=warn: the load goes on; the WARNING names the part left at init values."""
     import logging
