@@ -216,12 +216,15 @@ class RobustSettings(BaseSettings):
         default="fail",
         validation_alias="MX_ROBUST_MODEL_COMPLETENESS",
         description=(
-            "What a load does when a parameter or persistent buffer of the model "
-            "was not written from the checkpoint (the names the model's "
-            "load_weights reports, like vLLM's default loader), apart from those "
-            "the engine fills afterwards (an MTP draft's shared embedding and "
-            "head): fail, naming the parameters (the chain rebuilds the model and "
-            "falls back), or warn. A model that reports no names is not checked."
+            "What a load does when part of a parameter the model keeps would not "
+            "be, or was not, written from the checkpoint, apart from what the "
+            "engine fills afterwards (an MTP draft's shared embedding and head). "
+            "Checked per element before streaming on the module's answer (a "
+            "stacked or fused parameter the checkpoint fills only in part: "
+            "refused, the model untouched), and after streaming on what the load "
+            "wrote and on the names the model's load_weights reports (the chain "
+            "rebuilds the model and falls back): fail, naming the parameters and "
+            "the rows, or warn."
         ),
     )
 

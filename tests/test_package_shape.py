@@ -40,6 +40,7 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "mx_strategies.checkpoint",
         "mx_strategies.completeness",
         "mx_strategies.content_check",
+        "mx_strategies.coverage",
         "mx_strategies.distributed",
         "mx_strategies.draft",
         "mx_strategies.dry_run",
@@ -65,6 +66,8 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "mx_strategies.streaming",
         "mx_strategies.telemetry",
         "mx_strategies.tensor_bytes",
+        "mx_strategies.twin",
+        "mx_strategies.write_watch",
     ], "a runtime module was added or removed: is it something a production load needs?"
 
 

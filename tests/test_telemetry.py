@@ -43,6 +43,7 @@ REASONS = {
     errors.DraftPlanError: "selection",
     errors.IncompleteDelivery: "completeness",
     errors.IncompleteModel: "completeness",
+    errors.PartialParameters: "completeness",
     errors.RanksDisagree: "ranks_disagree",
     errors.StreamStartError: "streamer",
     errors.StreamBroken: "streamer",
