@@ -7,17 +7,17 @@ SGLang's DeepSeek derives ``w_kc``/``w_vc`` onto its attention modules. A
 shallow swap of parameters cannot keep those out of the model. :func:`make_twin`
 copies the module tree instead:
 
-- every parameter and buffer becomes a meta tensor of the same class,
-  shape, stride and dtype (no data is copied); its Python attributes
+- every parameter and persistent buffer becomes a meta tensor of the same
+  class, shape, stride and dtype (no data is copied); its Python attributes
   (``weight_loader``, ``output_dim``, shard marks) are copied too, with
   bound methods rebound to the twin's modules, so a loader that writes
   into ``self`` writes into the twin;
 - every module, container (list, dict, set, tuple), ``functools.partial``,
   function holding the module in its closure or default arguments (a
   wrapper around the module's own method) and plain Python object
-  reachable from the tree is the twin's own copy;
-  other tensors (an expert map a loader reads values from) are cloned,
-  as their values steer the answer;
+  reachable from the tree is the twin's own copy; non-persistent buffers
+  and other tensors (an expert map a loader reads values from) are
+  cloned, as their values steer the answer;
 - shared with the model, by reference, and never state of this module: the
   engine's configs and parallel groups (vLLM's ``VllmConfig`` and
   ``GroupCoordinator``, transformers' and SGLang's configs, torch's process
@@ -25,7 +25,7 @@ copies the module tree instead:
   are guarded by :mod:`.dry_run` as before.
 
 An object the walk cannot copy (a C object that is not engine
-infrastructure, a file, a lock held by another thread) raises
+infrastructure, an open file, a socket) raises
 :class:`TwinFailed` naming the attribute's path: the caller falls back to
 the table and never runs the real module.
 """
@@ -133,13 +133,16 @@ class _Walker:
         self.keep: list[Any] = []  # originals kept alive while their ids key the memo
         self.twin_of: dict[int, Any] = {}
         self.owned: set[int] = set()
-        # Parameters and buffers first: each gets one meta twin, so a tie stays a tie.
+        # Parameters and persistent buffers first: each gets one meta twin, so a tie stays a tie. Non-persistent
+        # buffers are the engine's own state, not the checkpoint's (an expert map a loader reads values from):
+        # the walk clones them with their values.
         for _, module in model.named_modules(remove_duplicate=False):
-            for table in (module._parameters, module._buffers):
-                for tensor in table.values():
-                    if tensor is not None and id(tensor) not in self.twin_of:
-                        self.twin_of[id(tensor)] = self.memo[id(tensor)] = meta_twin(tensor)
-                        self.keep.append(tensor)
+            own_state = getattr(module, "_non_persistent_buffers_set", set())
+            entries = list(module._parameters.items()) + [(k, t) for k, t in module._buffers.items() if k not in own_state]
+            for _, tensor in entries:
+                if tensor is not None and id(tensor) not in self.twin_of:
+                    self.twin_of[id(tensor)] = self.memo[id(tensor)] = meta_twin(tensor)
+                    self.keep.append(tensor)
         self.pending = [(id(t), t) for t in self.keep]
 
     def copy(self, obj: Any, path: str, depth: int = 0) -> Any:
