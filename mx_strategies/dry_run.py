@@ -189,6 +189,10 @@ def _mode(state: _State):
                 record(out, name, used)
             if writes and isinstance(target, torch.Tensor):
                 record(target, name, used)
+                if not target.is_meta and any(isinstance(a, torch.Tensor) and a.is_meta for a in args[1:]):
+                    # The twin's own engine state (a non-persistent buffer, cloned with its values) given a value
+                    # derived from the data-less tensors: there is no value to give; the question needs none.
+                    return target
             result = func(*args, **kwargs)
             if used and isinstance(result, torch.Tensor) and result.is_meta and not writes:
                 # Derived tensors (views, casts, slices) carry the names they came from.
