@@ -148,10 +148,10 @@ def test_a_target_checkpoint_missing_part_of_a_dense_mlp_is_refused_before_strea
     assert not wrong
 
 
-def test_where_the_table_decides_the_partial_stack_is_found_in_what_the_load_wrote(tmp_path, monkeypatch, vllm_cpu):  # noqa: F811
-    """MX_ROBUST_SELECTION_SOURCES=table,convention: no module answer to check before streaming; the write watch
-    sees half of the shared expert's rows never written, and the load fails (mutated=True: the chain rebuilds)."""
-    arch, missing, param, part = DRAFT_CASES["shared-expert"]
+def partial_draft(case: str, tmp_path, monkeypatch):
+    """vLLM's draft for ``case``'s architecture, its checkpoint written without ``case``'s tensor, the chain's
+    source set; returns (the built draft, a load of it through robust)."""
+    arch, missing, _, _ = DRAFT_CASES[case]
     folder = str(tmp_path / arch)
     builders.write_config(folder, arch)
     with builders.in_process_inspection():
@@ -159,13 +159,19 @@ def test_where_the_table_decides_the_partial_stack_is_found_in_what_the_load_wro
     ckpt = draft_checkpoint(arch, built.module, folder)
     write_checkpoint(folder, {n: t for n, t in ckpt.tensors.items() if n != missing})
     monkeypatch.setenv("MX_MODEL_URI", folder)
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
     monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
+    ctx = build_vllm_load_context(built.vllm_config, built.draft_model_config)
+    return built, lambda: RobustModelStreamerStrategy().load(LoadResult(value=built.module, model=built.module), ctx)
+
+
+def test_where_the_table_decides_the_partial_stack_is_found_in_what_the_load_wrote(tmp_path, monkeypatch, vllm_cpu):  # noqa: F811
+    """MX_ROBUST_SELECTION_SOURCES=table,convention: no module answer to check before streaming; the write watch
+    sees half of the shared expert's rows never written, and the load fails (mutated=True: the chain rebuilds)."""
+    _, _, param, part = DRAFT_CASES["shared-expert"]
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    _, load = partial_draft("shared-expert", tmp_path, monkeypatch)
     with pytest.raises(StrategyFailed) as failure:
-        RobustModelStreamerStrategy().load(
-            LoadResult(value=built.module, model=built.module),
-            build_vllm_load_context(built.vllm_config, built.draft_model_config),
-        )
+        load()
     assert failure.value.mutated is True
     assert str(failure.value).startswith("draft model incomplete: the load wrote 1 of the ")
     assert f"parameters it checks only in part: {part} of {param} [64, 64] (2048 element(s)) would keep init values" in str(
@@ -177,20 +183,11 @@ def test_warn_accepts_a_partial_parameter_and_says_so(tmp_path, monkeypatch, cap
     """MX_ROBUST_MODEL_COMPLETENESS=warn: the load goes on; the WARNING names the part left at init values."""
     import logging
 
-    arch, missing, param, part = DRAFT_CASES["shared-expert"]
-    folder = str(tmp_path / arch)
-    builders.write_config(folder, arch)
-    with builders.in_process_inspection():
-        built = builders.build_draft(folder, arch)
-    ckpt = draft_checkpoint(arch, built.module, folder)
-    write_checkpoint(folder, {n: t for n, t in ckpt.tensors.items() if n != missing})
-    monkeypatch.setenv("MX_MODEL_URI", folder)
+    _, missing, param, part = DRAFT_CASES["shared-expert"]
     monkeypatch.setenv("MX_ROBUST_MODEL_COMPLETENESS", "warn")
-    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
+    built, load = partial_draft("shared-expert", tmp_path, monkeypatch)
     caplog.set_level(logging.WARNING)
-    RobustModelStreamerStrategy().load(
-        LoadResult(value=built.module, model=built.module), build_vllm_load_context(built.vllm_config, built.draft_model_config)
-    )
+    assert load().model is built.module
     warnings = [r.getMessage() for r in caplog.records if "fills only in part" in r.getMessage()]
     assert len(warnings) == 1 and f"{part} of {param}" in warnings[0] and missing in warnings[0]
 
