@@ -16,8 +16,9 @@ copies the module tree instead:
   function holding the module in its closure or default arguments (a
   wrapper around the module's own method) and plain Python object
   reachable from the tree is the twin's own copy; non-persistent buffers
-  and other tensors (an expert map a loader reads values from) are
-  cloned, as their values steer the answer;
+  and other tensors up to 1 MiB (an expert map a loader reads values
+  from) are cloned, as their values steer the answer; larger ones
+  (weights kept outside the parameters) get meta twins;
 - shared with the model, by reference, and never state of this module: the
   engine's configs and parallel groups (vLLM's ``VllmConfig`` and
   ``GroupCoordinator``, transformers' and SGLang's configs, torch's process
@@ -70,6 +71,9 @@ _ENGINE_SHARED_CLASSES = frozenset(
     }
 )
 MAX_DEPTH = 200
+# A tensor outside the parameters and persistent buffers is cloned with its values up to this size (an expert
+# map, a routing table); a larger one is weights kept elsewhere, and gets a meta twin (no device memory).
+MAX_CLONED_BYTES = 1 << 20
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not a C type
 
 
@@ -158,7 +162,8 @@ class _Walker:
         torch = self.torch
         self.keep.append(obj)
         if isinstance(obj, torch.Tensor):
-            clone = obj.detach().clone() if not obj.is_meta else meta_twin(obj)
+            small = obj.numel() * obj.element_size() <= MAX_CLONED_BYTES
+            clone = obj.detach().clone() if small and not obj.is_meta else meta_twin(obj)
             if type(obj) is not torch.Tensor and not isinstance(clone, type(obj)):
                 clone = torch.Tensor._make_subclass(type(obj), clone, obj.requires_grad)
             self.memo[id(obj)] = clone

@@ -50,6 +50,8 @@ def main() -> int:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     class CudaModel(torch.nn.Module):
+        supports_dry_run = False  # a stand-in that takes every tensor it is handed: the plan decides, not it
+
         def __init__(self, shapes: dict[str, torch.Tensor], names) -> None:
             super().__init__()
             self.weights = {n: torch.empty_like(shapes[n], device=device) for n in names}
