@@ -43,9 +43,10 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 from . import mtp_table
 from .coverage import Gap, Layout, Write, gaps as coverage_gaps
 from .engine import EngineView
-from .errors import IncompleteModel
+from .errors import IncompleteModel, listed
 
 NAMES_SHOWN = 10
+GAPS_SHOWN = 3
 # KV-cache quantization scales registered by attention layers: defaults when a checkpoint has none.
 KV_SCALE_BUFFER = re.compile(r"(^|\.)_?(k|v|q|prob)_scale(_float)?$")
 # Parameters a quantization config builds rather than a checkpoint
@@ -251,18 +252,22 @@ def check(
     result = Completeness(True, len(tensors), missing, exempt)
     if missing:
         kind_of = {r.name: r.kind for r in tensors}
-        shown = ", ".join(missing[:NAMES_SHOWN])
-        more = f" (and {len(missing) - NAMES_SHOWN} more)" if len(missing) > NAMES_SHOWN else ""
         kinds = {kind_of[name] for name in missing}
         what = "parameters and buffers" if len(kinds) > 1 else f"{kinds.pop()}s"
-        message = (
+        _enforce(
             f"{role} model incomplete: {len(missing)} of {len(tensors)} {what} it keeps were not written "
-            f"from the checkpoint: {shown}{more}"
+            f"from the checkpoint: {listed(missing, NAMES_SHOWN)}",
+            policy,
+            on_warning,
         )
-        if policy == "fail":
-            raise IncompleteModel(message + " (MX_ROBUST_MODEL_COMPLETENESS=warn accepts this)")
-        on_warning(message)
     return result
+
+
+def _enforce(message: str, policy: str, on_warning: Callable[[str], None]) -> None:
+    """``MX_ROBUST_MODEL_COMPLETENESS``: raise IncompleteModel (``mutated=True``) under ``fail``, else warn."""
+    if policy == "fail":
+        raise IncompleteModel(message + " (MX_ROBUST_MODEL_COMPLETENESS=warn accepts this)")
+    on_warning(message)
 
 
 def check_written(
@@ -283,15 +288,13 @@ def check_written(
     kept = {n: layout for n, layout in judged.items() if n in now}
     found = coverage_gaps(kept, writes, streamed=lambda name: True)
     if found:
-        shown = "; ".join(g.describe().replace(" (no checkpoint tensor writes it)", "") for g in found[:3])
-        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
-        message = (
+        parts = [g.describe(provenance=False) for g in found]  # the watch sees writes, not checkpoint names
+        _enforce(
             f"{role} model incomplete: the load wrote {len(found)} of the {len(kept)} parameters it checks only in "
-            f"part: {shown}{more}"
+            f"part: {listed(parts, GAPS_SHOWN, '; ')}",
+            policy,
+            on_warning,
         )
-        if policy == "fail":
-            raise IncompleteModel(message + " (MX_ROBUST_MODEL_COMPLETENESS=warn accepts this)")
-        on_warning(message)
     return found
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
+from .errors import listed
+
 # Above this many intervals for one write (a transposed, element-strided view), the write is not
 # expanded: its parameter is judged by the other writes only if they already cover it.
 MAX_INTERVALS = 1 << 16
@@ -78,11 +80,12 @@ class Gap:
     filled_by: tuple[str, ...]  # the checkpoint names that do write into it
     would_fill: tuple[str, ...]  # the checkpoint names that would fill the rest (the stacked siblings)
 
-    def describe(self) -> str:
-        what = ", ".join(self.missing[:PARTS_SHOWN]) + (
-            f" (and {len(self.missing) - PARTS_SHOWN} more)" if len(self.missing) > PARTS_SHOWN else ""
-        )
+    def describe(self, provenance: bool = True) -> str:
+        """The part, the parameter and (``provenance``) which checkpoint names write it and which it lacks."""
+        what = listed(self.missing, PARTS_SHOWN)
         text = f"{what} of {self.param} {list(self.shape)} ({self.missing_elements} element(s)) would keep init values"
+        if not provenance:
+            return text
         if self.would_fill:
             text += f"; the checkpoint lacks {', '.join(self.would_fill)}"
         if self.filled_by:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import numpy as np
 
-from .errors import MxStrategiesError, RanksDisagree
+from .errors import MxStrategiesError, RanksDisagree, listed
 
 Plan = TypeVar("Plan")
 
@@ -120,8 +120,7 @@ def sees_same_files(settings) -> Callable[[tuple], Optional[str]]:
         problems += [f"cannot read: {u}" for u in unknown]
         if not problems:
             return None
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        return "; ".join(problems[:3]) + more
+        return listed(problems, 3, "; ")
 
     return check
 

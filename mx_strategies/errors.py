@@ -17,6 +17,12 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 
+def listed(items: Sequence[str], shown: int, separator: str = ", ") -> str:
+    """The first ``shown`` of ``items``, then `` (and N more)``: how every error names a long list."""
+    more = f" (and {len(items) - shown} more)" if len(items) > shown else ""
+    return separator.join(items[:shown]) + more
+
+
 class MxStrategiesError(Exception):
     """Root of the package's errors. ``mutated``: whether the model had been written to."""
 

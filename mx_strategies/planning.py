@@ -40,7 +40,7 @@ from .checkpoint import Checkpoint, Shard
 from . import mtp_table
 from .draft import layer_layout, select_draft_tensors
 from .engine import EngineView
-from .errors import DraftPlanError, InconsistentCheckpoint, PartialParameters
+from .errors import DraftPlanError, InconsistentCheckpoint, PartialParameters, listed
 from .coverage import Gap
 from .module_reads import Answer, ModuleReads, Unanswered
 from .rank_share import RankShare
@@ -105,9 +105,7 @@ def loaded_shards(checkpoint: Checkpoint, settings: RobustSettings) -> list[Shar
 
 def describe_errors(checkpoint: Checkpoint) -> str:
     errors = checkpoint.errors
-    shown = "; ".join(p.message for p in errors[:PROBLEMS_SHOWN])
-    more = f" (and {len(errors) - PROBLEMS_SHOWN} more)" if len(errors) > PROBLEMS_SHOWN else ""
-    return f"checkpoint {checkpoint.uri} is inconsistent, not loading it: {shown}{more}"
+    return f"checkpoint {checkpoint.uri} is inconsistent, not loading it: {listed([p.message for p in errors], PROBLEMS_SHOWN, '; ')}"
 
 
 def plan_for(
@@ -219,11 +217,10 @@ def refuse_partial(answer: ModuleReads, checkpoint: Checkpoint, role: str, setti
     """
     if not answer.gaps or settings.model_completeness != "fail":
         return
-    shown = "; ".join(gap.describe() for gap in answer.gaps[:GAPS_SHOWN])
-    more = f" (and {len(answer.gaps) - GAPS_SHOWN} more)" if len(answer.gaps) > GAPS_SHOWN else ""
+    parts = listed([gap.describe() for gap in answer.gaps], GAPS_SHOWN, "; ")
     raise PartialParameters(
         f"{role} load from {checkpoint.uri} refused before streaming: {len(answer.gaps)} parameter(s) the "
-        f"checkpoint fills only in part: {shown}{more} (MX_ROBUST_MODEL_COMPLETENESS=warn accepts this)"
+        f"checkpoint fills only in part: {parts} (MX_ROBUST_MODEL_COMPLETENESS=warn accepts this)"
     )
 
 
