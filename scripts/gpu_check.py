@@ -100,68 +100,69 @@ def main() -> int:
 
     os.environ["MX_STRATEGY"] = "mx_strategies.robust"
     mx_strategies.activate()
-    work = tempfile.mkdtemp(prefix="mx-gpu-check-")
-    figures: dict = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "torch": torch.__version__}
-    ok = True
+    # The checkpoints live in a folder of the check's own, removed when it ends, however it ends.
+    with tempfile.TemporaryDirectory(prefix="mx-gpu-check-") as work:
+        figures: dict = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "torch": torch.__version__}
+        ok = True
 
-    # 1. correctness: target and draft into CUDA tensors
-    ck = mtp_checkpoint(os.path.join(work, "small"), style="deepseek", hidden=256, empty_shards=(1,))
-    os.environ["MX_MODEL_URI"] = ck.path
-    from mx_strategies.engine import EngineView
-    from mx_strategies.planning import plan_load
-    from mx_strategies.settings import load_settings
-    from mx_strategies.sources import Candidate
+        # 1. correctness: target and draft into CUDA tensors
+        ck = mtp_checkpoint(os.path.join(work, "small"), style="deepseek", hidden=256, empty_shards=(1,))
+        os.environ["MX_MODEL_URI"] = ck.path
+        from mx_strategies.engine import EngineView
+        from mx_strategies.planning import plan_load
+        from mx_strategies.settings import load_settings
+        from mx_strategies.sources import Candidate
 
-    target_view = EngineView(False, None, (), 1, 1, None, {})
-    model, adapter = run(Cfg(model=ck.path, model_weights=None, runner_type="generate", hf_config=None), ck.tensors, ck.tensors)
-    # The target gets what the strategy plans for it: everything but the MTP layer, which the draft streams.
-    _, target_plan = plan_load([Candidate("explicit", ck.path)], target_view, load_settings())
-    assert target_plan.left_to_draft, "the target plan should leave the MTP layer to the draft"
-    figures["target_ok"] = equal(model, ck.path, set(target_plan.expected)) and adapter.reinit_calls == 0
-    cache = config_only_copy(ck.path, os.path.join(work, "cache"))
-    vcfg = Cfg(speculative_config=Cfg(method="mtp", target_model_config=None), parallel_config=Cfg(tensor_parallel_size=1, pipeline_parallel_size=1))
-    model, adapter = run(Cfg(model=cache, model_weights=None, runner_type="draft", hf_config=None), ck.tensors, ck.draft_names, vcfg, True)
-    figures["draft_ok"] = equal(model, ck.path, ck.draft_names) and adapter.reinit_calls == 0
-    ok &= figures["target_ok"] and figures["draft_ok"]
+        target_view = EngineView(False, None, (), 1, 1, None, {})
+        model, adapter = run(Cfg(model=ck.path, model_weights=None, runner_type="generate", hf_config=None), ck.tensors, ck.tensors)
+        # The target gets what the strategy plans for it: everything but the MTP layer, which the draft streams.
+        _, target_plan = plan_load([Candidate("explicit", ck.path)], target_view, load_settings())
+        assert target_plan.left_to_draft, "the target plan should leave the MTP layer to the draft"
+        figures["target_ok"] = equal(model, ck.path, set(target_plan.expected)) and adapter.reinit_calls == 0
+        cache = config_only_copy(ck.path, os.path.join(work, "cache"))
+        vcfg = Cfg(speculative_config=Cfg(method="mtp", target_model_config=None), parallel_config=Cfg(tensor_parallel_size=1, pipeline_parallel_size=1))
+        model, adapter = run(Cfg(model=cache, model_weights=None, runner_type="draft", hf_config=None), ck.tensors, ck.draft_names, vcfg, True)
+        figures["draft_ok"] = equal(model, ck.path, ck.draft_names) and adapter.reinit_calls == 0
+        ok &= figures["target_ok"] and figures["draft_ok"]
 
-    # 2. throughput: robust through the chain vs raw runai + .to(cuda), interleaved
-    layers = max(2, args.size_mb // 34)
-    big = mtp_checkpoint(os.path.join(work, "big"), style="deepseek", hidden=2048, num_hidden_layers=layers,
-                         layers_per_shard=max(1, layers // 8), empty_shards=(3,))  # fmt: skip
-    size = big.nbytes(big.tensors)
-    os.environ["MX_MODEL_URI"] = big.path
-    # Like for like with raw runai, which streams whole files: the target streams every tensor here.
-    os.environ["MX_ROBUST_TARGET_SELECTION"] = "all"
-    # The files a target load streams, as the strategy plans them (empty shards left out).
-    _, plan = plan_load([Candidate("explicit", big.path)], target_view, load_settings())
-    files = [shard.uri for shard in plan.shards]
-    raw_t, robust_t = [], []
-    for rep in range(args.reps + 1):
-        t = time.perf_counter()
-        with SafetensorsStreamer() as streamer:
-            streamer.stream_files(files)
-            for _, tensor in streamer.get_tensors():
-                tensor.to(device)
-        sync()
-        if rep:
-            raw_t.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        model, adapter = run(Cfg(model=big.path, model_weights=None, runner_type="generate", hf_config=None), big.tensors, big.tensors)
-        if rep:
-            robust_t.append(time.perf_counter() - t)
-        del model
-    figures.update(
-        bytes=size,
-        raw_runai_s=statistics.median(raw_t),
-        robust_s=statistics.median(robust_t),
-        raw_gbps=size / statistics.median(raw_t) / 1e9,
-        robust_gbps=size / statistics.median(robust_t) / 1e9,
-        ratio=statistics.median(raw_t) / statistics.median(robust_t),
-    )
-    print(json.dumps(figures))
-    print(f"gpu-check: {'PASS' if ok else 'FAIL'} target={figures['target_ok']} draft={figures['draft_ok']} "
-          f"robust/raw throughput={figures['ratio']:.2f}")  # fmt: skip
-    return 0 if ok else 1
+        # 2. throughput: robust through the chain vs raw runai + .to(cuda), interleaved
+        layers = max(2, args.size_mb // 34)
+        big = mtp_checkpoint(os.path.join(work, "big"), style="deepseek", hidden=2048, num_hidden_layers=layers,
+                             layers_per_shard=max(1, layers // 8), empty_shards=(3,))  # fmt: skip
+        size = big.nbytes(big.tensors)
+        os.environ["MX_MODEL_URI"] = big.path
+        # Like for like with raw runai, which streams whole files: the target streams every tensor here.
+        os.environ["MX_ROBUST_TARGET_SELECTION"] = "all"
+        # The files a target load streams, as the strategy plans them (empty shards left out).
+        _, plan = plan_load([Candidate("explicit", big.path)], target_view, load_settings())
+        files = [shard.uri for shard in plan.shards]
+        raw_t, robust_t = [], []
+        for rep in range(args.reps + 1):
+            t = time.perf_counter()
+            with SafetensorsStreamer() as streamer:
+                streamer.stream_files(files)
+                for _, tensor in streamer.get_tensors():
+                    tensor.to(device)
+            sync()
+            if rep:
+                raw_t.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            model, adapter = run(Cfg(model=big.path, model_weights=None, runner_type="generate", hf_config=None), big.tensors, big.tensors)
+            if rep:
+                robust_t.append(time.perf_counter() - t)
+            del model
+        figures.update(
+            bytes=size,
+            raw_runai_s=statistics.median(raw_t),
+            robust_s=statistics.median(robust_t),
+            raw_gbps=size / statistics.median(raw_t) / 1e9,
+            robust_gbps=size / statistics.median(robust_t) / 1e9,
+            ratio=statistics.median(raw_t) / statistics.median(robust_t),
+        )
+        print(json.dumps(figures))
+        print(f"gpu-check: {'PASS' if ok else 'FAIL'} target={figures['target_ok']} draft={figures['draft_ok']} "
+              f"robust/raw throughput={figures['ratio']:.2f}")  # fmt: skip
+        return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -5,6 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${MX_TEST_VENV:-.venv}"
+# Whatever the run writes to the temporary folder (pytest's folders, the engines' sockets and shared-memory
+# folders, what a killed child leaves) goes into a folder of the run's own, removed when the script ends:
+# CI's disk is shared, and a run that filled /tmp failed there (ENOSPC).
+RUN_TMP="$(mktemp -d)"
+export TMPDIR="$RUN_TMP"
 PY="${PYTHON:-python3}"
 
 # Each phase's wall time, printed as a table when the script ends (also when a step fails):
@@ -24,7 +29,7 @@ phase_table() {
   printf '%s\n' "${PHASES[@]}"
   printf '%-58s %6d s\n' "total" $((SECONDS - SCRIPT_START))
 }
-trap phase_table EXIT
+trap 'phase_table; rm -rf "$RUN_TMP"' EXIT
 
 # The installer: uv (from the registry, into the main venv), given pip's own indexes, find-links and
 # constraints (scripts/uv_env.py); MX_TEST_INSTALLER=pip installs with pip throughout. scripts/installer.sh
