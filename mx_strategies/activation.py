@@ -7,6 +7,12 @@ We wrap that function once, substituting our strategy for the built-in one it
 other caller of the chain use it. With ``MX_STRATEGY`` unset or empty nothing
 is touched.
 
+ModelExpress 0.8 has an entry of its own: a plugin file in ``MX_PLUGIN_DIR``
+named by ``MX_LOAD_PLUGIN`` (:mod:`mx_strategies.modelexpress_plugin`). A
+chain that holds our strategy already keeps it where the plugin put it, and
+the strategy it replaces leaves the chain (:func:`follow_plugin`);
+``MX_STRATEGY`` beside the plugin never adds a second copy.
+
 Two entry points call :func:`activate` in every engine process: vLLM's
 ``vllm.general_plugins`` (:func:`register`) and SGLang's
 ``sglang.srt.plugins`` (:func:`register_sglang`, loaded by SGLang's
@@ -67,8 +73,16 @@ def resolve_strategy_class(spec: str) -> type:
 
 
 def _substitute(strategies: list, cls: type) -> list:
-    """The chain with ``cls`` in the place of the strategy it replaces."""
+    """The chain with ``cls`` in the place of the strategy it replaces, and in one place only.
+
+    Where the chain holds ``cls`` already (ModelExpress 0.8 put it there from
+    ``MX_PLUGIN_DIR``), it stays where the plugin put it and the strategy it
+    replaces leaves the chain: a load robust refused must not fall through to
+    the plain streamer robust exists to replace.
+    """
     replaces = getattr(cls, "replaces", None)
+    if any(getattr(s, "name", None) == cls.name for s in strategies):
+        return [s for s in strategies if not (replaces and getattr(s, "name", None) == replaces)]
     if replaces:
         return [cls() if getattr(s, "name", None) == replaces else s for s in strategies]
     # No declared replacement: try it just before the engine's native loader.
@@ -161,6 +175,21 @@ def activate(spec: Optional[str] = None, *, engine: Optional[str] = None) -> Opt
         replaces = getattr(cls, "replaces", None)
         where = f"in place of {replaces!r}" if replaces else "before 'default'"
         logger.info(f"mx-strategies: {STRATEGY_ENV}={spec} installed {cls.name!r} {where} in the ModelExpress chain")
+    return cls
+
+
+def follow_plugin(cls: type) -> type:
+    """``cls`` entered ModelExpress 0.8's chain as a plugin: keep the strategy it replaces out of that chain.
+
+    Called by the plugin file when 0.8 imports it (:mod:`mx_strategies.modelexpress_plugin`),
+    before the chain runs; the chain keeps the plugin's place. Returns ``cls``.
+    """
+    if install(cls):
+        replaces = getattr(cls, "replaces", None)
+        logger.info(
+            f"mx-strategies: {cls.name!r} entered the ModelExpress chain as a plugin (MX_LOAD_PLUGIN); "
+            + (f"{replaces!r} leaves the chain" if replaces else "the chain is otherwise unchanged")
+        )
     return cls
 
 

@@ -3,12 +3,14 @@
 One reader of installed versions for everything that depends on them: the
 MTP table picks the rows of the installed vLLM or SGLang
 (:func:`mx_strategies.mtp_table.rows_for`), and the compatibility patches are
-guarded by the installed ModelExpress (:mod:`mx_strategies.patches`).
+guarded by the installed ModelExpress (:mod:`mx_strategies.patches`), and
+which load lifecycle and entry the installed ModelExpress offers is read here too.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import re
 from typing import Optional
 
@@ -36,4 +38,25 @@ def installed_release(*distributions: str) -> Optional[tuple[int, int, int]]:
     return None
 
 
-__all__ = ["ENGINES", "SGLANG", "TRTLLM", "VLLM", "installed_release"]
+
+
+def chain_finalizes() -> bool:
+    """Whether the installed ModelExpress's chain finishes a load itself (0.8's lifecycle).
+
+    From 0.8 the chain wraps ``load`` in ``prepare`` / ``finalize`` / ``abort``,
+    and ``finalize`` runs the strategy's ``post_process`` and
+    ``register_tensors``; on 0.7 a strategy's ``load`` does both. Decided by
+    what the installed ``LoadStrategy`` defines, not by a version number, so a
+    development build counts by what it does.
+    """
+    from modelexpress.load_strategy.base import LoadStrategy
+
+    return callable(getattr(LoadStrategy, "finalize", None))
+
+
+def chain_takes_plugins() -> bool:
+    """Whether the installed ModelExpress loads strategy plugins from ``MX_PLUGIN_DIR`` (0.8)."""
+    return importlib.util.find_spec("modelexpress.plugins") is not None
+
+
+__all__ = ["ENGINES", "SGLANG", "TRTLLM", "VLLM", "chain_finalizes", "chain_takes_plugins", "installed_release"]

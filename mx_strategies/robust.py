@@ -11,7 +11,7 @@ import importlib.util
 import logging
 import time
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import ClassVar, Iterator, Optional
 
 from modelexpress import envs
@@ -25,13 +25,27 @@ from .engine import SGLANG, EngineView, bypassed_features, declared_unused, engi
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .distributed import RankShares, agreed_plan, agreed_shares, distributes, sees_same_files
 from .planning import LoadPlan, carrier_plan, plan_load, plan_resolved, share_universe
-from .releases import installed_release
+from .releases import chain_finalizes, installed_release
 from .report import METADATA_KEY, LoadFailure, LoadReport, Rejected, record
 from .settings import RobustSettings, load_settings
 from .sources import Candidate, Resolution, candidates
 from .streaming import VerifiedStream
 
 logger = logging.getLogger("modelexpress.strategy_robust_model_streamer")
+
+
+@dataclass(frozen=True)
+class _Streamed:
+    """A streamed load waiting for its post-load processing, and the figures its report needs."""
+
+    resolution: Resolution
+    plan: LoadPlan
+    stream: VerifiedStream
+    shares: "Optional[RankShares]"
+    engine: EngineView
+    started: float
+    planned: float
+    streamed: float
 
 
 class RobustModelStreamerStrategy(ModelStreamerStrategy):
@@ -53,6 +67,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
 
     name = "robust_model_streamer"
     replaces: ClassVar[str] = "model_streamer"
+    # What load() streamed, kept for post_process (ModelExpress 0.8 calls it from finalize, after load).
+    _streamed: "Optional[_Streamed]" = None
     # We stream ourselves: only the adapter's weight application is needed.
     requires = (EngineAdapter.apply_weight_iter,)
 
@@ -208,35 +224,87 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         planned = time.perf_counter()
 
         result, stream = self._stream(result, ctx, plan, settings, engine, distributed, carrier)
-        streamed = time.perf_counter()
+        self._streamed = _Streamed(resolution, plan, stream, shares, engine, started, planned, time.perf_counter())
+        if not chain_finalizes():
+            # ModelExpress 0.7: the strategy finishes its own load; 0.8's chain calls finalize() for that.
+            result = self.post_process(result, ctx)
+            self._publish_07(result, ctx)
+        return result
+
+    # -- the load's end: once, whichever ModelExpress runs it -----------------
+
+    def prepare(self, result: LoadResult, ctx: LoadContext) -> None:
+        """ModelExpress 0.8 calls this before :meth:`load`: a reload of a live model is not ours to do.
+
+        A layerwise reload (``ctx.is_reload``) puts the live model's parameters on
+        the meta device and materializes each layer as its weights arrive; what
+        robust checks (the module's answer against a built model, every write
+        of the load, whole parameters) assumes a cold load into a built model.
+        Refused before anything is touched, so the chain's next strategy reloads.
+        """
+        if getattr(ctx, "is_reload", False):
+            message = (
+                f"{engine_view(ctx).role} reload refused before it started: {self.name} loads cold models only, "
+                f"not a layerwise reload of a live one; ModelExpress's next strategy reloads it"
+            )
+            logger.info(f"[Worker {ctx.global_rank}] {self.name} {message}")
+            raise StrategyFailed(message, mutated=False)
+        super_prepare = getattr(super(), "prepare", None)
+        if super_prepare is not None:
+            super_prepare(result, ctx)
+
+    def finalize(self, result: LoadResult, ctx: LoadContext) -> None:
+        """ModelExpress 0.8 calls this after :meth:`load`: post-load processing and registration, once each."""
+        with self._recorded_failure(ctx):
+            super().finalize(result, ctx)
+
+    def post_process(self, result: LoadResult, ctx: LoadContext) -> LoadResult:
+        """The engine's post-load processing, exactly once, then the load's report.
+
+        ModelExpress 0.8 calls it from ``finalize``; on 0.7, :meth:`load` does.
+        Twice would repack or requantize weights already processed (seed 003).
+        """
+        streamed = self._streamed
+        if streamed is None:  # nothing streamed: nothing of ours to finish
+            return result
+        self._streamed = None
         try:
-            result = ctx.adapter.after_weight_iter_load(result)
+            processed = ctx.adapter.after_weight_iter_load(result)
         except Exception as exc:
             raise StrategyFailed(f"post-load processing failed: {exc}", mutated=True) from exc
         finished = time.perf_counter()
-
         timings = {
-            "resolve": planned - started,
-            "stream": streamed - planned,
-            "post_load": finished - streamed,
-            "total": finished - started,
-            "verify": stream.verify_seconds,  # verify and completeness lie inside stream
-            "completeness": streamed - (stream.closed_at or streamed),
+            "resolve": streamed.planned - streamed.started,
+            "stream": streamed.streamed - streamed.planned,
+            "post_load": finished - streamed.streamed,  # on 0.8 from the end of load() to the end of finalize()
+            "total": finished - streamed.started,
+            "verify": streamed.stream.verify_seconds,  # verify and completeness lie inside stream
+            "completeness": streamed.streamed - (streamed.stream.closed_at or streamed.streamed),
         }
-        report = self._report(rank, resolution, plan, stream, timings, shares)
-        result.metadata[METADATA_KEY] = record(report)
-        telemetry.record_load(report, ctx, engine=engine.engine, ended=finished)
-        logger.info(f"[Worker {rank}] {report.summary()}")
+        report = self._report(
+            ctx.global_rank, streamed.resolution, streamed.plan, streamed.stream, timings, streamed.shares
+        )
+        entry = record(report)
+        # The chain's envelope carries the report; so does the adapter's result where it made a new one (0.7).
+        envelopes = [result] + [processed] if isinstance(processed, LoadResult) and processed is not result else [result]
+        for envelope in envelopes:
+            envelope.metadata[METADATA_KEY] = entry
+        telemetry.record_load(report, ctx, engine=streamed.engine.engine, ended=finished)
+        logger.info(f"[Worker {ctx.global_rank}] {report.summary()}")
+        return envelopes[-1]
+
+    def _publish_07(self, result: LoadResult, ctx: LoadContext) -> None:
+        """ModelExpress 0.7: register the loaded tensors for peer-to-peer transfer, as its strategies do."""
+        engine = engine_view(ctx)
         if engine.engine == SGLANG and engine.is_draft and getattr(ctx, "p2p_enabled", False):
             # ModelExpress 0.7 builds an SGLang draft's identity from its model_path, the target's: published,
-            # its tensors would be offered to peers as the target's.
+            # its tensors would be offered to peers as the target's. 0.8 publishes drafts under a namespace.
             ctx.p2p_enabled = False
             logger.warning(
-                f"[Worker {rank}] SGLang draft: not published for peer-to-peer transfer (ModelExpress gives it "
-                f"the target's identity, model_path {getattr(ctx.model_config, 'model_path', None)!r})"
+                f"[Worker {ctx.global_rank}] SGLang draft: not published for peer-to-peer transfer (ModelExpress "
+                f"gives it the target's identity, model_path {getattr(ctx.model_config, 'model_path', None)!r})"
             )
         register_tensors(result, ctx)
-        return result
 
     @staticmethod
     def _question(model, engine: EngineView, settings: RobustSettings, rank: int, unused):

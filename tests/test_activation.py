@@ -310,10 +310,19 @@ def test_modelexpress_rl_chain_gets_the_substitution(checkpoint, monkeypatch, ca
     """ModelExpress's own RL chain (MX_LOAD_STRATEGY_CHAIN=RL), imported before activation.
 
     modelexpress_rl ships in the modelexpress wheel here; where it is not
-    installed the stand-in test above covers the import-order case.
+    installed the stand-in test above covers the import-order case. 0.7's
+    base loader runs it for MX_LOAD_STRATEGY_CHAIN=RL; 0.8's refuses RL there
+    (``validate_load_strategy_chain``) and leaves it to the RL integration,
+    which runs ``RLLoadStrategyChain.run``: the test enters where each does.
     """
     rl = pytest.importorskip("modelexpress_rl.inference.load_strategy")
     from modelexpress.load_strategy import run_load_strategy_chain
+
+    if hasattr(chain_module, "validate_load_strategy_chain"):  # 0.8
+        with pytest.raises(ValueError, match="requires its engine integration plugin"):
+            monkeypatch.setenv("MX_LOAD_STRATEGY_CHAIN", "RL")
+            chain_module.validate_load_strategy_chain()
+        run_load_strategy_chain = rl.RLLoadStrategyChain.run
 
     caplog.set_level(logging.INFO)
     monkeypatch.setenv("MX_LOAD_STRATEGY_CHAIN", "RL")

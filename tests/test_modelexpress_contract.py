@@ -33,7 +33,9 @@ from helpers.engine import (
     RecordingModel,
     StopBeforeStreaming,
     make_context,
+    mocked_register_tensors,
     model_config,
+    one_attempt,
     vllm_config,
 )
 from modelexpress import envs
@@ -105,7 +107,7 @@ def test_mx_model_uri_as_a_gate_leaves_the_engine_uri_in_charge(monkeypatch, tmp
     monkeypatch.setenv("MX_MODEL_URI", "1")
     mc = model_config(model="deepseek-ai/DeepSeek-V3", model_weights=ckpt.path)
     model = RecordingModel(ckpt.reference)
-    result = RobustModelStreamerStrategy().load(model, _context(mc, CountingAdapter(lambda: model)))
+    result = one_attempt(RobustModelStreamerStrategy(), model, _context(mc, CountingAdapter(lambda: model)))
     assert result.metadata["robust_model_streamer"]["source_label"] == "model_weights"
     assert result.metadata["robust_model_streamer"]["source"] == ckpt.path
     assert sorted(model.order) == sorted(ckpt.reference)
@@ -122,8 +124,8 @@ def test_success_path(monkeypatch, request, tmp_path, kind):
     model = _tracked_model(ckpt.reference)
     ctx = _context(adapter=CountingAdapter(lambda: model))
 
-    with patch("mx_strategies.robust.register_tensors") as mock_register:
-        result = RobustModelStreamerStrategy().load(model, ctx)  # a bare model, as upstream passes it
+    with mocked_register_tensors() as mock_register:
+        result = one_attempt(RobustModelStreamerStrategy(), model, ctx)  # a bare model, as upstream passes it
 
     assert isinstance(result, LoadResult)
     assert result.model is model
@@ -151,7 +153,7 @@ def test_mx_model_uri_wins_over_model_config_when_ordered_first(monkeypatch, tmp
         if order:
             monkeypatch.setenv("MX_ROBUST_SOURCE_ORDER", order)
         model = RecordingModel(from_context.reference)
-        result = RobustModelStreamerStrategy().load(model, _context(mc, CountingAdapter(lambda: model)))
+        result = one_attempt(RobustModelStreamerStrategy(), model, _context(mc, CountingAdapter(lambda: model)))
         return result.metadata["robust_model_streamer"]["source"]
 
     assert source() == from_config.path  # by design: the engine's model_weights first
@@ -168,9 +170,9 @@ def test_raises_strategy_failed_on_error(monkeypatch):
     monkeypatch.setenv("MX_MODEL_URI", "s3://bucket/model")
     model = MagicMock()
 
-    with patch("mx_strategies.robust.register_tensors") as mock_register:
+    with mocked_register_tensors() as mock_register:
         with pytest.raises(StrategyFailed, match="s3://bucket/model: listing failed") as exc:
-            RobustModelStreamerStrategy().load(model, _context())
+            one_attempt(RobustModelStreamerStrategy(), model, _context())
 
     assert exc.value.mutated is False
     mock_register.assert_not_called()
@@ -200,9 +202,9 @@ def _failed_load(monkeypatch, tmp_path, adapter_cls, match: str):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
     monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
     model = RecordingModel(ckpt.reference)
-    with patch("mx_strategies.robust.register_tensors") as mock_register:
+    with mocked_register_tensors() as mock_register:
         with pytest.raises(StrategyFailed, match=match) as exc:
-            RobustModelStreamerStrategy().load(model, _context(adapter=adapter_cls(lambda: model)))
+            one_attempt(RobustModelStreamerStrategy(), model, _context(adapter=adapter_cls(lambda: model)))
     return exc.value, model, mock_register
 
 
@@ -250,7 +252,7 @@ def test_streams_itself_instead_of_delegating_to_the_adapter(monkeypatch, tmp_pa
     adapter.build_model_streamer_weight_iter = MagicMock(side_effect=AssertionError("not to be called"))
     model = RecordingModel(ckpt.reference)
 
-    RobustModelStreamerStrategy().load(model, _context(adapter=adapter))
+    one_attempt(RobustModelStreamerStrategy(), model, _context(adapter=adapter))
 
     adapter.build_model_streamer_weight_iter.assert_not_called()
     assert sorted(model.order) == sorted(ckpt.reference)

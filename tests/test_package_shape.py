@@ -47,6 +47,7 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "mx_strategies.engine",
         "mx_strategies.errors",
         "mx_strategies.jsonread",
+        "mx_strategies.modelexpress_plugin",  # ModelExpress 0.8's entry: the plugin file a load imports
         "mx_strategies.module_reads",
         "mx_strategies.mtp_table",
         "mx_strategies.name_sampling",

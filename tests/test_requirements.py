@@ -27,7 +27,12 @@ PINNED = next(
     if line.startswith("torch==")
 )  # fmt: skip
 # Engines and libraries whose versions users pick; we must not cap them.
-UNCAPPED = ("torch", "vllm", "sglang", "runai-model-streamer", "safetensors", "pydantic-settings")
+UNCAPPED = ("torch", "vllm", "sglang", "modelexpress", "runai-model-streamer", "safetensors", "pydantic-settings")
+# The ModelExpress 0.8 build the 0.8 venv installs (scripts/test.sh), named in one place.
+MODELEXPRESS_08 = next(
+    line.split("==")[1].strip() for line in (REPO / "scripts" / "constraints-modelexpress-next.txt").read_text().splitlines()
+    if line.startswith("modelexpress==")
+)  # fmt: skip
 
 
 def _requires(wheel) -> list[Requirement]:
@@ -84,3 +89,13 @@ def test_the_wheel_resolves_with_torch_pinned_to_what_is_installed(built_wheel, 
     constraints = tmp_path / "constraints.txt"
     constraints.write_text(f"torch=={PINNED}\n")
     assert _installs(_dry_run(built_wheel, tmp_path, "-c", str(constraints))) == {}
+
+
+def test_the_wheel_keeps_a_modelexpress_08_development_build(built_wheel, tmp_path):
+    """Images that track ModelExpress 0.8 keep it: before, pip moved them back to 0.7.0."""
+    links = tmp_path / "links"
+    metadata_only_wheel(links, "modelexpress", MODELEXPRESS_08)
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(f"modelexpress=={MODELEXPRESS_08}\n")
+    installs = _installs(_dry_run(built_wheel, tmp_path, "--find-links", str(links), "-c", str(constraints)))
+    assert installs == {"modelexpress": MODELEXPRESS_08}, installs

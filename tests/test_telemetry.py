@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -189,7 +190,7 @@ def test_scraped_metrics_equal_the_load_reports(s3, tmp_path):
         assert value("mx_robust_load_phase_seconds_count", **labels) == 2
         assert value("mx_robust_load_phase_seconds_sum", **labels) == expected[0] + expected[1]
     # ModelExpress's own families are served by the same endpoint.
-    assert value("mx_build_info", component="client", version="0.7.0") == 1
+    assert value("mx_build_info", component="client", version=version("modelexpress")) == 1
 
 
 def _fields(data: dict) -> dict:

@@ -16,9 +16,9 @@ from types import ModuleType
 from typing import Optional, Sequence
 
 from .. import __version__
-from . import demo, doctor
+from . import demo, doctor, plugin
 
-COMMANDS: tuple[ModuleType, ...] = (doctor, demo)
+COMMANDS: tuple[ModuleType, ...] = (doctor, demo, plugin)
 
 EXIT_USAGE = 2
 

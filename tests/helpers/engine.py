@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
+from unittest.mock import MagicMock, patch
 
 import pytest
 from modelexpress import p2p_pb2
@@ -89,6 +91,31 @@ class Attempt:
         return self.result.metadata["robust_model_streamer"]
 
 
+def one_attempt(strategy, result, ctx):
+    """``strategy`` tried once, with the lifecycle the installed ModelExpress's chain gives an attempt."""
+    import modelexpress.load_strategy as chain
+
+    phases = getattr(chain, "_strategy_phases", None)  # 0.8: prepare / load / finalize or abort
+    if phases is None:
+        return strategy.load(result, ctx)
+    if not isinstance(result, LoadResult):  # 0.8's chain hands every phase its envelope, never a bare model
+        result = LoadResult(value=result, model=result)
+    with phases(strategy, result, ctx):
+        result = strategy.load(result, ctx)
+    return result
+
+
+@contextmanager
+def mocked_register_tensors():
+    """A mock in place of ModelExpress's ``register_tensors`` where the installed release calls it for robust.
+
+    robust's ``load`` calls it on 0.7; the chain's ``finalize`` (``load_strategy.base``) on 0.8.
+    """
+    mock = MagicMock()
+    with patch("mx_strategies.robust.register_tensors", mock), patch("modelexpress.load_strategy.base.register_tensors", mock):
+        yield mock
+
+
 def direct_load(
     mc,
     reference,
@@ -100,14 +127,18 @@ def direct_load(
     draft=False,
     ctx_factory=None,
 ) -> Attempt:
-    """One ``strategy.load`` call outside the chain, keeping a StrategyFailed to inspect."""
+    """One attempt of ``strategy_cls`` outside the chain, keeping a StrategyFailed to inspect.
+
+    Run as the installed ModelExpress runs one: on 0.8 inside its own
+    ``_strategy_phases`` (prepare, load, then finalize or abort), on 0.7 ``load`` alone.
+    """
     adapter = adapter_cls(lambda: RecordingModel(reference, names), vllm_config=vcfg)
     model = RecordingModel(reference, names)
     ctx = (ctx_factory or make_context)(mc, adapter, **({"draft": draft} if ctx_factory is None else {}))
     attempt = Attempt(model, adapter)
     started = time.perf_counter()
     try:
-        attempt.result = strategy_cls().load(LoadResult(value=model, model=model), ctx)
+        attempt.result = one_attempt(strategy_cls(), LoadResult(value=model, model=model), ctx)
     except StrategyFailed as exc:
         attempt.error = exc
     attempt.seconds = time.perf_counter() - started
