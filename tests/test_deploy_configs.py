@@ -24,17 +24,22 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
+import sys
 from importlib.metadata import entry_points
 
 import pytest
+import torch
 import yaml
 
 from mx_strategies.activation import STRATEGY_ENV
+from mx_strategies.releases import chain_takes_plugins
 from mx_strategies.settings import CONFIG_FILE_ENV, RobustSettings, load_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV_FILE = os.path.join(REPO, "configs", "vllm-mtp-s3.env")
 MANIFEST = os.path.join(REPO, "configs", "k8s", "vllm-mtp-s3.yaml")
+MANIFEST_08 = os.path.join(REPO, "configs", "k8s", "vllm-mtp-s3-modelexpress-08.yaml")
 FOREIGN_PREFIXES = ("RUNAI_STREAMER_", "AWS_")
 # vLLM variables the examples may use, for environments without vLLM (checked against vLLM 0.32's envs.py).
 VLLM_FALLBACK = {"VLLM_PLUGINS", "VLLM_ENGINE_READY_TIMEOUT_S", "VLLM_ASSETS_CACHE", "VLLM_CACHE_ROOT", "VLLM_LOGGING_LEVEL"}
@@ -87,14 +92,18 @@ def env_file_assignments(text: str, *, commented: bool) -> dict[str, str]:
     return found
 
 
-def manifest_documents() -> list[dict]:
-    with open(MANIFEST) as handle:
+def manifest_documents(path: str = MANIFEST) -> list[dict]:
+    with open(path) as handle:
         return [doc for doc in yaml.safe_load_all(handle) if doc]
 
 
-def vllm_container() -> dict:
-    (deployment,) = [d for d in manifest_documents() if d["kind"] == "Deployment"]
-    (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+def pod_spec(path: str = MANIFEST) -> dict:
+    (deployment,) = [d for d in manifest_documents(path) if d["kind"] == "Deployment"]
+    return deployment["spec"]["template"]["spec"]
+
+
+def vllm_container(path: str = MANIFEST) -> dict:
+    (container,) = [c for c in pod_spec(path)["containers"] if c["name"] == "vllm"]
     return container
 
 
@@ -108,7 +117,8 @@ def settings_file_from_configmap() -> str:
 
 
 def test_allow_list_is_read_from_the_installed_packages():
-    assert {"MX_MODEL_URI", "MX_SERVER_ADDRESS", "MODEL_NAME", "MX_MS_DISTRIBUTED"} <= modelexpress_variables()
+    renamed = "MX_MODEL_NAME_OVERRIDE" if chain_takes_plugins() else "MODEL_NAME"  # 0.8 renamed MODEL_NAME
+    assert {"MX_MODEL_URI", "MX_SERVER_ADDRESS", renamed, "MX_MS_DISTRIBUTED"} <= modelexpress_variables()
     assert len(modelexpress_variables()) > 50
     if importlib.util.find_spec("vllm") is not None:
         assert {"VLLM_PLUGINS", "VLLM_ASSETS_CACHE"} <= vllm_variables()
@@ -121,6 +131,12 @@ def test_allow_list_is_read_from_the_installed_packages():
 # -- configs/vllm-mtp-s3.env -------------------------------------------------
 
 
+# The ModelExpress 0.7 examples set MODEL_NAME, which 0.8 renamed MX_MODEL_NAME_OVERRIDE: checked against 0.7's
+# variables (the main venv); the 0.8 example has tests of its own below.
+for_07 = pytest.mark.skipif(chain_takes_plugins(), reason="a ModelExpress 0.7 example; the main venv (0.7.0) runs this")
+
+
+@for_07
 def test_env_file_sets_only_variables_something_reads():
     with open(ENV_FILE) as handle:
         assignments = env_file_assignments(handle.read(), commented=True)
@@ -155,6 +171,7 @@ def test_env_file_values_need_no_shell_quoting():
 # -- configs/k8s/vllm-mtp-s3.yaml --------------------------------------------
 
 
+@for_07
 def test_manifest_sets_only_variables_something_reads():
     container = vllm_container()
     names = [entry["name"] for entry in container["env"]]
@@ -212,7 +229,59 @@ def test_manifest_vllm_args_load_through_modelexpress_with_an_mtp_draft():
     assert int(limits["nvidia.com/gpu"]) == int(value_of("--tensor-parallel-size"))
 
 
-@pytest.mark.parametrize("path", [ENV_FILE, MANIFEST])
+# -- configs/k8s/vllm-mtp-s3-modelexpress-08.yaml: robust through ModelExpress 0.8's plugin folder --------
+
+needs_08_plugins = pytest.mark.skipif(
+    not chain_takes_plugins(), reason="ModelExpress 0.7 has no plugin folder; the 0.8 venv (scripts/test.sh) runs this"
+)
+
+
+@needs_08_plugins
+def test_08_manifest_sets_only_variables_something_reads():
+    names = [entry["name"] for entry in vllm_container(MANIFEST_08)["env"]]
+    unknown = sorted(name for name in names if not known(name))
+    assert names and not unknown, f"variables nobody reads: {unknown}"
+
+
+@needs_08_plugins
+def test_08_manifest_puts_robust_where_model_streamer_stood(tmp_path, monkeypatch, caplog):
+    """The init container's command, run for real, and ModelExpress 0.8's chain run with the pod's variables."""
+    import modelexpress.plugins as plugins
+    from helpers.checkpoints import reference_tensors
+    from helpers.engine import CHAIN_LOGGER, assert_got, messages, model_config, run_chain
+
+    from mx_strategies.testing import synthetic
+
+    spec = pod_spec(MANIFEST_08)
+    (init,) = spec["initContainers"]
+    (mount,) = init["volumeMounts"]
+    folder = tmp_path / "plugins"
+    command = [str(part).replace(mount["mountPath"], str(folder)) for part in init["command"]]
+    assert command[0] == "mx-strategies"
+    done = subprocess.run([sys.executable, "-m", "mx_strategies.cli", *command[1:]], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    env = {entry["name"]: entry.get("value") for entry in vllm_container(MANIFEST_08)["env"]}
+    assert env["MX_PLUGIN_DIR"] == mount["mountPath"]
+    ckpt = synthetic.mtp_checkpoint(str(tmp_path / "ckpt"), style="deepseek", hidden=16, vocab=32, dtype=torch.float32)
+    for name in ("MX_LOAD_PLUGIN", "MX_LOAD_PLUGIN_BEFORE", "MX_ROBUST_VERIFY_CONTENT"):
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.setenv("MX_PLUGIN_DIR", str(folder))
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.path)  # the pod's s3:// address, here a local copy
+    monkeypatch.setenv("MX_ROBUST_TARGET_SELECTION", "all")
+    monkeypatch.setattr(plugins, "plugins", {})
+    monkeypatch.setattr(plugins, "_loaded_directories", {})
+    caplog.set_level("INFO")
+
+    model, adapter = run_chain(model_config(model=ckpt.path), ckpt.tensors)
+
+    (eligible,) = [m for m in messages(caplog, CHAIN_LOGGER) if m.startswith("Eligible loaders: ")]
+    assert eligible == "Eligible loaders: ['robust_model_streamer']"  # model_streamer left the chain
+    assert adapter.after_load_calls == 1
+    assert_got(model, ckpt.tensors, reference_tensors(ckpt.path))
+
+
+@pytest.mark.parametrize("path", [ENV_FILE, MANIFEST, MANIFEST_08])
 def test_examples_hold_no_credentials(path):
     with open(path) as handle:
         text = handle.read()

@@ -419,8 +419,15 @@ def _socket(name: str) -> Callable[[Path], str]:
     def make(folder: Path) -> str:
         (folder / name).unlink()
         sock = socket.socket(socket.AF_UNIX)
-        sock.bind(str(folder / name))
-        sock.close()
+        # Bound by a path relative to the folder: a socket's path may hold 107 bytes, and the test's
+        # temporary folder may lie deeper than that (scripts/test.sh gives each run a folder of its own).
+        here = os.getcwd()
+        os.chdir(folder)
+        try:
+            sock.bind(name)
+        finally:
+            os.chdir(here)
+            sock.close()
         return name
 
     return make

@@ -98,4 +98,6 @@ def test_the_wheel_keeps_a_modelexpress_08_development_build(built_wheel, tmp_pa
     constraints = tmp_path / "constraints.txt"
     constraints.write_text(f"modelexpress=={MODELEXPRESS_08}\n")
     installs = _installs(_dry_run(built_wheel, tmp_path, "--find-links", str(links), "-c", str(constraints)))
-    assert installs == {"modelexpress": MODELEXPRESS_08}, installs
+    # Where 0.8 is installed already (the 0.8 venv) pip installs nothing; elsewhere it takes 0.8 and nothing else.
+    expected = {} if version("modelexpress") == MODELEXPRESS_08 else {"modelexpress": MODELEXPRESS_08}
+    assert installs == expected, installs
