@@ -84,6 +84,10 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--rank-shares", action="store_true",
                         help="only compute, names only, what each rank reads of DeepSeek-V3 at PP=2, EP=8 and "
                              "DP=8 x EP=8 against runai's and vLLM's default loader (benchmarks.rank_shares)")  # fmt: skip
+    parser.add_argument("--plain-selection", action="store_true",
+                        help="only compute, names only, the bytes plain ModelExpress 0.7.0 and 0.8 stream (whole "
+                             "shards) against robust (per tensor), for the demo's checkpoints and DeepSeek-V3 "
+                             "(benchmarks.plain_selection)")  # fmt: skip
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.reps < 1 or args.warmup < 0 or args.memory_reps < 1 or args.engine_reps < 1:
@@ -192,6 +196,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
 
     quiet_logging()
+    if args.plain_selection:
+        from .plain_selection import render_plain_selection, run_plain_selection
+
+        result = run_plain_selection()
+        print(render_plain_selection(result))
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump({"command": " ".join(["python -m benchmarks", *(argv or sys.argv[1:])]),
+                           "plain_selection": result}, handle, indent=1)  # fmt: skip
+        return 0
     if args.rank_shares:
         from .rank_shares import render_rank_shares, run_rank_shares
 

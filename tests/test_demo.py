@@ -67,11 +67,12 @@ def test_demo_json_figures(capsys):
         assert 0 < c["draft_bytes"] < c["bytes"] / 5
 
     loads = {(o["checkpoint"], o["role"], o["loader"]): o for o in result["loads"]}
-    assert len(loads) == 8
+    assert len(loads) == 10
     for name, c in checkpoints.items():
         target = loads[(name, "target", "mx_strategies.robust")]
         draft = loads[(name, "draft", "mx_strategies.robust")]
         upstream = loads[(name, "draft", "ModelExpress 0.7.0")]
+        upstream_08 = loads[(name, "draft", "ModelExpress 0.8")]
         runai = loads[(name, "draft", "vLLM runai_streamer")]
 
         # The target: from model_weights, every tensor checked off, every weight exact.
@@ -93,11 +94,22 @@ def test_demo_json_figures(capsys):
         assert draft["bytes_streamed"] == c["draft_bytes"]
         assert c["draft_bytes"] <= draft["bytes_served"] < c["draft_bytes"] + 64 * 1024
 
-        # Plain ModelExpress: MX_MODEL_URI, and the whole checkpoint for the draft.
-        assert upstream["ok"] and upstream["source"] == c["uri"]
-        assert upstream["tensors_verified"] is None
-        assert upstream["bytes_served"] >= c["bytes"]
-        assert upstream["tensors_skipped"] == c["tensors"] - c["draft_tensors"]
+        # Plain ModelExpress: MX_MODEL_URI, and whole shards for the draft. 0.7.0 takes the shards naming mtp.*,
+        # else every shard (DeepSeek-V3's names); 0.8 the shards its class's rule needs (Qwen3-Next: also
+        # embed_tokens' and lm_head's), always more than the draft's own tensors.
+        for plain in (upstream, upstream_08):
+            assert plain["ok"] and plain["source"] == c["uri"]
+            assert plain["tensors_verified"] is None and plain["tensors_matching"] == c["draft_tensors"]
+            assert plain["bytes_served"] >= c["draft_bytes"]
+        if name == "deepseek-v3-tiny":
+            assert upstream["bytes_served"] >= c["bytes"]
+            assert upstream["tensors_skipped"] == c["tensors"] - c["draft_tensors"]
+            assert c["draft_bytes"] < upstream_08["bytes_served"] < c["bytes"] / 2
+            assert "3 of 7 for this draft" in upstream_08["why"]
+        else:
+            assert upstream["tensors_skipped"] == 0 and upstream["bytes_served"] < c["draft_bytes"] + 64 * 1024
+            assert upstream_08["bytes_served"] > 3 * draft["bytes_served"]
+            assert upstream_08["tensors_skipped"] > 0  # embed_tokens' and lm_head's shards, streamed and dropped
 
         # vLLM's runai loader on the draft's model: the config-only copy.
         assert not runai["ok"] and runai["source"] == c["config_only_copy"]

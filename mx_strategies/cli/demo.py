@@ -10,8 +10,10 @@ ModelExpress's real ``LoadStrategyChain.run`` with
 configured as vLLM <= 0.28 builds them (the draft's ``model`` is the
 config-only ``model_streamer/<hash>`` copy, ``model_weights`` unset,
 ``runner_type="draft"``, ``speculative_config.method="mtp"``). For contrast
-it repeats the draft loads with plain ModelExpress 0.7.0, and the draft load
-that vLLM's own runai loader (and ModelExpress <= 0.4.1) attempts.
+it repeats the draft loads as plain ModelExpress 0.7.0 and 0.8 stream them (the
+shards each release's vLLM adapter chooses, streamed whole:
+:mod:`mx_strategies.testing.plain_modelexpress`), and the draft load that
+vLLM's own runai loader (and ModelExpress <= 0.4.1) attempts.
 
 The engine side is simulated by default (fast, and no vLLM needed):
 :mod:`mx_strategies.testing.standin` stands in for the vLLM model (preallocated
@@ -63,12 +65,16 @@ class DemoCheckpointSpec:
     style: str  # synthetic.mtp_checkpoint style
     name: str  # folder and S3 prefix
     description: str
+    draft_class: str  # the vLLM class of its MTP draft (what plain ModelExpress 0.8's selection asks)
 
 
 CHECKPOINTS = (
-    DemoCheckpointSpec("qwen", "qwen3-next-tiny", "Qwen3-Next style: mtp.* in a shard of its own"),
-    DemoCheckpointSpec("deepseek", "deepseek-v3-tiny", "DeepSeek-V3 style: model.layers.{N}.* in the last shard"),
+    DemoCheckpointSpec("qwen", "qwen3-next-tiny", "Qwen3-Next style: mtp.* in a shard of its own", "Qwen3NextMTP"),
+    DemoCheckpointSpec("deepseek", "deepseek-v3-tiny", "DeepSeek-V3 style: model.layers.{N}.* in the last shard",
+                       "DeepSeekMTP"),
 )
+# Plain ModelExpress, release by release: the shards each one's vLLM adapter streams for a draft.
+PLAIN_RELEASES = ("0.7.0", "0.8")
 # Small enough to run in seconds on two CPU cores, large enough that the
 # draft's share of the bytes is visible.
 MODEL_SHAPE = dict(num_hidden_layers=12, num_nextn_layers=1, hidden=256, vocab=512, layers_per_shard=3)
@@ -78,17 +84,22 @@ EMPTY_SHARDS = (1, 4)  # positions of zero-tensor shards in each checkpoint
 # -- the simulated engine side -------------------------------------------------
 
 
-def _engine(reference: dict, owned: set[str], vllm_config: Any, on_tensor: Callable[[int], None]):
+def _engine(reference: dict, owned: set[str], vllm_config: Any, on_tensor: Callable[[int], None], plain=None):
     """A stand-in vLLM model factory and adapter (mx_strategies.testing.standin).
 
     Like vLLM's models, the model skips checkpoint tensors that belong to the
     other model (a target skips the MTP layers, an MTP draft the target's),
     and, like vLLM's loader, the adapter refuses a model whose weights were
-    not all loaded.
+    not all loaded. ``plain`` (release, draft class, config): the adapter
+    streams the shards plain ModelExpress of that release chooses.
     """
-    from ..testing.standin import StandInAdapter, StandInModel
+    from ..testing.standin import PlainModelExpressAdapter, StandInAdapter, StandInModel
 
     make = lambda: StandInModel(reference, owned, strict=False, on_tensor=on_tensor)  # noqa: E731
+    if plain is not None:
+        release, draft_class, config = plain
+        return make, PlainModelExpressAdapter(make, vllm_config, release=release, draft_class=draft_class,
+                                              config=config, require_all_loaded=True)  # fmt: skip
     return make, StandInAdapter(make, vllm_config, require_all_loaded=True)
 
 
@@ -107,7 +118,7 @@ class LoadOutcome:
 
     checkpoint: str
     role: str  # "target" or "draft"
-    loader: str  # "mx_strategies.robust", "ModelExpress 0.7.0", "vLLM runai_streamer"
+    loader: str  # "mx_strategies.robust", "ModelExpress 0.7.0", "ModelExpress 0.8", "vLLM runai_streamer"
     ok: bool
     source_label: Optional[str] = None  # model_weights, model, MX_MODEL_URI
     source: Optional[str] = None
@@ -294,8 +305,8 @@ def _owned(ckpt: DemoCheckpoint, role: str) -> set[str]:
     return set(synthetic.tensors) - mtp_table.draft_only(row, layout, synthetic.tensors)
 
 
-def _run_chain(ckpt, role, loader, model_config, vllm_config, server, display) -> LoadOutcome:
-    """One load through ModelExpress's real chain."""
+def _run_chain(ckpt, role, loader, model_config, vllm_config, server, display, plain=None) -> LoadOutcome:
+    """One load through ModelExpress's real chain (``plain``: as plain ModelExpress of that release streams)."""
     from modelexpress.load_strategy import LoadStrategyChain
 
     reference = ckpt.synthetic.tensors
@@ -304,7 +315,8 @@ def _run_chain(ckpt, role, loader, model_config, vllm_config, server, display) -
     outcome.tensors_expected = len(owned)
     label = f"{ckpt.spec.name} {role} with {loader}"
     with display.step(label, total=ckpt.total_bytes) as step:
-        make, adapter = _engine(reference, owned, vllm_config, step.advance)
+        make, adapter = _engine(reference, owned, vllm_config, step.advance,
+                                None if plain is None else (plain, ckpt.spec.draft_class, ckpt.synthetic.config))
         clear_reports()
         server.proxy.reset()
         started = time.perf_counter()
@@ -331,9 +343,11 @@ def _run_chain(ckpt, role, loader, model_config, vllm_config, server, display) -
             outcome.why = report["trail"]
         elif outcome.ok:
             outcome.source_label, outcome.source = "MX_MODEL_URI", os.environ.get("MX_MODEL_URI")
+            chosen, count = getattr(adapter, "chosen", ()), getattr(adapter, "shard_count", 0)
             outcome.why = (
-                "ModelExpress 0.7.0 streams MX_MODEL_URI whenever it is set, and its adapter lists and streams "
-                "every shard: the draft pulls the whole checkpoint"
+                f"plain ModelExpress {plain} streams MX_MODEL_URI whenever it is set, and its adapter streams whole "
+                f"shards: {len(chosen)} of {count} for this {role}"
+                + (" (every one: the draft pulls the whole checkpoint)" if chosen and len(chosen) == count else "")
             )
         step.detail, step.failed = _step_detail(outcome), not outcome.ok
     return outcome
@@ -486,9 +500,9 @@ def _upstream_loads(ckpts, server, display, result: DemoResult) -> None:
     for ckpt in ckpts:
         os.environ["MX_MODEL_URI"] = ckpt.uri
         _, draft_config, vllm_config = _model_configs(ckpt)
-        result.loads.append(
-            _run_chain(ckpt, "draft", "ModelExpress 0.7.0", draft_config, vllm_config, server, display)
-        )
+        for release in PLAIN_RELEASES:
+            result.loads.append(_run_chain(ckpt, "draft", f"ModelExpress {release}", draft_config, vllm_config,
+                                           server, display, plain=release))  # fmt: skip
         result.loads.append(_run_vllm_runai_draft(ckpt, draft_config, vllm_config, server, display))
 
 
@@ -515,7 +529,8 @@ def render(result: DemoResult, console) -> None:
 
     for loader, title in (
         (STRATEGY_SPEC, "With MX_STRATEGY=mx_strategies.robust"),
-        ("ModelExpress 0.7.0", "Same drafts with plain ModelExpress (MX_STRATEGY unset, MX_MODEL_URI set)"),
+        ("ModelExpress 0.7.0", "Same drafts with plain ModelExpress 0.7.0 (MX_STRATEGY unset, MX_MODEL_URI set)"),
+        ("ModelExpress 0.8", "Same drafts as plain ModelExpress 0.8 selects them (its shard selection, whole shards)"),
         ("vLLM runai_streamer", "Same drafts as vLLM's runai_streamer loader and ModelExpress <= 0.4.1 load them"),
     ):
         loads = [o for o in result.loads if o.loader == loader]
@@ -581,7 +596,8 @@ def _explain(console, o: LoadOutcome) -> None:
 
 def _verdict(result: DemoResult) -> str:
     robust_drafts = [o for o in result.loads if o.loader == STRATEGY_SPEC and o.role == "draft"]
-    upstream_drafts = [o for o in result.loads if o.loader == "ModelExpress 0.7.0"]
+    upstream_drafts = [o for o in result.loads if o.loader.startswith("ModelExpress ")]
+    robust_by_checkpoint = {o.checkpoint: o for o in robust_drafts}
     lines = []
     if result.ok:
         lines.append(
@@ -591,12 +607,16 @@ def _verdict(result: DemoResult) -> str:
         )
     else:
         lines.append("[red]mx_strategies.robust did not load everything: see the errors above.[/red]")
-    for robust, upstream in zip(robust_drafts, upstream_drafts):
-        if upstream.ok and robust.ok and robust.bytes_served:
+    for upstream in upstream_drafts:
+        robust = robust_by_checkpoint.get(upstream.checkpoint)
+        if robust is not None and upstream.ok and robust.ok and robust.bytes_served:
+            whole = upstream.bytes_served >= upstream.checkpoint_bytes
             lines.append(
-                f"{upstream.checkpoint} draft: plain ModelExpress pulled {_human(upstream.bytes_served)} from S3, "
+                f"{upstream.checkpoint} draft: plain {upstream.loader} pulled {_human(upstream.bytes_served)} from S3, "
                 f"{upstream.bytes_served / robust.bytes_served:.1f}x what mx_strategies pulled "
-                f"({_human(robust.bytes_served)}); on a 700 GB checkpoint that is the whole model again for the draft."
+                f"({_human(robust.bytes_served)})"
+                + ("; on a 700 GB checkpoint that is the whole model again for the draft." if whole else
+                   ": whole shards, where robust reads the draft's own tensors.")
             )
     return "\n".join(lines)
 

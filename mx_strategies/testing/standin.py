@@ -147,6 +147,41 @@ class StandInAdapter(EngineAdapter):
         return LoadResult(value=fresh, model=fresh, publishable=result.publishable)
 
 
+class PlainModelExpressAdapter(StandInAdapter):
+    """:class:`StandInAdapter` streaming what plain ModelExpress ``release`` streams for an MTP draft.
+
+    The shards its vLLM adapter chooses (:mod:`.plain_modelexpress`, checked
+    against each release's code), streamed whole, in listing order; a target
+    (``draft_class`` None) streams every shard. ``chosen`` keeps the last choice.
+    """
+
+    def __init__(self, make_model, vllm_config: Any, *, release: str, draft_class: Optional[str], config: Mapping,
+                 require_all_loaded: bool = False) -> None:  # fmt: skip
+        super().__init__(make_model, vllm_config, require_all_loaded=require_all_loaded)
+        self.release, self.draft_class, self.config = release, draft_class, dict(config)
+        self.chosen: tuple[str, ...] = ()
+        self.shard_count = 0
+
+    def build_model_streamer_weight_iter(self, model_uri: str, model=None):
+        from runai_model_streamer import SafetensorsStreamer, list_safetensors
+
+        from ..checkpoint import inspect
+        from ..storage import open_store
+        from .plain_modelexpress import plain_selection
+
+        files = list_safetensors(model_uri)
+        checkpoint = inspect(open_store(model_uri), 1)
+        shards = {s.key.rsplit("/", 1)[-1]: {n: t.nbytes for n, t in s.tensors.items()} for s in checkpoint.shards}
+        by_name = {f.rsplit("/", 1)[-1]: f for f in files}
+        ordered = {name: shards.get(name, {}) for name in by_name}
+        chosen = plain_selection(self.release, ordered, draft_class=self.draft_class, config=self.config).shards
+        self.chosen, self.shard_count = chosen, len(by_name)
+        with SafetensorsStreamer() as streamer:
+            streamer.stream_files([by_name[name] for name in chosen])
+            for name, tensor in streamer.get_tensors():
+                yield name, tensor.clone()
+
+
 def model_config(model=None, model_weights=None, runner_type="generate", hf_config=None) -> SimpleNamespace:
     """vLLM's ModelConfig, as far as a load strategy reads it."""
     return SimpleNamespace(model=model, model_weights=model_weights, runner_type=runner_type, hf_config=hf_config)
