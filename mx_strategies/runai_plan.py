@@ -19,6 +19,7 @@ probe's before it starts and after it ends.
 
 from __future__ import annotations
 
+import inspect
 import os
 from timeit import default_timer as timer
 from typing import Optional
@@ -62,9 +63,13 @@ class PlannedStreamer(SafetensorsStreamer):
             requests.append(request)
             self.files_to_tensors_metadata[index] = metadata
             self.total_size += request.total_size()
-        if not is_distributed:
-            _no_rank_discovery(self.file_streamer)
-        self.file_streamer.stream_files(requests, credentials=None, device=device, is_distributed=is_distributed, owned=True)
+        discovery = {}
+        if _takes_discover_ranks(self.file_streamer):
+            discovery = {"discover_ranks": is_distributed}  # runai >= 0.17.1, as its SafetensorsStreamer passes it
+        elif not is_distributed:
+            _no_rank_discovery(self.file_streamer)  # runai 0.17.0: no parameter; the answer set beforehand
+        self.file_streamer.stream_files(requests, credentials=None, device=device, is_distributed=is_distributed,
+                                        owned=True, **discovery)  # fmt: skip
         self._log_ring()
 
     def bytes_from_storage(self) -> Optional[int]:
@@ -84,6 +89,14 @@ class PlannedStreamer(SafetensorsStreamer):
             return sum(int(fc.total_size()) for fc in chunks)
         except Exception:  # noqa: BLE001 - an internal of runai; a figure, never a failed load
             return None
+
+
+def _takes_discover_ranks(streamer) -> bool:
+    """Whether the installed runai's ``stream_files`` has 0.17.1's public ``discover_ranks``."""
+    try:
+        return "discover_ranks" in inspect.signature(streamer.stream_files).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _no_rank_discovery(streamer) -> None:

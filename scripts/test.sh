@@ -106,19 +106,23 @@ if [ "$run_sglang" = 1 ]; then
 fi
 
 # ModelExpress 0.8 (development builds; the one in scripts/constraints-modelexpress-next.txt): the suites that
-# run its chain, lifecycle, plugin entry and strategy contract, in a venv of their own (no engine: the chain
-# runs with the stand-in adapter there, as in the main venv).
+# run its chain, lifecycle, plugin entry and strategy contract, and runai's streams (0.17.1 there), in a venv of
+# their own (no engine: the chain runs with the stand-in adapter there, as in the main venv).
 MX_NEXT_VENV="${MX_TEST_MX_NEXT_VENV:-.venv-mx08}"
 MX_NEXT_PIN=scripts/constraints-modelexpress-next.txt
 MX_NEXT_VERSION="$(sed -n 's/^modelexpress==//p' "$MX_NEXT_PIN")"
 MX_NEXT_SUITES=(tests/test_lifecycle.py tests/test_activation.py tests/test_modelexpress_contract.py tests/test_robust.py
                 tests/test_mtp_drafts.py tests/test_sources.py tests/test_report.py tests/test_telemetry.py
                 tests/test_hostile.py tests/test_requirements.py tests/test_entry_point.py tests/test_distributed.py
-                tests/test_deploy_configs.py)
+                tests/test_deploy_configs.py tests/test_streaming.py tests/test_plain_modelexpress.py)
 run_mx_next="$(wanted "${MX_TEST_MX_NEXT:-auto}" "$@")"
 if [ "$run_mx_next" = 1 ]; then
   phase "ModelExpress ${MX_NEXT_VERSION} venv: torch + .[test]" class_venv "$MX_NEXT_VENV"
   phase "ModelExpress ${MX_NEXT_VERSION} venv: modelexpress" pip_install "$MX_NEXT_VENV/bin/python" -q -r "$MX_NEXT_PIN"
+  # The same venv streams with runai-model-streamer 0.17.1 (its public discover_ranks); the main venv keeps the
+  # 0.17.0 that ModelExpress 0.7.0's requirements resolve to.
+  phase "ModelExpress ${MX_NEXT_VERSION} venv: runai 0.17.1" pip_install "$MX_NEXT_VENV/bin/python" -q --no-deps \
+    -r scripts/constraints-runai-next.txt
 fi
 
 status=0

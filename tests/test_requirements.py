@@ -101,3 +101,12 @@ def test_the_wheel_keeps_a_modelexpress_08_development_build(built_wheel, tmp_pa
     # Where 0.8 is installed already (the 0.8 venv) pip installs nothing; elsewhere it takes 0.8 and nothing else.
     expected = {} if version("modelexpress") == MODELEXPRESS_08 else {"modelexpress": MODELEXPRESS_08}
     assert installs == expected, installs
+
+
+def test_the_vllm_extra_asks_for_vllm_without_its_runai_extra(built_wheel):
+    """vLLM 0.34's ``runai`` extra needs runai-model-streamer-azure 0.17.1, which the registry lacks: through
+    ``vllm[runai]`` pip could not give a user 0.34. We require runai ourselves."""
+    extra = [r for r in _requires(built_wheel) if r.name == "vllm"]
+    assert [str(r) for r in extra] == ['vllm>=0.25; extra == "vllm"']
+    runai = [r for r in _requires(built_wheel) if r.name == "runai-model-streamer" and r.marker is None]
+    assert runai and runai[0].specifier.contains("0.17.1")
