@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from .coverage import Layout, Write, writes_in_place
+from .thread_pools import run_inline, submits_from_this_thread
 from .twin import TwinFailed, make_twin
 
 # Torch calls that only look at a tensor's metadata: no use of its values.
@@ -207,38 +208,6 @@ def _mode(state: _State):
     return Recorder()
 
 
-@contextmanager
-def _inline_executors() -> Iterator[None]:
-    """Thread pools started by the dry run's thread run their work inline in it.
-
-    Torch function modes are per thread, and SGLang's DeepSeek loader hands each
-    ``weight_loader`` call to a ``ThreadPoolExecutor``: inline, the recorder sees
-    those calls too (and refuses their writes into real tensors). Other threads'
-    pools are left alone.
-    """
-    import concurrent.futures
-    import threading
-
-    me = threading.get_ident()
-    real_submit = concurrent.futures.ThreadPoolExecutor.submit
-
-    def submit(self, fn, /, *args, **kwargs):
-        if threading.get_ident() != me:
-            return real_submit(self, fn, *args, **kwargs)
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - delivered through the future, as the pool would
-            future.set_exception(exc)
-        return future
-
-    concurrent.futures.ThreadPoolExecutor.submit = submit
-    try:
-        yield
-    finally:
-        concurrent.futures.ThreadPoolExecutor.submit = real_submit
-
-
 def _global_registries() -> list[tuple[str, Callable[[], Any]]]:
     """The engine registries a ``load_weights`` could add to, read through the engine's own accessors."""
     getters: list[tuple[str, Callable[[], Any]]] = []
@@ -316,7 +285,7 @@ def dry_run(
                 fed += 1
                 yield name, tensor
 
-        with _inline_executors(), _mode(state), torch.no_grad():
+        with submits_from_this_thread(run_inline), _mode(state), torch.no_grad():
             returned = call(twin.module, weights())
     except DryRunFailed:
         raise

@@ -182,7 +182,7 @@ def ask(
     # Which parameters are judged: the model's; their layouts: the twin's, whose storages the writes were in.
     judged = {n: run.layouts.get(n, layout) for n, layout in judged_parameters(model, replaced).items()}
     unit = None
-    if run.sampled:
+    if run.sample is not None:
         from .name_sampling import parse
 
         unit = lambda name: (lambda ints: ints if len(ints) >= 2 else None)(parse(name)[1])  # noqa: E731
@@ -232,8 +232,7 @@ class _Runs:
     fed_names: frozenset
     writes: tuple = ()
     layouts: Mapping = field(default_factory=dict)
-    sampled: bool = False
-    sample: Any = None  # the name_sampling.Sample of a sampled run
+    sample: Any = None  # the name_sampling.Sample of a sampled run; None for an exact one
 
 
 def _run(model: Any, headers: dict, settings: RobustSettings, call: Optional[Callable]) -> _Runs:
@@ -261,7 +260,7 @@ def _run(model: Any, headers: dict, settings: RobustSettings, call: Optional[Cal
         full.update(r.full)
     return _Runs(
         read, written, full, tuple(w for r in runs for w in r.whole_writes), fed,
-        tuple(w for r in runs for w in r.writes), runs[0].layouts, True, sample,
+        tuple(w for r in runs for w in r.writes), runs[0].layouts, sample,
     )  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStra
 
 from . import completeness, module_reads, progress, rank_share, telemetry, write_watch
 from .engine import SGLANG, EngineView, bypassed_features, declared_unused, engine_view, held_names
-from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
+from .errors import ConfigurationError, IncompleteModel, MxStrategiesError, listed
 from .distributed import RankShares, agreed_plan, agreed_shares, distributes, sees_same_files
 from .planning import LoadPlan, carrier_plan, plan_load, plan_resolved, share_universe
 from .releases import chain_finalizes, installed_release
@@ -206,7 +206,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         if plan.gaps:
             logger.warning(
                 f"[Worker {rank}] {engine.role}: {len(plan.gaps)} parameter(s) the checkpoint fills only in part, "
-                f"loaded anyway (MX_ROBUST_MODEL_COMPLETENESS=warn): " + "; ".join(g.describe() for g in plan.gaps[:3])
+                f"loaded anyway (MX_ROBUST_MODEL_COMPLETENESS=warn): "
+                + listed([g.describe() for g in plan.gaps], completeness.GAPS_SHOWN, "; ")
             )
         if plan.not_held:
             logger.info(

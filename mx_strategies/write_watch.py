@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 from .coverage import Layout, Write, writes_in_place
+from .thread_pools import submits_from_this_thread
 
 
 @dataclass
@@ -39,8 +40,6 @@ class Written:
 @contextmanager
 def watched(model: Any, judged: Mapping[str, Layout]) -> Iterator[Written]:
     """Record every write into the parameters named in ``judged`` while the block runs."""
-    import concurrent.futures
-
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -90,25 +89,15 @@ def watched(model: Any, judged: Mapping[str, Layout]) -> Iterator[Written]:
                     by_storage.setdefault(_storage(target), set()).update(by_object[id(target)])
             return result
 
-    me = threading.get_ident()
-    real_submit = concurrent.futures.ThreadPoolExecutor.submit
-
-    def submit(pool, fn, /, *args, **kwargs):
-        if threading.get_ident() != me:
-            return real_submit(pool, fn, *args, **kwargs)
-
+    def watched_in_pool(real_submit, pool, fn, /, *args, **kwargs):
         def run(*a, **k):
             with Watch():
                 return fn(*a, **k)
 
         return real_submit(pool, run, *args, **kwargs)
 
-    concurrent.futures.ThreadPoolExecutor.submit = submit
-    try:
-        with Watch():
-            yield written
-    finally:
-        concurrent.futures.ThreadPoolExecutor.submit = real_submit
+    with submits_from_this_thread(watched_in_pool), Watch():
+        yield written
 
 
 def _storage(tensor: Any) -> int:

@@ -67,6 +67,7 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "mx_strategies.streaming",
         "mx_strategies.telemetry",
         "mx_strategies.tensor_bytes",
+        "mx_strategies.thread_pools",
         "mx_strategies.twin",
         "mx_strategies.write_watch",
     ], "a runtime module was added or removed: is it something a production load needs?"
