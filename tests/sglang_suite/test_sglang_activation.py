@@ -15,6 +15,10 @@ import sys
 
 import pytest
 
+from mx_strategies.patches._versions import modelexpress_in
+
+ON_07 = modelexpress_in((0, 7), (0, 8))  # 0.8's SglangAdapter reads get_parallel(): no getters patch there
+
 PROBE = r"""
 import json, sys, warnings
 warnings.simplefilter("ignore")
@@ -74,16 +78,22 @@ def test_sglang_plugin_loader_installs_robust_and_the_patches_when_mx_strategy_i
     result = _probe(MX_STRATEGY="mx_strategies.robust")
     assert result["installed"] == "robust_model_streamer"
     assert result["getters_before"] is False  # SGLang 0.5.23 does not export them
-    assert result["getters_after"] is True and result["broadcast_state_patched"] is True
-    assert result["tp_size"] == 1 and result["world_group_ranks"] == [0]
+    assert result["getters_after"] is ON_07 and result["broadcast_state_patched"] is True
+    if ON_07:
+        assert result["tp_size"] == 1 and result["world_group_ranks"] == [0]
+    else:
+        assert "upstream_error" not in result  # 0.8's own adapter builds its context on SGLang 0.5.23
 
 
 def test_sglang_plugin_loader_changes_nothing_without_mx_strategy():
-    """Unset: no strategy, no patch; ModelExpress 0.7.0's own adapter then fails on SGLang 0.5.23."""
+    """Unset: no strategy, no patch; ModelExpress 0.7.0's own adapter then fails on SGLang 0.5.23 (0.8's does not)."""
     result = _probe()
     assert result["installed"] is None
     assert result["getters_after"] is False and result["broadcast_state_patched"] is False
-    assert result["upstream_error"].startswith("AttributeError") and "get_world_group" in result["upstream_error"]
+    if ON_07:
+        assert result["upstream_error"].startswith("AttributeError") and "get_world_group" in result["upstream_error"]
+    else:
+        assert "upstream_error" not in result
 
 
 @pytest.mark.parametrize("allowed, installed", [("mx_strategies", "robust_model_streamer"), ("other", None)])

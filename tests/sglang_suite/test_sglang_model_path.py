@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from mx_strategies import activation
+from mx_strategies.releases import chain_finalizes
 from mx_strategies.report import clear_reports, recent_reports
 from sglang_support import builders as sb
 from sglang_support.loads import delivered_names, mx_load
@@ -63,5 +64,6 @@ def test_the_draft_streams_its_own_tensors_from_the_servers_model_path(served, m
     sb.assert_same_parameters(draft.model, reference.model)
     (ctx,) = contexts
     assert ctx.p2p_enabled is False
-    assert any("SGLang draft: not published for peer-to-peer transfer" in r.getMessage() for r in caplog.records)
+    if not chain_finalizes():  # 0.7: robust withholds the draft itself; 0.8's MxModelLoader already did (no namespace)
+        assert any("SGLang draft: not published for peer-to-peer transfer" in r.getMessage() for r in caplog.records)
     assert torch.distributed.is_initialized()  # the runtime's gloo group, which robust did not touch
