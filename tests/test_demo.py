@@ -48,7 +48,7 @@ def test_console_script_demo_names_each_chosen_source():
         assert f"{name} draft: passed over model=" in out
         assert f"(a config-only copy?); chose MX_MODEL_URI='{uri}'" in out
     assert out.count("Cannot find any safetensors model weights with") >= 2
-    assert "plain ModelExpress pulled" in out
+    assert "plain ModelExpress 0.7.0 pulled" in out and "plain ModelExpress 0.8 pulled" in out
     assert "demo finished in" in out
 
 
