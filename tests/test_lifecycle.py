@@ -249,3 +249,21 @@ def test_without_the_plugin_08_keeps_its_own_chain(tmp_path, caplog, monkeypatch
     caplog.set_level(logging.INFO)
     _chain(made)
     assert _eligible(caplog) == ["model_streamer", "default"]
+
+
+@needs_08
+def test_on_08_a_draft_is_published_by_the_chain_and_robust_leaves_its_identity(ckpt, registrations):
+    """0.8 marks a draft's context (``p2p_role="draft"``) and its finalize registers the draft's tensors under
+    ``draft_tensor_namespace`` into the target's publication: robust touches neither the flag nor the identity."""
+    names = ckpt.draft_names
+    make = lambda: RecordingModel(ckpt.tensors, names)  # noqa: E731
+    adapter = NativeAdapter(make, ckpt.path, vllm_config=vllm_config("mtp"))
+    ctx = make_context(model_config(model=ckpt.path, runner_type="draft"), adapter)
+    ctx.p2p_role = "draft"
+    identity = ctx.identity.SerializeToString()
+
+    LoadStrategyChain.run(make(), ctx)
+
+    assert registrations == [0] and adapter.after_load_calls == 1
+    assert ctx.p2p_enabled is True and ctx.p2p_role == "draft"
+    assert ctx.identity.SerializeToString() == identity
