@@ -268,7 +268,7 @@ class RobustSettings(BaseSettings):
         validation_alias="MX_ROBUST_PLAN_ORDER_HOLD_BYTES",
         description=(
             "With MX_ROBUST_DELIVERY_ORDER=plan: the most tensor bytes held back "
-            "waiting for their turn (also capped at twice runai's ring). Past it "
+            "waiting for their turn. Past it "
             "the rest of the load is delivered in arrival order, with a warning."
         ),
     )

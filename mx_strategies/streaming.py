@@ -50,7 +50,6 @@ LOADER_EXTRA_CONFIG_ENV = {
 }
 MISSING_NAMES_SHOWN = 10
 # Held-back bytes when runai cannot say how big its ring is.
-DEFAULT_REORDER_LIMIT_BYTES = 1 << 30
 
 
 # runai-model-streamer (0.17.0) loads the object-store plugin (S3, GCS or Azure) of
@@ -173,11 +172,13 @@ def _first(names: list[str]) -> str:
 class InOrder:
     """Releases streamed tensors in plan order, holding early arrivals back.
 
-    runai keeps at most its ring of reads in flight, so in a complete
-    delivery an early arrival waits for at most a ring's worth of bytes.
-    Holding more than ``limit_bytes`` means an expected tensor is not coming
-    (the ledger will say which): everything held is then released in arrival
-    order, and so is the rest, rather than buffering a whole checkpoint.
+    A read that completes late (its thread descheduled on a busy host) lets
+    runai's other buffers refill meanwhile, so how far a complete delivery
+    runs ahead is not bounded by runai's ring: ``limit_bytes``
+    (``MX_ROBUST_PLAN_ORDER_HOLD_BYTES``) bounds what is held. Past it,
+    everything held is released in arrival order, and so is the rest
+    (an expected tensor that is not coming: the ledger will say which),
+    rather than buffering a whole checkpoint.
     Names the plan does not expect, and repeats, come out at the end.
     """
 
@@ -232,22 +233,6 @@ class InOrder:
         name, tensor = self._held.pop(number)
         self._held_bytes -= tensor.numel() * tensor.element_size()
         return name, tensor
-
-
-def reorder_limit(streamer, setting: int) -> int:
-    """The hold-back bound: the setting, and at most twice runai's ring (all a complete delivery can run ahead)."""
-    return min(setting, _twice_the_ring(streamer))
-
-
-def _twice_the_ring(streamer) -> int:
-    try:
-        ring = streamer.file_streamer.ring_info()
-    except Exception:  # an internal of runai; never let it break a load
-        ring = None
-    if not ring:
-        return DEFAULT_REORDER_LIMIT_BYTES
-    _, num_buffers, buffer_size = ring
-    return max(2 * num_buffers * buffer_size, 1)
 
 
 def streamer_variables(
@@ -403,8 +388,9 @@ class VerifiedStream:
             self._iter = self._streamer.get_tensors()
             self._first = next(self._iter, None)
             if self.settings.delivery_order == "plan":
-                limit = reorder_limit(self._streamer, self.settings.plan_order_hold_bytes)
-                self._in_order = InOrder(self.ledger.expected, limit)
+                # The setting alone bounds what is held: runai's ring does not bound how far a complete
+                # delivery runs ahead, since a read that stalls (a busy host) lets the other buffers refill.
+                self._in_order = InOrder(self.ledger.expected, self.settings.plan_order_hold_bytes)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
@@ -499,7 +485,7 @@ class VerifiedStream:
             if self._on_warning is not None:
                 self._on_warning(
                     f"plan-order delivery from {self.plan.source} held more than {self._in_order._limit} bytes "
-                    f"(MX_ROBUST_PLAN_ORDER_HOLD_BYTES, or twice runai's ring); the rest arrives in arrival order"
+                    f"(MX_ROBUST_PLAN_ORDER_HOLD_BYTES); the rest arrives in arrival order"
                 )
 
     def _arrivals(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -63,6 +63,36 @@ def test_verified_stream_reports_a_tensor_that_never_came(monkeypatch, plan_orde
     assert delivered == [n for n in ckpt.order if n != DROPPED]
 
 
+def test_plan_order_holds_when_one_read_stalls_past_runais_ring(monkeypatch, plan_order, tmp_path):
+    """A read that completes last (its thread descheduled on a busy host) while runai's smallest ring refills
+    many times over: plan order still holds, up to MX_ROBUST_PLAN_ORDER_HOLD_BYTES. Until 2026-12-03 the bound
+    was also capped at twice runai's ring, and CI on a loaded host fell back to arrival order (a flaky
+    tests/test_target_loads.py::test_plan_order_holds_with_the_smallest_ring)."""
+    from mx_strategies import runai_plan
+
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(12, hidden=64))
+    monkeypatch.setenv("MX_ROBUST_STREAMER_MEMORY_LIMIT", "0")
+    settings = load_settings()
+    plan = target_plan(ckpt.path, settings)
+    original = runai_plan.PlannedStreamer.get_tensors
+    rings = []
+
+    def first_read_stalls(self):  # the plan's first tensor arrives after every other one
+        rings.append(self.file_streamer.ring_info())
+        arrivals = list(original(self))
+        first = [item for item in arrivals if item[0] == ckpt.order[0]]
+        return iter([item for item in arrivals if item[0] != ckpt.order[0]] + first)
+
+    monkeypatch.setattr(runai_plan.PlannedStreamer, "get_tensors", first_read_stalls)
+    with VerifiedStream(plan, settings) as stream:
+        delivered = [name for name, _ in stream.tensors()]
+
+    (ring,) = rings
+    _, buffers, size = ring
+    assert stream.held_peak_bytes > 2 * buffers * size  # held more than twice the ring
+    assert delivered == ckpt.order and stream.delivery_order == "plan"
+
+
 def test_verified_stream_warn_policy_reports_and_returns(monkeypatch, tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3))
     monkeypatch.setenv("MX_ROBUST_COMPLETENESS", "warn")
