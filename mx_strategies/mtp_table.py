@@ -81,7 +81,9 @@ class MtpArchitecture:
     embed: tuple[str, ...] = ()  # ... its embedding, preferred first
     head: tuple[str, ...] = ()  # ... its head(s), preferred first
     dropped: tuple[str, ...] = ()  # names under its own prefixes that load_weights skips
-    embed_required: bool = False  # load_weights fails without the embedding, even where the proposer replaces it
+    # load_weights fails without the embedding, even where the proposer replaces it, where the engine checks MTP
+    # loads (vLLM 0.32, 0.33: engine.vllm_rules.mtp_load_demands_every_parameter; 0.34 removed the checks)
+    embed_required: bool = False
     heads_kept: bool = False  # the proposer keeps the draft's own heads
     embed_kept: bool = False  # the proposer's shared embedding does not replace what the draft needs
     own_checkpoint: bool = False  # the draft has a checkpoint of its own
@@ -1025,12 +1027,15 @@ def select(
     *,
     shares_target_weights: bool,
     shared_policy: str = "auto",
+    load_checks_parameters: bool = True,
 ) -> RowSelection:
     """The tensors a draft of ``row`` keeps, out of a target checkpoint's ``names``.
 
     ``shares_target_weights``: the proposer gives the draft the target's
-    embedding and head (pipeline parallel 1). ``shared_policy``: the
-    ``MX_ROBUST_DRAFT_SHARED_WEIGHTS`` setting (auto, always, never).
+    embedding and head (:attr:`.engine.EngineView.shares_target_weights`). ``shared_policy``: the
+    ``MX_ROBUST_DRAFT_SHARED_WEIGHTS`` setting (auto, always, never). ``load_checks_parameters``: the
+    engine's MTP classes refuse a load that leaves a parameter unloaded
+    (:func:`.engine.vllm_rules.mtp_load_demands_every_parameter`): only then does ``embed_required`` hold.
     """
     names = list(names)
     built = layout.indices(row)
@@ -1079,7 +1084,8 @@ def select(
 
     replaced = "replaced by the target's after loading (pipeline parallel 1)"
     want_embed = shared_policy == "always" or (
-        shared_policy == "auto" and (row.embed_required or not shares_target_weights or row.embed_kept)
+        shared_policy == "auto"
+        and ((row.embed_required and load_checks_parameters) or not shares_target_weights or row.embed_kept)
     )
     want_head = shared_policy == "always" or (
         shared_policy == "auto" and (row.heads_kept or not shares_target_weights)

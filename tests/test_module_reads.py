@@ -147,7 +147,8 @@ def test_the_modules_answer_is_the_tables_apart_from_what_the_engine_replaces(ar
     row = mtp_table.match(engine.architectures, engine.model_type, "mtp")
     assert row is not None and row.key == BUILT[arch][1]
     selection = mtp_table.select(
-        row, checkpoint.tensors(), row_layout_for(row, checkpoint, engine), shares_target_weights=engine.shares_target_weights
+        row, checkpoint.tensors(), row_layout_for(row, checkpoint, engine), shares_target_weights=engine.shares_target_weights,
+        load_checks_parameters=engine.mtp_load_checks,  # the installed vLLM's answer (engine.vllm_rules)
     )
     unused = declared_unused(built.module) or (lambda name: False)
     table = {n for n in selection.names if not unused(n)}

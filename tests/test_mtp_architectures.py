@@ -44,6 +44,7 @@ from mtp_arch import builders  # noqa: E402
 from mtp_arch.checkpoints import draft_checkpoint, persistent_buffers, split, write_checkpoint  # noqa: E402
 
 from mx_strategies import mtp_table  # noqa: E402
+from mx_strategies.engine import vllm_rules  # noqa: E402
 from mx_strategies.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.robust import RobustModelStreamerStrategy  # noqa: E402
 from mx_strategies.tensor_bytes import same_bytes  # noqa: E402
@@ -232,9 +233,9 @@ def test_real_draft_class_loads_every_kept_parameter(arch, sources, tmp_path, ro
     kept = assert_kept_parameters_hold_checkpoint_bytes(arch, built, ckpt, row)
 
     # Bytes: what was streamed is what the module keeps (Step-3.5's load_weights also demands the
-    # embedding the proposer later replaces).
+    # embedding the proposer later replaces, where the installed vLLM checks MTP loads: 0.32, 0.33).
     needed = dict(kept)
-    if row.embed_required:
+    if row.embed_required and vllm_rules.mtp_load_demands_every_parameter():
         embed = dict(built.module.named_parameters())["model.embed_tokens.weight"]
         assert same_bytes(embed.data, ckpt.truth["model.embed_tokens.weight"])
         needed["model.embed_tokens.weight"] = embed
@@ -477,8 +478,13 @@ def assert_selects_on_names(row, spec, kept: set, pp: int) -> None:
     where the proposer does not replace them (``kept`` at pipeline parallel 1), nothing it ignores."""
     config, own, copies, skipped, ignored = spec
     layout = mtp_table.row_layout(row, ("config", config))
-    selection = mtp_table.select(row, own | copies | skipped | ignored, layout, shares_target_weights=pp == 1)
+    checks = vllm_rules.mtp_load_demands_every_parameter()  # the installed vLLM's answer
+    selection = mtp_table.select(
+        row, own | copies | skipped | ignored, layout, shares_target_weights=pp == 1, load_checks_parameters=checks
+    )
     assert selection.own == own
+    if row.embed_required and not checks:  # no MTP load check (vLLM 0.34): the replaced embedding is not streamed
+        kept = set()
     assert selection.shared == (kept if pp == 1 else copies)
     assert skipped <= set(selection.skipped)
     assert not selection.names & ignored
@@ -529,7 +535,8 @@ NAMES_ONLY_033 = {
         {"lm_head.weight", "model.norm.weight", "model.layers.60.mlp.gate.weight"},
     ),
 }  # fmt: skip
-KEPT_AT_PP1_033 = {"step5_mtp": {"model.layers.4.embed_tokens.weight"}}  # embed_required: streamed, then replaced
+# embed_required: streamed, then replaced, where the installed vLLM checks MTP loads (0.33; not 0.34)
+KEPT_AT_PP1_033 = {"step5_mtp": {"model.layers.4.embed_tokens.weight"}}
 NOT_BUILT_033 = {
     "step5_mtp": "vllm.models.step5 imports nvidia/vl.py -> model_executor/models/step3p7.py:13 -> step3_vl.py:42 -> "
     "transformers_utils/processors/step3_vl.py:9, which imports torchvision, absent here (its __init__ also "
@@ -561,7 +568,7 @@ def test_nemotron_h_rule_follows_the_installed_vllm(vllm, pp):
     selection = mtp_table.select(row, own | copies | target, mtp_table.row_layout(row), shares_target_weights=pp == 1)
     assert selection.own == own
     assert selection.shared == (copies if (pp == 2 and vllm < (0, 33)) else set())
-    if vllm >= (0, 33) and mtp_table.installed_vllm() == (0, 33):
+    if vllm >= (0, 33) and mtp_table.installed_vllm() >= (0, 33):
         from vllm.model_executor.models.nemotron_h_mtp import NemotronHMTP
 
         reads = lambda name: not NemotronHMTP.is_unused_checkpoint_weight(None, name)  # noqa: E731
@@ -585,9 +592,12 @@ def test_longcat_final_norm_and_step3p5_embedding_are_selected():
     names = {"model.embed_tokens.weight", "model.layers.2.eh_proj.weight", "model.layers.2.shared_head.output.weight",
              "model.layers.1.mlp.down_proj.weight", "lm_head.weight"}
     layout = mtp_table.row_layout(step, ("config", {"num_hidden_layers": 2, "num_nextn_predict_layers": 1}))
-    selection = mtp_table.select(step, names, layout, shares_target_weights=True)
+    selection = mtp_table.select(step, names, layout, shares_target_weights=True)  # vLLM 0.32/0.33: checked loads
     assert selection.names == {"model.embed_tokens.weight", "model.layers.2.eh_proj.weight",
                                "model.layers.2.shared_head.output.weight"}
+    # vLLM 0.34 checks no MTP load: the embedding the proposer replaces is left out.
+    unchecked = mtp_table.select(step, names, layout, shares_target_weights=True, load_checks_parameters=False)
+    assert unchecked.names == {"model.layers.2.eh_proj.weight", "model.layers.2.shared_head.output.weight"}
 
 
 def test_deepseek_skips_embedding_and_head_copies_only_at_pipeline_parallel_1():

@@ -45,6 +45,12 @@ class EngineView:
     # Where the engine points the draft itself (its ModelConfig's model_weights and model): for an MTP or a
     # DeepSeek-V4 DSpark draft, the target's sources (vLLM's SpeculativeConfig), for EAGLE its own checkpoint.
     draft_sources: tuple[str, ...] = ()
+    # The engine's answer (vLLM: :mod:`.vllm_rules`) to whether it gives this draft the target's embedding
+    # (and head) after loading; None: pipeline parallel 1 does, larger sizes do not (every engine's base rule).
+    embed_replaced: Optional[bool] = None
+    # Whether the engine's MTP classes refuse a load that leaves a parameter unloaded (vLLM 0.32 and 0.33,
+    # :func:`.vllm_rules.mtp_load_demands_every_parameter`): a row's ``embed_required`` holds only there.
+    mtp_load_checks: bool = True
 
     @property
     def role(self) -> str:
@@ -60,7 +66,11 @@ class EngineView:
 
     @property
     def shares_target_weights(self) -> bool:
-        """Whether the engine gives the draft the target's embedding and head (pipeline parallel 1)."""
+        """Whether the engine gives the draft the target's embedding and head after loading.
+
+        The engine reader's answer (:attr:`embed_replaced`), else pipeline parallel 1 only."""
+        if self.embed_replaced is not None:
+            return self.embed_replaced
         return self.pipeline_parallel_size == 1
 
 

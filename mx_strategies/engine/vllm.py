@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import vllm_rules
 from .view import EngineView, _parallel_size, engine_of, loader_options, model_identity
 
 
@@ -45,12 +46,19 @@ def vllm_view(ctx: Any) -> EngineView:
         for uri in (getattr(model_config, "model_weights", None), getattr(model_config, "model", None))
         if is_draft and isinstance(uri, str) and uri
     )
+    pipeline_parallel_size = _parallel_size(ctx, parallel, "pipeline_parallel_size")
+    # The installed vLLM and the draft's class decide whether the engine gives the draft the target's embedding.
+    embed_replaced = (
+        vllm_rules.draft_embedding_replaced(pipeline_parallel_size, vllm_rules.draft_class(architectures))
+        if is_draft
+        else None
+    )
     return EngineView(
         is_draft=is_draft,
-        speculative_method=getattr(speculative, "method", None),
+        speculative_method=vllm_rules.speculative_method(speculative),
         target_uris=target_uris,
         tensor_parallel_size=_parallel_size(ctx, parallel, "tensor_parallel_size"),
-        pipeline_parallel_size=_parallel_size(ctx, parallel, "pipeline_parallel_size"),
+        pipeline_parallel_size=pipeline_parallel_size,
         hf_config=hf_config,
         loader_extra_config=loader_options(load_config),
         architectures=architectures,
@@ -58,4 +66,6 @@ def vllm_view(ctx: Any) -> EngineView:
         target_hf_config=target_hf_config,
         engine=engine_of(ctx),
         draft_sources=draft_sources,
+        embed_replaced=embed_replaced,
+        mtp_load_checks=vllm_rules.mtp_load_demands_every_parameter(),
     )

@@ -294,10 +294,13 @@ class BuiltDraft:
     target_model_config: Any
 
 
-def configs_for(folder: str, name: str, *, trust_remote_code: bool, draft_folder: Optional[str] = None):
+def configs_for(
+    folder: str, name: str, *, trust_remote_code: bool, draft_folder: Optional[str] = None, method: str = "mtp"
+):
     """(target ModelConfig, SpeculativeConfig, draft ModelConfig) as vLLM makes them for the target in ``folder``.
 
-    ``draft_folder``: a draft with a checkpoint of its own (Gemma-4's assistant).
+    ``draft_folder``: a draft with a checkpoint of its own (Gemma-4's assistant). ``method``: the speculative
+    method as a user names it (a custom method registered with vLLM 0.34's ``register_speculative_method``).
     """
     from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
 
@@ -308,7 +311,7 @@ def configs_for(folder: str, name: str, *, trust_remote_code: bool, draft_folder
         overrides["model_impl"] = TARGET_MODEL_IMPL[name]
     target = ModelConfig(model=folder, **overrides, **common)
     spec = SpeculativeConfig(
-        method="mtp", model=draft_folder, num_speculative_tokens=1, target_model_config=target,
+        method=method, model=draft_folder, num_speculative_tokens=1, target_model_config=target,
         target_parallel_config=ParallelConfig(),
     )
     return target, spec, spec.draft_model_config
@@ -340,7 +343,7 @@ def build_module(vllm_config, draft_model_config):
         return initialize_model(vllm_config=vllm_config, model_config=draft_model_config)
 
 
-def build_draft(folder: str, name: str, *, draft_folder: Optional[str] = None) -> BuiltDraft:
+def build_draft(folder: str, name: str, *, draft_folder: Optional[str] = None, method: str = "mtp") -> BuiltDraft:
     """vLLM's MTP draft for target ``name`` whose config.json is in ``folder`` (weights uninitialized).
 
     As the proposer does: the target's VllmConfig, the draft's ModelConfig
@@ -348,7 +351,7 @@ def build_draft(folder: str, name: str, *, draft_folder: Optional[str] = None) -
     """
     config = json.load(open(os.path.join(folder, "config.json")))
     target, spec, draft = configs_for(
-        folder, name, trust_remote_code="auto_map" in config, draft_folder=draft_folder
+        folder, name, trust_remote_code="auto_map" in config, draft_folder=draft_folder, method=method
     )
     with engine_env(name):
         vc = engine_config(draft if name == "step3p5" else target, spec)

@@ -1,0 +1,121 @@
+"""What the installed vLLM does around a draft's load, asked of vLLM itself.
+
+vLLM's rules change between releases: which runner gives an MTP draft the
+target's embedding (and at which pipeline-parallel sizes), whether an MTP
+class refuses a load that misses a parameter, which method a registered
+speculative method stands for. Each rule is read here, from the installed
+vLLM's modules, classes and config objects, and from its version only where
+nothing else answers. Planning, completeness, doctor and the tests ask these
+functions; none of them writes a release's behaviour down again.
+
+Unknown (no vLLM installed, a module that does not import) reads as the
+conservative answer: stream the weight. Streaming a tensor the engine then
+replaces costs bytes; skipping one it keeps loses a weight.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from typing import Any, Optional
+
+# The V1 proposer (vLLM <= 0.33): shares a draft's embedding at pipeline parallel 1 only
+# (``LLMBaseProposer._maybe_share_embeddings``).
+V1_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
+# The V2 runner's draft loading (vLLM >= 0.33; the only one in 0.34): ``maybe_share_target_embed`` also shares at
+# pipeline parallel > 1 with a draft class that defines ``has_own_embed_tokens`` (eagle/utils.py, about line 97).
+V2_DRAFT_LOADING = "vllm.v1.worker.gpu.spec_decode.eagle.utils"
+# vLLM 0.32 and 0.33: MTP classes (Step-3.5, Step5) raise in load_weights when a parameter, their embedding
+# included, was not loaded; 0.34 deleted the module and the checks.
+MTP_COMPLETENESS = "vllm.model_executor.model_loader.mtp_validation"
+
+
+@functools.lru_cache(maxsize=None)
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def mtp_load_demands_every_parameter() -> bool:
+    """Whether the installed vLLM's MTP classes refuse a load that leaves a parameter unloaded.
+
+    True on vLLM 0.32 and 0.33 (``model_loader/mtp_validation.py`` exists): Step-3.5's and Step5's
+    ``load_weights`` then need their embedding even where the proposer replaces it afterwards.
+    """
+    return _has_module(MTP_COMPLETENESS)
+
+
+def shares_embedding_beyond_pp1() -> bool:
+    """Whether the installed vLLM gives a draft the target's embedding at pipeline parallel > 1.
+
+    Only where the V2 runner is the one runner drafts load on (vLLM 0.34): its ``maybe_share_target_embed``
+    shares with a draft class that defines ``has_own_embed_tokens`` (False) at any size. Where the V1
+    proposer is still there (0.32, 0.33), a draft may run on it, which shares at size 1 only.
+    """
+    return _has_module(V2_DRAFT_LOADING) and not _has_module(V1_PROPOSER)
+
+
+def draft_embedding_replaced(pipeline_parallel_size: int, draft_class: Optional[type]) -> bool:
+    """Whether the engine replaces an MTP draft's embedding with the target's after loading.
+
+    A class that declares ``has_own_embed_tokens = True`` keeps its own unless it equals the target's, which
+    only its loaded values can tell: not replaced. Otherwise pipeline parallel 1: every runner shares. Larger:
+    only the V2-only engine (:func:`shares_embedding_beyond_pp1`), and only for a class that declares
+    ``has_own_embed_tokens`` (False); an unknown class: not replaced.
+    """
+    declares = draft_class is not None and "has_own_embed_tokens" in _class_attributes(draft_class)
+    if declares and getattr(draft_class, "has_own_embed_tokens", False):
+        return False
+    if pipeline_parallel_size <= 1:
+        return True
+    return declares and shares_embedding_beyond_pp1()
+
+
+def _class_attributes(cls: type) -> set[str]:
+    return {name for klass in getattr(cls, "__mro__", ()) for name in vars(klass)}
+
+
+def draft_class(architectures: tuple[str, ...]) -> Optional[type]:
+    """The class vLLM's registry builds for a draft's architectures, or None (no vLLM, or it does not import)."""
+    if not architectures:
+        return None
+    try:
+        from vllm.model_executor.models import ModelRegistry
+    except Exception:  # noqa: BLE001 - no vLLM here: no class to ask
+        return None
+    for architecture in architectures:
+        try:
+            cls = ModelRegistry._try_load_model_cls(architecture)
+        except Exception:  # noqa: BLE001 - a class that does not import here answers nothing
+            cls = None
+        if cls is not None:
+            return cls
+    return None
+
+
+def speculative_method(speculative_config: Any) -> Optional[str]:
+    """The method a vLLM speculative config runs, a registered custom method as the method it stands for.
+
+    vLLM 0.34 accepts any method registered through ``register_speculative_method``: ``method`` then holds
+    the registered method's base method (or None) and ``custom_method`` the registered name
+    (``config/speculative.py``). The base method decides where the draft's weights are (an ``mtp`` base:
+    the target's checkpoint); a custom method with no base method reads as its registered name.
+    """
+    if speculative_config is None:
+        return None
+    method = getattr(speculative_config, "method", None)
+    if isinstance(method, str) and method:
+        return method
+    custom = getattr(speculative_config, "custom_method", None)
+    return custom if isinstance(custom, str) and custom else None
+
+
+__all__ = [
+    "draft_class",
+    "draft_embedding_replaced",
+    "mtp_load_demands_every_parameter",
+    "shares_embedding_beyond_pp1",
+    "speculative_method",
+]
