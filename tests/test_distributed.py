@@ -189,3 +189,79 @@ def test_ranks_that_planned_against_other_tensors_fail_every_rank_unmutated(outc
         assert result["ok"] is False and result["mutated"] is False
         other = 1 - rank
         assert f"rank {other}: planned against another list of tensors than rank {rank}" in result["error"]
+
+
+# -- a stream only some ranks make (an MTP draft at pipeline parallel 2) -----------------------------------
+
+
+def _lone_stream_worker(rank: int, port: int, out: str, checkpoint: str) -> None:
+    """Rank 0 streams a checkpoint on its own while rank 1 of the same gloo world waits at a barrier, as a draft
+    on the last pipeline stage loads: runai must not try to discover the world's ranks (it would wait for rank 1)."""
+    import inspect as inspect_module
+
+    from runai_model_streamer.distributed_streamer.distributed_streamer import DistributedStreamer
+
+    from mx_strategies import runai_plan
+    from mx_strategies.checkpoint import inspect
+    from mx_strategies.planning import plan_for
+    from mx_strategies.settings import load_settings
+    from mx_strategies.storage import LocalStore
+    from mx_strategies.streaming import VerifiedStream
+    from mx_strategies.tensor_bytes import same_bytes
+    from helpers.checkpoints import reference_of
+    from helpers.engine import TARGET
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=30)
+    )
+    result = {"rank": rank}
+    try:
+        if rank == 0:
+            workaround = []
+            real = runai_plan._no_rank_discovery
+            runai_plan._no_rank_discovery = lambda streamer: (workaround.append(1), real(streamer))[1]
+            settings = load_settings()
+            plan = plan_for(inspect(LocalStore(checkpoint), settings.discovery_depth), TARGET, settings,
+                            source_is_target=True)  # fmt: skip
+            reference = reference_of([os.path.join(checkpoint, shard.key) for shard in plan.shards])
+            delivered = {}
+            with VerifiedStream(plan, settings) as stream:
+                for name, tensor in stream.tensors():
+                    delivered[name] = same_bytes(tensor, reference[name])
+            result.update(
+                delivered=delivered,
+                expected=sorted(reference),
+                workaround_calls=len(workaround),
+                public=("discover_ranks" in inspect_module.signature(DistributedStreamer.stream_files).parameters),
+            )
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out, f"lone{rank}.json"), "w") as handle:
+        json.dump(result, handle)
+
+
+@pytest.mark.timeout(120)
+def test_a_stream_only_rank_zero_makes_never_waits_for_the_other_ranks(tmp_path):
+    """runai >= 0.17.1: its public ``discover_ranks=False`` keeps discovery off and our workaround is not used;
+    runai 0.17.0: the workaround (``runai_plan._no_rank_discovery``) does. Either way rank 0's tensors are
+    safetensors' own and no rank waits."""
+    import sys
+
+    from helpers.checkpoints import tiny_shards, write_checkpoint
+
+    from mx_strategies.releases import installed_release
+
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3))
+    out = tmp_path / "out"
+    out.mkdir()
+    sys.path.insert(0, os.path.dirname(__file__))  # the spawned workers import tests/helpers
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(__file__), os.environ.get("PYTHONPATH")) if p)
+    mp.start_processes(_lone_stream_worker, args=(free_port(), str(out), ckpt.path), nprocs=WORLD, join=True,
+                       start_method="spawn")  # fmt: skip
+    rank0 = json.loads((out / "lone0.json").read_text())
+    assert json.loads((out / "lone1.json").read_text()) == {"rank": 1}
+    assert sorted(rank0["delivered"]) == rank0["expected"] and all(rank0["delivered"].values()), rank0
+    public = installed_release("runai-model-streamer") >= (0, 17, 1)
+    assert rank0["public"] is public
+    assert rank0["workaround_calls"] == (0 if public else 1)
