@@ -102,7 +102,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
     def load(self, result: LoadResult, ctx: LoadContext) -> LoadResult:
         with self._recorded_failure(ctx):
             settings = self._settings()
-            return self._load_from(result, ctx, candidates(ctx.model_config, settings), settings)
+            vllm_config = getattr(getattr(ctx, "adapter", None), "vllm_config", None)  # a sub-folder draft's target
+            return self._load_from(result, ctx, candidates(ctx.model_config, settings, vllm_config), settings)
 
     def load_uri(self, result: LoadResult, ctx: LoadContext, model_uri: str) -> LoadResult:
         """Load from an explicit URI (no chain), with the same checks."""

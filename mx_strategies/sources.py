@@ -9,21 +9,33 @@ holds no weights (the "Cannot find any safetensors model weights" reports).
 We probe each candidate in the configured order, reading listings and
 headers only, and keep the first that holds a non-empty shard, with the
 trail of why the others were passed over.
+
+A draft vLLM places in a sub-folder of the target's checkpoint (MiniMax-M3
+DSpark: ``<target.model>/dspark``) gets one more candidate when the target
+came from an object store: vLLM points the draft at the sub-folder of the
+target's config-only local copy, which holds no weights, so the chain also
+tries the same sub-folder of the target's ``model_weights``
+(``s3://bucket/ckpt/dspark``), right after the draft's own values.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Optional
 
 from .checkpoint import INDEX_NAME, Checkpoint, ProbeLimits, inspect
+from .engine.vllm import is_speculative_draft
 from .errors import NoCheckpoint, NoStreamableSource, StoreError
 from .settings import RobustSettings
 from .storage import normalize_uri, open_store
 
+# The label of the candidate derived from the target's model_weights, e.g. "target model_weights + dspark".
+TARGET_SUBFOLDER_LABEL = "target model_weights + {sub}"
+
 
 @dataclass(frozen=True)
 class Candidate:
-    label: str  # "model_weights", "model" or "MX_MODEL_URI"
+    label: str  # "model_weights", "model", "MX_MODEL_URI" or TARGET_SUBFOLDER_LABEL's "target model_weights + <sub>"
     uri: str
 
 
@@ -54,24 +66,68 @@ def no_source(rejected: list[Rejection]) -> NoStreamableSource:
     return NoStreamableSource(f"no candidate source holds streamable safetensors: {detail}", rejected)
 
 
-def candidates(model_config: object, settings: RobustSettings) -> list[Candidate]:
-    """The configured candidates, in order, skipping unset ones and repeats."""
+def candidates(model_config: object, settings: RobustSettings, vllm_config: Any = None) -> list[Candidate]:
+    """The configured candidates, in order, skipping unset ones and repeats.
+
+    With ``vllm_config`` (ModelExpress's ``ctx.adapter.vllm_config``), a draft in a sub-folder of the
+    target's ``model`` also gets that sub-folder of the target's ``model_weights``
+    (:func:`target_subfolder`), right after the later of the draft's own ``model_weights`` and ``model``.
+    """
     values = {
         "model_weights": getattr(model_config, "model_weights", None),
         "model": getattr(model_config, "model", None) or getattr(model_config, "model_path", None),
         "MX_MODEL_URI": settings.model_uri,
     }
+    derived = target_subfolder(model_config, vllm_config)
+    own = [label for label in settings.source_order if label in ("model_weights", "model")]
     seen: set[str] = set()
     result = []
+
+    def add(candidate: Candidate) -> None:
+        if normalize_uri(candidate.uri) not in seen:
+            seen.add(normalize_uri(candidate.uri))
+            result.append(candidate)
+
     for label in settings.source_order:
         uri = values.get(label)
-        if not uri or not isinstance(uri, str):
-            continue
-        if normalize_uri(uri) in seen:
-            continue
-        seen.add(normalize_uri(uri))
-        result.append(Candidate(label, uri))
+        if uri and isinstance(uri, str):
+            add(Candidate(label, uri))
+        if derived is not None and own and label == own[-1]:
+            add(derived)
     return result
+
+
+def target_subfolder(model_config: object, vllm_config: Any) -> Optional[Candidate]:
+    """The target's ``model_weights`` joined with the sub-folder of the target's ``model`` the draft lies in.
+
+    vLLM 0.34 defaults a MiniMax-M3 DSpark draft to ``<target.model>/dspark``; with the target on an
+    object store ``target.model`` is a config-only local copy and ``target.model_weights`` the URI it
+    came from, so the draft's weights are at ``<target.model_weights>/dspark``. None for a target load,
+    a draft not strictly below the target's ``model`` (or ``..`` in the sub-path), or a target without
+    ``model_weights``.
+    """
+    if not is_speculative_draft(vllm_config, model_config):
+        return None
+    target = getattr(getattr(vllm_config, "speculative_config", None), "target_model_config", None)
+    base, weights = getattr(target, "model", None), getattr(target, "model_weights", None)
+    if not (isinstance(base, str) and base and isinstance(weights, str) and weights):
+        return None
+    for value in (getattr(model_config, "model_weights", None), getattr(model_config, "model", None)):
+        sub = _sub_path(value, base) if isinstance(value, str) and value else None
+        if sub is not None:
+            return Candidate(TARGET_SUBFOLDER_LABEL.format(sub=sub), f"{normalize_uri(weights)}/{sub}")
+    return None
+
+
+def _sub_path(path: str, base: str) -> Optional[str]:
+    """``path`` relative to ``base`` (both normalized) when strictly below it, with no ``.``/``..`` part."""
+    path, base = normalize_uri(path), normalize_uri(base)
+    if not path.startswith(base.rstrip("/") + "/"):
+        return None
+    sub = path[len(base.rstrip("/")) + 1 :]
+    if any(part in ("", ".", "..") for part in sub.split("/")):
+        return None
+    return sub
 
 
 def probe(candidate: Candidate, settings: RobustSettings) -> Checkpoint:

@@ -49,7 +49,7 @@ from test_mtp_architectures import (  # noqa: E402
 
 from helpers.state import differences, module_state  # noqa: E402
 from mx_strategies import completeness, module_reads, mtp_table  # noqa: E402
-from mx_strategies.engine import declared_unused, engine_view  # noqa: E402
+from mx_strategies.engine import declared_unused, engine_view, vllm_rules  # noqa: E402
 from mx_strategies.planning import points_at_target, row_layout_for  # noqa: E402
 from mx_strategies.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.settings import load_settings  # noqa: E402
@@ -99,9 +99,10 @@ def ask_draft(arch: str, root, pp: int):
     ckpt = draft_checkpoint(arch, built.module, folder)
     settings = load_settings()
     checkpoint = probe(Candidate("explicit", folder), settings)
-    engine = dataclasses.replace(
-        engine_view(build_vllm_load_context(built.vllm_config, built.draft_model_config)), pipeline_parallel_size=pp
-    )
+    view = engine_view(build_vllm_load_context(built.vllm_config, built.draft_model_config))
+    # The layout at pipeline parallel ``pp``, with the installed vLLM's answer for it (engine.vllm_rules).
+    embed_replaced = vllm_rules.draft_embedding_replaced(pp, vllm_rules.draft_class(view.architectures))
+    engine = dataclasses.replace(view, pipeline_parallel_size=pp, embed_replaced=embed_replaced)
     before, context = snapshot(built.module), forward_context(built.vllm_config)
     state = module_state(built.module)
     with set_current_vllm_config(built.vllm_config):

@@ -393,14 +393,30 @@ def draft_view(checkpoint: Checkpoint, settings: RobustSettings, engine_name: st
 
 
 def chain_view(
-    model_weights: Optional[str], model: Optional[str], settings: RobustSettings
+    model_weights: Optional[str],
+    model: Optional[str],
+    settings: RobustSettings,
+    target_model_weights: Optional[str] = None,
+    target_model: Optional[str] = None,
 ) -> tuple[dict, Optional[Resolution]]:
-    """The robust strategy's source chain for these engine values, and its pick."""
+    """The robust strategy's source chain for these engine values, and its pick.
+
+    With the target's values (``--target-model-weights``/``--target-model``) the values are a speculative
+    draft's, as vLLM's configs give them: a draft in a sub-folder of the target's ``model`` (MiniMax-M3
+    DSpark's ``<target>/dspark``) also gets that sub-folder of the target's ``model_weights``.
+    """
     model_config = SimpleNamespace(model=model, model_weights=model_weights)
-    cands = candidates(model_config, settings)
+    vllm_config = None
+    inputs = {"model_weights": model_weights, "model": model, "MX_MODEL_URI": settings.model_uri}
+    if target_model_weights or target_model:
+        model_config.runner_type = "draft"
+        target = SimpleNamespace(model=target_model, model_weights=target_model_weights)
+        vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(target_model_config=target))
+        inputs.update({"target_model_weights": target_model_weights, "target_model": target_model})
+    cands = candidates(model_config, settings, vllm_config)
     view: dict[str, Any] = {
         "order": list(settings.source_order),
-        "inputs": {"model_weights": model_weights, "model": model, "MX_MODEL_URI": settings.model_uri},
+        "inputs": inputs,
         "candidates": [{"label": c.label, "uri": c.uri} for c in cands],
         "eligible": not (settings.require_model_uri and not settings.model_uri),
         "chosen": None,
@@ -444,6 +460,8 @@ def diagnose(
     settings: Optional[RobustSettings] = None,
     engine: str = VLLM,
     ask_module: bool = False,
+    target_model_weights: Optional[str] = None,
+    target_model: Optional[str] = None,
 ) -> DoctorReport:
     """Inspect ``uri`` and/or the source chain; raise DoctorUsageError for exit 2.
 
@@ -462,7 +480,7 @@ def diagnose(
     if want_chain:
         if uri is None and not (model_weights or model or settings.model_uri):
             raise DoctorUsageError("nothing to inspect: give a URI, --model-weights/--model, or set MX_MODEL_URI")
-        chain, resolution = chain_view(model_weights, model, settings)
+        chain, resolution = chain_view(model_weights, model, settings, target_model_weights, target_model)
     checkpoint: Optional[Checkpoint] = None
     problems: list[Problem] = []
     source: Optional[dict] = None
@@ -558,8 +576,15 @@ def render(report: DoctorReport, console) -> None:
         rejected = {r["label"]: r["reason"] for r in chain["rejected"]}
         probed = {c["label"] for c in chain["candidates"]}
         chosen = chain["chosen"]["label"] if chain["chosen"] else None
+        # Candidates the chain derived (a draft's sub-folder of the target's model_weights) follow the draft's own.
+        derived = [c for c in chain["candidates"] if c["label"] not in chain["order"]]
+        own = [label for label in chain["order"] if label in ("model_weights", "model")]
+        rows = []
         for label in chain["order"]:
-            value = chain["inputs"].get(label)
+            rows.append((label, chain["inputs"].get(label)))
+            if own and label == own[-1]:
+                rows.extend((c["label"], c["uri"]) for c in derived)
+        for label, value in rows:
             if label == chosen:
                 verdict = "[green]chosen[/green]"
             elif label in rejected:
@@ -754,6 +779,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", help="the engine's model (vLLM's config-only model_streamer/<hash> copy, a snapshot)"
     )
     parser.add_argument(
+        "--target-model-weights",
+        help="with --model/--model-weights of a speculative draft: the target's model_weights (the s3:// URI vLLM "
+        "pulled); a draft in a sub-folder of --target-model (MiniMax-M3 DSpark's <target>/dspark) is also sought "
+        "in that sub-folder of it",
+    )
+    parser.add_argument("--target-model", help="the target's model (vLLM's config-only copy of --target-model-weights)")
+    parser.add_argument(
         "--engine",
         choices=ENGINES,
         default=VLLM,
@@ -771,7 +803,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         report = diagnose(args.uri, model_weights=args.model_weights, model=args.model, engine=args.engine,
-                          ask_module=args.ask_module)  # fmt: skip
+                          ask_module=args.ask_module, target_model_weights=args.target_model_weights,
+                          target_model=args.target_model)  # fmt: skip
     except DoctorUsageError as exc:
         print(f"mx-strategies doctor: {exc}", file=sys.stderr)
         return EXIT_USAGE
