@@ -87,7 +87,7 @@ class _KeepsEmbedding(_DeclaresNothing):  # has_own_embed_tokens = True, a copy 
 def test_the_embedding_rule_never_skips_what_the_engines_sharing_keeps(draft_class, pp, monkeypatch):
     """vLLM's own ``maybe_share_target_embed`` on stand-in modules (a pipeline group of size 2 cannot be made in
     one process: its ``get_pp_group`` is replaced, the one mock here). Where our rule says the embedding is
-    replaced, the engine replaces it; on an engine whose V2 runner is the only one (0.34), exactly then."""
+    replaced, the engine replaces it: robust never leaves out an embedding the draft keeps."""
     from types import SimpleNamespace
 
     utils = importlib.import_module(vllm_rules.V2_DRAFT_LOADING)
@@ -95,13 +95,16 @@ def test_the_embedding_rule_never_skips_what_the_engines_sharing_keeps(draft_cla
     draft, target = draft_class(), _Inner(2.0)
     utils.maybe_share_target_embed(draft, draft.model, target)
     engine_replaced = draft.model.embed_tokens is target.embed_tokens
-    ours = vllm_rules.draft_embedding_replaced(pp, draft_class)
-    if ours:
-        assert engine_replaced, (draft_class.__name__, pp)
-    if pp > 1 and vllm_rules.shares_embedding_beyond_pp1():
-        assert ours is engine_replaced, (draft_class.__name__, pp)
-    if pp > 1 and not vllm_rules.shares_embedding_beyond_pp1():
-        assert not ours  # the V1 proposer may run the draft: it shares at pipeline parallel 1 only
+    for asked in (draft_class, draft):  # the class (what the view knows) and the built module
+        ours = vllm_rules.draft_embedding_replaced(pp, asked)
+        if ours:
+            assert engine_replaced, (draft_class.__name__, pp)
+        if pp == 1:  # the one size where the rule is exact
+            assert ours is engine_replaced, (draft_class.__name__, pp)
+    if pp > 1 and draft_class is _SharesEmbedding and vllm_rules.shares_embedding_beyond_pp1():
+        # What the rule leaves on the table, measured on the engine: 0.34's runner shares here too when the
+        # target's embedding is on the draft's stage (bytes robust still streams, documented in docs/engines.md).
+        assert engine_replaced
 
 
 def test_a_real_draft_class_is_found_for_its_architecture():

@@ -48,29 +48,34 @@ def mtp_load_demands_every_parameter() -> bool:
 
 
 def shares_embedding_beyond_pp1() -> bool:
-    """Whether the installed vLLM gives a draft the target's embedding at pipeline parallel > 1.
+    """Whether the installed vLLM may give a draft the target's embedding at pipeline parallel > 1.
 
     Only where the V2 runner is the one runner drafts load on (vLLM 0.34): its ``maybe_share_target_embed``
-    shares with a draft class that defines ``has_own_embed_tokens`` (False) at any size. Where the V1
-    proposer is still there (0.32, 0.33), a draft may run on it, which shares at size 1 only.
+    shares with a draft that has ``has_own_embed_tokens`` (False after its load) when the target's embedding
+    is on the draft's stage. Where the V1 proposer is still there (0.32, 0.33), a draft may run on it, which
+    shares at size 1 only. Doctor and the docs show it; planning does not rely on it
+    (:func:`draft_embedding_replaced`).
     """
     return _has_module(V2_DRAFT_LOADING) and not _has_module(V1_PROPOSER)
 
 
-def draft_embedding_replaced(pipeline_parallel_size: int, draft_class: Optional[type]) -> bool:
+def draft_embedding_replaced(pipeline_parallel_size: int, draft: Any) -> bool:
     """Whether the engine replaces an MTP draft's embedding with the target's after loading.
 
-    A class that declares ``has_own_embed_tokens = True`` keeps its own unless it equals the target's, which
-    only its loaded values can tell: not replaced. Otherwise pipeline parallel 1: every runner shares. Larger:
-    only the V2-only engine (:func:`shares_embedding_beyond_pp1`), and only for a class that declares
-    ``has_own_embed_tokens`` (False); an unknown class: not replaced.
+    ``draft``: the draft's class, or the built module (its instance value wins: MiniMax-M3's sets
+    ``has_own_embed_tokens`` in ``__init__``). A draft that says ``has_own_embed_tokens = True`` keeps its own
+    unless it equals the target's, which only its loaded values can tell: not replaced. Otherwise pipeline
+    parallel 1: every runner shares.
+
+    Larger sizes: not replaced, although vLLM 0.34's runner (:func:`shares_embedding_beyond_pp1`) shares there
+    too with a draft that declares the attribute. Whether it does is decided by the module's state *after*
+    its load: the Transformers backend's MTP classes and MiniMax-M3 set ``has_own_embed_tokens`` in
+    ``load_weights`` from what they read, and without the target's embedding on the draft's stage the
+    runner raises instead. Streaming the embedding there costs bytes; leaving it out could cost the weight.
     """
-    declares = draft_class is not None and "has_own_embed_tokens" in _class_attributes(draft_class)
-    if declares and getattr(draft_class, "has_own_embed_tokens", False):
+    if getattr(draft, "has_own_embed_tokens", False) is True:
         return False
-    if pipeline_parallel_size <= 1:
-        return True
-    return declares and shares_embedding_beyond_pp1()
+    return pipeline_parallel_size <= 1
 
 
 def _class_attributes(cls: type) -> set[str]:
