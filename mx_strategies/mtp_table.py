@@ -761,6 +761,83 @@ TABLE: tuple[MtpArchitecture, ...] = (
         notes="as transformers_mtp_glm4_moe; the Transformers regex is model\\.layers\\.61.*, so only a 61-layer "
         "checkpoint's layer 61 is read",
     ),
+    # -- classes vLLM 0.34.0 added (read 2026-12-03 from the vllm 0.34.0 wheel; lines are 0.34.0's) --------------
+    # None of them is built by the tests on these CPUs but Nemotron-3.5-Transcribe's (which builds); their rows are
+    # checked on names their load_weights reads (tests/test_mtp_architectures.py, NAMES_ONLY_034). MiniMax-M3's MTP
+    # draft needs no new row: 0.34's MiniMaxM3MTP._map_checkpoint_name is 0.32's (minimax_m3_mtp above).
+    # ------------------------------------------------------- Mistral Large 4 DSpark ----------------------------------
+    MtpArchitecture(
+        key="mistral_large4_dspark",
+        # The target's load_weights skips every mtp_* name (vllm/models/mistral/mistral_large4/nvidia/model.py:388).
+        targets=("mistral_large_4", "MistralLarge4ForCausalLM"),
+        family="Mistral Large 4 DSpark (method dspark; its BF16 weights ship in the target's checkpoint)",
+        # hf_config_override (speculative.py:823) returns get_mistral_large_4_dspark_config
+        # (transformers_utils/configs/mistral.py:477): a copy of the target's text config, model type
+        # mistral_large_4 kept, architectures ["MistralLarge4DSparkModel"] (:521): only the architecture tells.
+        draft_architectures=("MistralLarge4DSparkModel",),
+        model_types=(),
+        load_weights="vllm/models/mistral/mistral_large4/nvidia/dspark.py:352",
+        override=_s(823),
+        layout="prefix",
+        prefixes=("mtp_dspark.",),
+        methods=("dspark",),
+        since=(0, 34),
+        notes="load_weights skips every name outside mtp_dspark. (_DSPARK_PREFIX, nvidia/dspark.py:53, 356) and maps "
+        "the rest (_to_draft_weight_name, :56): backbone.layers.{i}.* through the target's _to_vllm_weight_name to "
+        "model.layers.{i}.*, backbone.target_projection / target_norm / final_norm / mask_embedding to model.*, "
+        "autoregressive_head.embedding / output / joint_proj to model.markov_head.markov_w1 / markov_w2 and "
+        "model.joint_proj (:44); a name under mtp_dspark. that names no parameter raises ValueError (:371), and "
+        "a missing mask_embedding, target_projection or Markov head too (:387); has_own_embed_tokens = "
+        "has_own_lm_head = False (:274): load_dspark_model gives it the target's embedding and lm_head "
+        "(v1/worker/gpu/spec_decode/dspark/utils.py:134, 140), so tok_embeddings.weight and output.weight are "
+        "never read; DSparkSpeculatorConfig points the draft's model at the target's "
+        "(v1/worker/gpu/spec_decode/dspark/config.py:53); vllm.models.mistral.mistral_large4 raises "
+        "NotImplementedError on a CPU (mistral_large4/__init__.py)",
+    ),
+    # ------------------------------------------------------- Nemotron-3.5-Transcribe --------------------------------
+    MtpArchitecture(
+        key="nemotron3_5_transcribe_mtp",
+        # The target's load_weights skips llm.mtp.* (nemotron3_5_transcribe.py:592); its hf_to_vllm_mapper (:419)
+        # leaves those names as they are.
+        targets=("Nemotron3_5TranscribeForConditionalGeneration",),
+        family="Nemotron-3.5-Transcribe (NeMo SpeechLM, NemotronH decoder)",
+        draft_architectures=("Nemotron3_5TranscribeMTPModel",),
+        model_types=("nemotron3_5_transcribe_mtp",),
+        load_weights=_m("nemotron3_5_transcribe.py", 669),
+        override=_s(993),
+        layout="prefix",
+        prefixes=("llm.mtp.",),
+        dropped=(r"\._extra_state$",),
+        since=(0, 34),
+        notes="load_weights feeds NemotronHMTP.load_weights (nemotron_h_mtp.py:426) only what _mtp_weights "
+        "(nemotron3_5_transcribe.py:388) keeps: llm.mtp.* less ._extra_state, llm. stripped, NeMo's packed "
+        "experts.down_projs / gate_and_up_projs unpacked per expert (:341); the embedding and lm_head are the "
+        "target's (the class has neither; llm.model.embed_tokens and llm.lm_head are never read); the override "
+        "promotes text_config, model type nemotron3_5_transcribe_mtp, n_predict = num_nextn_predict_layers "
+        "(speculative.py:1004); is_unused_checkpoint_weight (:664) also calls bare mtp.* used, which "
+        "_mtp_weights drops; builds on CPU (verified 2026-12-03)",
+    ),
+    # ------------------------------------------------------- MiniMax-M3 DSpark --------------------------------------
+    MtpArchitecture(
+        key="minimax_m3_dspark",
+        family="MiniMax-M3 DSpark (method dspark; a checkpoint of its own, the target's dspark/ sub-folder)",
+        draft_architectures=("DSparkMiniMaxDraftModel",),
+        model_types=("minimax_m3_dspark",),
+        load_weights="vllm/models/minimax_m3/common/dspark.py:429",
+        override=_s(1234),
+        layout="own",
+        own_checkpoint=True,
+        methods=("dspark",),
+        since=(0, 34),
+        notes="DSparkSpeculatorConfig.default_model points a MiniMax-M3 target's draft at <target>/dspark "
+        "(v1/worker/gpu/spec_decode/dspark/config.py:41, _get_minimax_m3_dspark_draft, speculative.py:137), a "
+        "checkpoint of its own; load_weights renames its language_model.model.dspark.* names "
+        "(_rename_checkpoint_weights, common/dspark.py:417) and hands them to Qwen3DSparkForCausalLM.load_weights "
+        "(qwen3_dspark.py:321), which skips t2d and keeps embed_tokens / lm_head only when the checkpoint has "
+        "them (else the target's are shared, :345); the override keeps its text_config, model type "
+        "minimax_m3_dspark (speculative.py:1244); its __init__ imports vllm.models.minimax_m3.nvidia.model "
+        "(common/dspark.py:78), which imports torchvision, absent here",
+    ),
     # ------------------------------------------------------------------------------------- SGLang (0.5.23) ------
     # SGLang's draft classes, read from sglang 0.5.23 (sglang/srt/...). ModelConfig._config_draft_model
     # (configs/model_config.py:1010) renames architectures[0] and keeps the target's model_type and

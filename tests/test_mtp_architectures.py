@@ -577,6 +577,166 @@ def test_nemotron_h_rule_follows_the_installed_vllm(vllm, pp):
     assert mtp_table.match(("NemotronHMTPModel",), None, "mtp").describes(mtp_table.installed_vllm())
 
 
+# Rows for the draft classes vLLM 0.34.0 added (since=(0, 34)), on names their load_weights reads: read from the
+# 0.34.0 wheel and run on each class's own code (2026-12-03; test_vllm_034_rows_agree_with_the_classes_own_code
+# repeats that where vLLM 0.34 is installed). Format as NAMES_ONLY.
+MISTRAL_DSPARK_LAYER = ["attention_norm.weight", "ffn_norm.weight", "attention.wq.weight",
+                        "attention.wkv_a_with_mqa.weight", "attention.kv_a_norm.weight", "attention.wkv_b.weight",
+                        "attention.wo.weight", "feed_forward.w1.weight", "feed_forward.w2.weight",
+                        "feed_forward.w3.weight"]
+# The draft's names in the target's consolidated checkpoint (nvidia/dspark.py:44, 53), and the target's own.
+MISTRAL_DSPARK = [f"mtp_dspark.backbone.layers.{i}.{leaf}" for i in range(2) for leaf in MISTRAL_DSPARK_LAYER] + [
+    "mtp_dspark.backbone.target_projection.weight", "mtp_dspark.backbone.target_norm.weight",
+    "mtp_dspark.backbone.final_norm.weight", "mtp_dspark.backbone.mask_embedding",
+    "mtp_dspark.autoregressive_head.embedding.weight", "mtp_dspark.autoregressive_head.output.weight",
+    "mtp_dspark.autoregressive_head.joint_proj.weight", "mtp_dspark.autoregressive_head.joint_proj.bias"]
+MISTRAL_TARGET = ["tok_embeddings.weight", "norm.weight", "output.weight", "lerope.alpha",
+                  "layers.0.attention.wq.weight", "layers.1.feed_forward.w1.weight", "layers.1.experts.0.w1.weight"]
+NEMOTRON_TRANSCRIBE_MTP = {
+    "llm.mtp.layers.0.mixer.q_proj.weight", "llm.mtp.layers.0.mixer.k_proj.weight",
+    "llm.mtp.layers.0.mixer.o_proj.weight",
+    "llm.mtp.layers.0.norm.weight", "llm.mtp.layers.0.enorm.weight", "llm.mtp.layers.0.hnorm.weight",
+    "llm.mtp.layers.0.eh_proj.weight", "llm.mtp.layers.0.final_layernorm.weight",
+    "llm.mtp.layers.1.mixer.experts.down_projs", "llm.mtp.layers.1.mixer.gate.weight",
+}  # fmt: skip
+NEMOTRON_TRANSCRIBE_TARGET = {
+    "llm.model.embed_tokens.weight", "llm.lm_head.weight", "llm.model.norm.weight",
+    "llm.model.layers.0.mixer.in_proj.weight", "perception.encoder.layers.0.weight", "ctc_timestamp.proj.weight",
+    "mtp.layers.0.enorm.weight", "language_model.mtp.layers.0.enorm.weight",  # _mtp_weights keeps llm.mtp.* only
+}  # fmt: skip
+NAMES_ONLY_034 = {
+    "mistral_large4_dspark": ({"num_hidden_layers": 2, "n_predict": 4}, set(MISTRAL_DSPARK), set(), set(),
+                              set(MISTRAL_TARGET)),
+    "nemotron3_5_transcribe_mtp": (
+        {"num_hidden_layers": 2, "num_nextn_predict_layers": 1, "n_predict": 1},
+        NEMOTRON_TRANSCRIBE_MTP,
+        set(),
+        {"llm.mtp.layers.0.mixer.o_proj._extra_state"},
+        NEMOTRON_TRANSCRIBE_TARGET,
+    ),
+    # A checkpoint of its own (<target>/dspark): nothing out of the target's checkpoint, whatever its names.
+    "minimax_m3_dspark": (
+        {},
+        set(),
+        set(),
+        set(),
+        {"language_model.model.embed_tokens.weight", "language_model.lm_head.weight",
+         "language_model.model.mtp.layers.0.enorm.weight", "language_model.model.layers.0.self_attn.q_proj.weight",
+         "language_model.model.dspark.layers.0.decoder_layer.self_attn.qkv_proj.weight"},
+    ),
+}  # fmt: skip
+NOT_BUILT_034 = {
+    "mistral_large4_dspark": "vllm.models.mistral.mistral_large4 raises NotImplementedError on a CPU "
+    "(mistral_large4/__init__.py: NVIDIA and AMD GPUs only)",
+    "minimax_m3_dspark": "its __init__ imports vllm.models.minimax_m3.nvidia.model (common/dspark.py:78), which "
+    "imports torchvision, absent here",
+}
+# Builds on a CPU with vLLM 0.34 (verified 2026-12-03): its place is the built matrix, where it is not yet.
+BUILDS_HERE_034 = {"nemotron3_5_transcribe_mtp"}
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("key", sorted(NAMES_ONLY_034))
+def test_vllm_034_rows_select_what_their_load_weights_reads(key, pp):
+    (row,) = [r for r in mtp_table.TABLE if r.key == key]
+    assert key in NOT_BUILT_034 or key in BUILDS_HERE_034
+    model_type = row.model_types[0] if row.model_types else None
+    method = row.methods[0]
+    assert mtp_table.match(row.draft_architectures, model_type, method, vllm=(0, 34)) is row
+    assert mtp_table.match(row.draft_architectures, model_type, method, vllm=(0, 33)) is not row  # not a 0.33 class
+    if method == "dspark":  # a DSpark row is not an MTP draft's
+        assert mtp_table.match(row.draft_architectures, model_type, "mtp", vllm=(0, 34)) is None
+    assert_selects_on_names(row, NAMES_ONLY_034[key], set(), pp)
+    if row.own_checkpoint:
+        assert row.layout == "own" and not mtp_table.draft_roots(row, mtp_table.row_layout(row))
+
+
+@pytest.mark.parametrize(
+    "config, key, draft",
+    [
+        ({"architectures": ["MistralLarge4ForCausalLM"], "model_type": "mistral_large_4"}, "mistral_large4_dspark",
+         set(MISTRAL_DSPARK)),
+        ({"architectures": ["Nemotron3_5TranscribeForConditionalGeneration"], "model_type": "nemo_speechlm"},
+         "nemotron3_5_transcribe_mtp", NEMOTRON_TRANSCRIBE_MTP | {"llm.mtp.layers.0.mixer.o_proj._extra_state"}),
+    ],
+    ids=["mistral_large4", "nemotron3_5_transcribe"],
+)  # fmt: skip
+def test_vllm_034_targets_leave_their_drafts_tensors_to_the_draft(config, key, draft):
+    """Mistral Large 4's load_weights skips every mtp_* name (nvidia/model.py:388), Nemotron-3.5-Transcribe's
+    llm.mtp.* (nemotron3_5_transcribe.py:592): the target's plan leaves exactly the draft's tensors out."""
+    row = mtp_table.match_target(config, vllm=(0, 34))
+    assert row is not None and row.key == key
+    assert mtp_table.match_target(config, vllm=(0, 33)) is None
+    target = set(MISTRAL_TARGET) if key == "mistral_large4_dspark" else NEMOTRON_TRANSCRIBE_TARGET
+    layout = mtp_table.row_layout(row, ("config", {"num_hidden_layers": 2, "num_nextn_predict_layers": 1}))
+    assert mtp_table.draft_only(row, layout, target | draft) == draft
+    if key == "mistral_large4_dspark":
+        assert draft == {n for n in target | draft if n.startswith("mtp_")}  # the target's own rule
+
+
+def test_minimax_m3_mtp_row_is_vllm_034s_rule_too():
+    """vLLM 0.34's MiniMaxM3MTP._map_checkpoint_name is 0.32's and 0.33's: no new row, the one row serves all."""
+    for vllm in ((0, 32), (0, 33), (0, 34)):
+        assert mtp_table.match(("MiniMaxM3MTP",), "minimax_m3_mtp", "mtp", vllm=vllm).key == "minimax_m3_mtp"
+
+
+@pytest.mark.skipif(builders.VLLM_VERSION < (0, 34), reason="the classes exist in vLLM >= 0.34 only")
+def test_vllm_034_rows_agree_with_the_classes_own_code(monkeypatch, tmp_path):
+    """Mistral Large 4 DSpark's load_weights on a stand-in self (its package refuses a CPU, so it is imported
+    past its __init__), Nemotron-3.5-Transcribe's _mtp_weights, and where MiniMax-M3's DSpark draft lives."""
+    import sys
+    import types
+
+    import vllm.models.mistral as mistral
+
+    package = types.ModuleType("vllm.models.mistral.mistral_large4")
+    package.__path__ = [os.path.join(os.path.dirname(mistral.__file__), "mistral_large4")]
+    monkeypatch.setitem(sys.modules, package.__name__, package)
+    from vllm.models.mistral.mistral_large4.nvidia import dspark
+    from vllm.models.mistral.mistral_large4.nvidia.model import _STACKED_PARAMS
+
+    def param_name(name: str) -> str:
+        name = dspark._to_draft_weight_name(name)
+        return next((name.replace(c, p) for p, c, _ in _STACKED_PARAMS if c in name), name)
+
+    read: list[str] = []
+    params = {}
+    for name in MISTRAL_DSPARK:
+        param = types.SimpleNamespace(weight_loader=lambda param, weight, *shard: read.append(weight.checkpoint_name))
+        params[param_name(name)] = param
+    model = types.SimpleNamespace(target_projection=object(), joint_proj=object())
+    standin = types.SimpleNamespace(named_parameters=lambda: params.items(), model=model)
+
+    def weights():
+        for name in MISTRAL_TARGET + MISTRAL_DSPARK:
+            tensor = torch.zeros(1)
+            tensor.checkpoint_name = name
+            yield name, tensor
+
+    dspark.MistralLarge4DSparkForCausalLM.load_weights(standin, weights())
+    assert sorted(read) == sorted(NAMES_ONLY_034["mistral_large4_dspark"][1])
+
+    from vllm.model_executor.models.nemotron3_5_transcribe import Nemotron3_5TranscribeMTP, _mtp_weights
+
+    config, own, _, skipped, ignored = NAMES_ONLY_034["nemotron3_5_transcribe_mtp"]
+    names = sorted(own | skipped | ignored)
+    packed = lambda name: torch.zeros(2, 1, 1) if name.endswith("down_projs") else torch.zeros(1)  # noqa: E731
+    fed = {name for name, _ in _mtp_weights((name, packed(name)) for name in names)}
+    unpacked = {f"mtp.layers.1.mixer.experts.{e}.down_proj.weight" for e in range(2)}
+    assert fed == {n.removeprefix("llm.") for n in own if not n.endswith("down_projs")} | unpacked
+    mtp = torch.nn.Module.__new__(Nemotron3_5TranscribeMTP)  # is_unused_checkpoint_weight reads no attribute
+    assert all(not mtp.is_unused_checkpoint_weight(n) for n in own)
+
+    from vllm.v1.worker.gpu.spec_decode.dspark.config import DSparkSpeculatorConfig
+
+    (tmp_path / "dspark").mkdir()
+    (tmp_path / "dspark" / "config.json").write_text("{}")
+    target = types.SimpleNamespace(hf_config=types.SimpleNamespace(model_type="minimax_m3_vl"), model=str(tmp_path),
+                                   revision=None)
+    spec = types.SimpleNamespace(target_model_config=target, draft_load_config=None)
+    assert DSparkSpeculatorConfig.default_model(spec) == str(tmp_path / "dspark")  # a checkpoint of its own
+
+
 # -- the issue's cases, on the table alone ------------------------------------------------------
 
 
