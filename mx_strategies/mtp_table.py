@@ -49,7 +49,6 @@ DATE_CHECKED = "2026-11-30"
 
 MODELS = "vllm/model_executor/models"
 SPECULATIVE = "vllm/config/speculative.py"
-PROPOSER = "vllm/v1/spec_decode/llm_base_proposer.py"
 
 # Layer-indexed name prefixes of the DeepSeek-style "nextn" layout (vllm/model_executor/models/utils.py:575).
 NEXTN_PREFIXES = ("model.layers.", "layers.", "model.language_model.layers.")
@@ -1229,11 +1228,13 @@ def filled_by_engine(
 ) -> Callable[[str], bool]:
     """Which draft parameters the proposer replaces after loading (not required from the checkpoint).
 
-    ``LLMBaseProposer._maybe_share_embeddings`` replaces ``model.embed_tokens``
-    when pipeline parallel is 1; ``_maybe_share_lm_head`` replaces ``lm_head``
-    and every MTP layer's ``shared_head.head`` (llm_base_proposer.py:1416,
-    1508). Step-3.5 and Gemma-4 proposers keep the draft's heads; Gemma-4's
-    head is tied to its embedding. ``row`` None: an MTP draft of an
+    vLLM <= 0.33's ``LLMBaseProposer._maybe_share_embeddings`` and 0.34's
+    ``maybe_share_target_embed`` (``v1/worker/gpu/spec_decode/eagle/utils.py``; the V1 proposer file is
+    gone there) replace ``model.embed_tokens`` where ``shares_target_weights`` says so
+    (:func:`.engine.vllm_rules.draft_embedding_replaced`); ``_maybe_share_lm_head`` /
+    ``share_target_lm_head`` replace ``lm_head`` and every MTP layer's ``shared_head.head``
+    (llm_base_proposer.py:1508 in 0.33; eagle/utils.py:145-158 in 0.34). Step-3.5 and Gemma-4
+    keep the draft's heads; Gemma-4's head is tied to its embedding. ``row`` None: an MTP draft of an
     architecture the table does not know (the base proposer's rule).
     """
     embed = shares_target_weights and not (row is not None and row.embed_kept)
