@@ -298,6 +298,48 @@ def check_written(
     return found
 
 
+def engine_missing_shards(model: Any) -> list[str]:
+    """The parts of stacked parameters the engine's own record says this load never delivered.
+
+    vLLM 0.34's ``StackedColumnParallelLinear`` (``gate_up_proj``, ``qkv_proj``, ``fused_qkv_a_proj``) marks
+    each shard its ``weight_loader`` receives (``loaded_shard_ids``) and its default loader refuses a load
+    that left one out (``pop_missing_shards``, ``default_loader.py``); ModelExpress's path asks nothing.
+    Asked here after robust's load, as ``<parameter>.<shard id>``; popping clears the record, as vLLM's loader
+    does, so the next load starts fresh. Empty where the engine keeps no such record (vLLM 0.32, 0.33,
+    SGLang), asked by what the module has, not by release.
+    """
+    missing: list[str] = []
+    for name, module in model.named_modules() if hasattr(model, "named_modules") else ():
+        pop = getattr(module, "pop_missing_shards", None)
+        if not callable(pop) or not isinstance(getattr(module, "loaded_shard_ids", None), dict):
+            continue
+        try:
+            shards = pop()
+        except Exception:  # noqa: BLE001 - an engine record that cannot answer states nothing
+            continue
+        missing += [f"{name}.{shard}" if name else str(shard) for shard in shards]
+    return missing
+
+
+def check_engine_marks(
+    model: Any, *, role: str, policy: str, on_warning: Callable[[str], None] = lambda message: None
+) -> list[str]:
+    """The engine's own per-shard record agrees that every part of every stacked parameter was loaded, or fail/warn.
+
+    robust's own checks (before streaming, and on what the load wrote) come first and are at least as strict;
+    this is the engine's word beside them (raises IncompleteModel, ``mutated=True``, under ``fail``).
+    """
+    missing = engine_missing_shards(model)
+    if missing:
+        _enforce(
+            f"{role} model incomplete: vLLM's own per-shard record says {len(missing)} part(s) of stacked "
+            f"parameters were never loaded: {listed(missing, GAPS_SHOWN, ', ')}",
+            policy,
+            on_warning,
+        )
+    return missing
+
+
 def engine_fills(engine: EngineView) -> Callable[[str], bool]:
     """The parameters the engine writes after this load: none for a target; a draft's shared embedding and head."""
     if not engine.is_draft:
@@ -307,6 +349,7 @@ def engine_fills(engine: EngineView) -> Callable[[str], bool]:
 
 
 __all__ = [
-    "Completeness", "LoadedNames", "Required", "capture_loaded", "check", "check_written", "engine_fills", "judged_parameters",
+    "Completeness", "LoadedNames", "Required", "capture_loaded", "check", "check_engine_marks", "check_written",
+    "engine_fills", "engine_missing_shards", "judged_parameters",
     "required_names", "required_tensors",
 ]  # fmt: skip

@@ -440,6 +440,9 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             completeness.check_written(
                 result.model, judged, written.writes, role=engine.role, policy=settings.model_completeness, on_warning=warn
             )
+            completeness.check_engine_marks(
+                result.model, role=engine.role, policy=settings.model_completeness, on_warning=warn
+            )
         except Exception as exc:
             # Our errors know whether the model was touched; the engine's own happen while it is written.
             mutated = exc.mutated if isinstance(exc, MxStrategiesError) else stream.touched

@@ -253,3 +253,59 @@ def test_writes_a_loader_hands_to_a_thread_pool_are_seen(tmp_path, monkeypatch):
     tensors, load = load_stacked(model, tmp_path, monkeypatch)
     load()
     assert same_bytes(model.gate_up.data, torch.cat([tensors["gate_proj.weight"], tensors["up_proj.weight"]]))
+
+
+# -- vLLM 0.34's own per-shard record (StackedColumnParallelLinear.loaded_shard_ids) --------------------
+
+
+def _stacked_linear_class():
+    from vllm.model_executor.layers import linear
+
+    return getattr(linear, "StackedColumnParallelLinear", None)
+
+
+@pytest.mark.skipif(_stacked_linear_class() is None, reason="vLLM keeps per-shard load marks from 0.34 on")
+def test_vllms_own_per_shard_record_agrees_with_ours(tmp_path, monkeypatch, caplog, vllm_cpu):  # noqa: F811
+    """What vLLM 0.34's default loader checks per shard (``pop_missing_shards``), robust asks after its load:
+    on a whole load every stacked parameter's shards are marked loaded and none is missing; with a part left
+    out (``MX_ROBUST_MODEL_COMPLETENESS=warn``, so the load goes on) the engine's record names the same part
+    ours names. The twin's dry run leaves no mark on the model (tests/test_module_reads.py, module_state)."""
+    import logging
+
+    stacked = _stacked_linear_class()
+    popped: list[tuple[dict, list]] = []
+    original = stacked.pop_missing_shards
+
+    def recorded(self):
+        marks = {name: set(shards) for name, shards in self.loaded_shard_ids.items()}
+        missing = original(self)
+        popped.append((marks, missing))
+        return missing
+
+    monkeypatch.setattr(stacked, "pop_missing_shards", recorded)
+    _, missing, param, part = DRAFT_CASES["shared-expert"]
+
+    # The whole checkpoint: every stacked module was asked, its marks cover its shards, nothing missing.
+    built, _ = partial_draft("shared-expert", tmp_path / "whole", monkeypatch)
+    ckpt = draft_checkpoint("deepseek_v3", built.module, str(tmp_path / "whole" / "deepseek_v3"))  # rewrite whole
+    assert missing in ckpt.tensors
+    RobustModelStreamerStrategy().load(
+        LoadResult(value=built.module, model=built.module),
+        build_vllm_load_context(built.vllm_config, built.draft_model_config),
+    )
+    modules = [m for m in built.module.modules() if isinstance(m, stacked)]
+    assert modules and len(popped) == len(modules)
+    assert all(marks and missing_now == [] for marks, missing_now in popped), popped
+    assert all(m.loaded_shard_ids == {} for m in modules)  # popped, as vLLM's loader leaves them
+
+    # Without up_proj, under warn: our WARNING and the engine's record name the same part.
+    popped.clear()
+    monkeypatch.setenv("MX_ROBUST_MODEL_COMPLETENESS", "warn")
+    caplog.set_level(logging.WARNING)
+    built, load = partial_draft("shared-expert", tmp_path / "partial", monkeypatch)
+    assert load().model is built.module
+    ours = [r.getMessage() for r in caplog.records if "fills only in part" in r.getMessage()]
+    engines = [r.getMessage() for r in caplog.records if "vLLM's own per-shard record" in r.getMessage()]
+    assert len(ours) == 1 and f"{part} of {param}" in ours[0]
+    assert len(engines) == 1 and f"{param}.1" in engines[0], engines  # shard 1 of gate_up_proj: up_proj
+    assert [m for _, found in popped for m in found] == ["weight.1"]  # the module's own word, as vLLM names it
