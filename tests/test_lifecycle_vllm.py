@@ -3,7 +3,8 @@
 ``tests/test_lifecycle.py`` counts the chain's phases with the stand-in adapter on ModelExpress 0.7.0 and 0.8.
 Here the engine side is real: ModelExpress's own ``VllmAdapter`` (its ``after_weight_iter_load`` runs vLLM's
 ``process_weights_after_loading`` on the model, on the CPU instead of ``cuda:0``: the one change, as there is
-no GPU), vLLM's real ``DeepSeekMTP`` draft built from vLLM's real ``SpeculativeConfig``, real safetensors files
+no GPU), vLLM's real ``DeepSeekMTP`` draft built from vLLM's real ``SpeculativeConfig`` and its real
+``DeepseekV3ForCausalLM`` target, real safetensors files
 and real runai-model-streamer. What is counted is what would corrupt a repacked or quantized model when run
 twice: vLLM's ``process_weights_after_loading`` and ModelExpress's ``register_tensors``, per load.
 
@@ -31,6 +32,7 @@ from test_lifecycle import registrations  # noqa: E402,F401 - counts ModelExpres
 from test_mtp_architectures import (  # noqa: E402,F401 - fixtures and helpers of the draft matrix
     REINIT,
     no_modelexpress_server,
+    target_and_draft_checkpoint,
     observe,
     vllm_cpu,
 )
@@ -123,3 +125,48 @@ def test_a_real_draft_is_post_processed_and_registered_exactly_once(
     differ = [n for n in ours if not same_bytes(ours[n].data, theirs[n].data)]
     assert not differ, differ
     assert seen["names"] and not set(seen["names"]) & ckpt.extra
+
+
+def test_a_real_target_is_post_processed_and_registered_exactly_once(
+    tmp_path, robust, monkeypatch, caplog, vllm_cpu, registrations, post_processing  # noqa: F811
+):
+    """vLLM's real DeepseekV3ForCausalLM (its MTP layer left to the draft), through the real chain, as above."""
+    from safetensors.torch import load_file
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    folder, _, _, (target, target_vc, target_config, truth, tensors), mtp = target_and_draft_checkpoint(
+        "deepseek_v3", tmp_path
+    )
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuPostLoadAdapter)
+    monkeypatch.setattr(CpuPostLoadAdapter, "reinits", 0)
+    seen = observe(target)
+    clear_reports()
+    ctx = build_vllm_load_context(target_vc, target_config)
+    ctx.p2p_enabled = False
+
+    assert LoadStrategyChain.run(target, ctx) is target
+    assert CpuPostLoadAdapter.reinits == 0 and REINIT not in caplog.text
+    assert post_processing == ["DeepseekV3ForCausalLM"] and registrations == [0]
+    (report,) = [r for r in recent_reports() if r["role"] == "target"]
+    assert report["outcome"] == "loaded"
+    assert sorted(seen["names"]) == sorted(tensors)  # the target's own tensors, the MTP layer left to the draft
+
+    # Bit-identical to the class's own load of the same files plus one post-load pass.
+    with builders.in_process_inspection():  # a config of its own: vLLM registers each attention layer's name once
+        ref_config, ref_spec, _ = builders.configs_for(folder, "deepseek_v3", trust_remote_code=False)
+        ref_vc = builders.engine_config(ref_config, ref_spec)
+        reference = builders.build_module(ref_vc, ref_config)
+    files = sorted(p for p in os.listdir(folder) if p.endswith(".safetensors"))
+    with set_current_vllm_config(ref_vc):
+        reference.load_weights(
+            (name, tensor) for f in files for name, tensor in load_file(os.path.join(folder, f)).items()
+            if name in tensors
+        )
+        process_weights_after_loading(reference, ref_config, torch.device("cpu"))
+    ours = dict([*target.named_parameters(), *target.named_buffers()])
+    theirs = dict([*reference.named_parameters(), *reference.named_buffers()])
+    assert sorted(ours) == sorted(theirs)
+    differ = [n for n in ours if not same_bytes(ours[n].data, theirs[n].data)]
+    assert not differ, differ
