@@ -40,6 +40,7 @@ from mtp_arch.checkpoints import draft_checkpoint, write_checkpoint  # noqa: E40
 from test_mtp_architectures import (  # noqa: E402
     BUILT,
     BUILT_033,
+    BUILT_034,
     REINIT,
     CpuVllmAdapter,
     observe,
@@ -56,12 +57,18 @@ from mx_strategies.settings import load_settings  # noqa: E402
 from mx_strategies.sources import Candidate, probe  # noqa: E402
 from mx_strategies.tensor_bytes import same_bytes  # noqa: E402
 
-SWEEP = sorted(set(BUILT) - set(BUILT_033)) + [
+SWEEP = sorted(set(BUILT) - set(BUILT_033) - set(BUILT_034)) + [
     pytest.param(
         name,
         marks=pytest.mark.skipif(builders.VLLM_VERSION < (0, 33), reason=f"{BUILT_033[name][0]} exists only in vLLM >= 0.33"),
     )
     for name in sorted(BUILT_033)
+] + [
+    pytest.param(
+        name,
+        marks=pytest.mark.skipif(builders.VLLM_VERSION < (0, 34), reason=f"{BUILT_034[name][0]} exists only in vLLM >= 0.34"),
+    )
+    for name in sorted(BUILT_034)
 ]
 
 

@@ -131,6 +131,19 @@ TARGET_CONFIGS["nemotron_parse3_5"] = dict(
                  causal_vision_prefix=True, add_cross_attention=False, is_decoder=True),
     encoder=dict(patch_size=16, image_size=64, hidden_size=32),
 )
+# vLLM >= 0.34 only. Nemotron-3.5-Transcribe: a NeMo SpeechLM config.json (model type nemo_speechlm, vLLM's own
+# Nemotron3_5TranscribeConfig, transformers_utils/configs/nemotron3_5_transcribe.py) whose decoder is llm_config, here
+# the tiny NemotronH target above; hf_config_override promotes that text_config to the draft's config, model type
+# nemotron3_5_transcribe_mtp, architecture Nemotron3_5TranscribeMTPModel (config/speculative.py:993). No perception /
+# pe_encoder_config: the audio tower is the target's, never built here (the config then leaves audio_config empty).
+# Its MTP block is the NemotronH target's ("*": the attention layer alone). The real one's is attention then MoE
+# ("*E", NeMo's llm.mtp.layers.1 holding packed routed experts), but NemotronH's MoE is non-gated and vLLM 0.34's
+# fused MoE refuses that on a CPU ("is_act_and_mul=False is supported only for CUDA, XPU and ROCm"): the packed
+# experts are checked on names, through the class's own _mtp_weights (test_vllm_034_rows_agree_with_the_classes_own_code).
+TARGET_CONFIGS["nemotron3_5_transcribe"] = dict(
+    model_type="nemo_speechlm", architectures=["Nemotron3_5TranscribeForConditionalGeneration"], torch_dtype="bfloat16",
+    llm_config=dict(TARGET_CONFIGS["nemotron_h"]),
+)
 # model_impl passed to the target's ModelConfig (None: vLLM's default, "auto"); the draft ModelConfig vLLM makes
 # inherits none (speculative.py:1406), its architecture Transformers{MoE}ForMTP says it (speculative.py:1396).
 TARGET_MODEL_IMPL = {"deepseek_v3-transformers": "transformers", "glm4_moe-transformers": "transformers"}

@@ -114,6 +114,22 @@ RENAMES["nemotron_parse3_5"] = [
     (r"^model\.extra_head\.", "decoder.extra_heads.0."),
     (r"^model\.extra_proj\.", "decoder.extra_proj.0."),
 ]
+# vLLM >= 0.34. Nemotron-3.5-Transcribe's MTP head (Nemotron3_5TranscribeMTP, nemotron3_5_transcribe.py:634): NeMo
+# names it llm.mtp.layers.{i}; _mtp_weights (:388) strips llm., NemotronHMTP.load_weights (nemotron_h_mtp.py:462) maps
+# mtp.layers. to model.layers. (The MoE layer with NeMo's packed experts is not built on a CPU: builders.py.)
+RENAMES["nemotron3_5_transcribe"] = [(r"^model\.layers\.", "llm.mtp.layers.")]
+
+# Checkpoint tensors beside the draft and the target's embedding / head / norm / a layer, per architecture, that the
+# draft must not be fed: Nemotron-3.5-Transcribe's TransformerEngine _extra_state (which _mtp_weights drops, also
+# under llm.mtp.), its audio tower (perception.*) and CTC timestamp head (ctc_timestamp.*).
+ARCH_EXTRAS = {
+    "nemotron3_5_transcribe": {
+        "llm.mtp.layers.0.mixer.o_proj._extra_state": lambda: torch.zeros(16, dtype=torch.uint8),
+        "llm.model.layers.1.mixer.o_proj._extra_state": lambda: torch.zeros(16, dtype=torch.uint8),
+        "perception.encoder.layers.0.weight": lambda: torch.ones(64, 64, dtype=torch.bfloat16),
+        "ctc_timestamp.proj.weight": lambda: torch.ones(8, 64, dtype=torch.bfloat16),
+    },
+}
 
 # The target's own tensors each checkpoint also holds (hidden 64, vocab 128).
 TARGET_EMBED = {
@@ -123,6 +139,7 @@ TARGET_EMBED = {
     "glm_ocr": "model.language_model.embed_tokens.weight",
     "inkling": "model.llm.embed.weight",
     "nemotron_parse3_5": "decoder.embed_tokens.weight",
+    "nemotron3_5_transcribe": "llm.model.embed_tokens.weight",
 }
 TARGET_LAYER = {
     "glm_ocr": "model.language_model.layers.1.",
@@ -132,10 +149,11 @@ TARGET_LAYER = {
     "deepseek_v3-transformers": "model.layers.60.",  # the last target layer, next to the MTP layer's regex
     "glm4_moe-transformers": "model.layers.45.",
     "nemotron_parse3_5": "decoder.layers.1.",
+    "nemotron3_5_transcribe": "llm.model.layers.1.",
 }
-TARGET_HEAD = {"inkling": "model.llm.unembed.weight"}
+TARGET_HEAD = {"inkling": "model.llm.unembed.weight", "nemotron3_5_transcribe": "llm.lm_head.weight"}
 TARGET_NORM = {"nemotron_h": "backbone.norm_f.weight", "inkling": "model.llm.norm.weight",
-               "nemotron_parse3_5": "decoder.layer_norm.weight"}
+               "nemotron_parse3_5": "decoder.layer_norm.weight", "nemotron3_5_transcribe": "llm.model.norm.weight"}
 # Exporters that write the target's embedding/head into each MTP layer too (vLLM's proposer replaces them).
 LAYER_COPIES = {"deepseek_v3", "glm4_moe", "glm4_moe_lite", "pangu_ultra_moe", "glm_ocr", "hy_v3", "bailing_hybrid",
                 "hy_v4", "deepseek_v3-transformers", "glm4_moe-transformers"}
@@ -263,6 +281,8 @@ def draft_checkpoint(
         for ckpt in list(owner):
             if ckpt.startswith("model.mtp.layers.0."):
                 extra[ckpt.replace(".layers.0.", ".layers.1.", 1)] = tensors[ckpt].clone()
+    for name, make in ARCH_EXTRAS.get(arch, {}).items():
+        extra[name] = make()
     for name, value in extra.items():
         if name in tensors:
             continue  # the draft's own (e.g. a per-layer head the draft keeps)
@@ -271,4 +291,4 @@ def draft_checkpoint(
     return DraftCheckpoint(folder, truth, tensors, owner, set(tensors) - set(owner))
 
 
-__all__ = ["ARCH_FUSED", "RENAMES", "DraftCheckpoint", "draft_checkpoint", "split", "write_checkpoint"]
+__all__ = ["ARCH_EXTRAS", "ARCH_FUSED", "RENAMES", "DraftCheckpoint", "draft_checkpoint", "split", "write_checkpoint"]
