@@ -52,7 +52,6 @@ DTYPE_BITS = {
     "F64": 64, "I64": 64, "U64": 64,
 }  # fmt: skip
 # Whole-byte dtypes, as bytes per element (kept for callers of the old name).
-DTYPE_SIZES = {name: bits // 8 for name, bits in DTYPE_BITS.items() if bits % 8 == 0}
 
 
 @lru_cache(maxsize=1)

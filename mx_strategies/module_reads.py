@@ -5,23 +5,21 @@ on vLLM and SGLang, and gets one answer, :class:`ModuleReads`: the names,
 which source answered (``selection_source``) and what was left out and why.
 The sources, in order:
 
-1. ``declared``: what the model or the engine says itself. vLLM's
-   ``is_unused_checkpoint_weight`` (names the model never loads: they are
-   not even fed to the dry run) and the engine's replacement of a draft's
-   embedding and head after loading (:func:`.completeness.engine_fills`:
-   the proposer's sharing at pipeline parallel 1, ``has_own_embed_tokens`` /
-   ``has_own_lm_head``);
-2. ``dry_run``: the built module's own ``load_weights`` run over the
-   checkpoint's names with tensors that hold no data (:mod:`.dry_run`); a
-   name is read when the model uses it, and the parameters it flows into say
-   whether the engine replaces it afterwards;
-3. ``table``: :mod:`.mtp_table`, only where the dry run cannot answer (the
+1. ``dry_run``: the built module's own ``load_weights`` run over the
+   checkpoint's names with tensors that hold no data (:mod:`.dry_run`), on
+   an isolated twin; a name is read when the model uses it, and the
+   parameters it flows into say whether the engine replaces it afterwards.
+   What the model or the engine says itself shapes it: vLLM's
+   ``is_unused_checkpoint_weight`` (names the model never loads are not even
+   fed) and the engine's replacement of a draft's embedding and head after
+   loading (:func:`.completeness.engine_fills`, :mod:`.engine.vllm_rules`);
+2. ``table``: :mod:`.mtp_table`, only where the dry run cannot answer (the
    class raises on data-less tensors, or there is no model), with a WARNING
    naming the class and the reason;
-4. ``convention``: the generic MTP naming conventions of :mod:`.draft`.
+3. ``convention``: the generic MTP naming conventions of :mod:`.draft`.
 
-Sources 3 and 4 are decided in :mod:`.planning` (they need no model); this
-module answers 1 and 2, or says why it could not (:class:`Unanswered`).
+Sources 2 and 3 are decided in :mod:`.planning` (they need no model); this
+module answers 1, or says why it could not (:class:`Unanswered`).
 
 The answer is cached (:mod:`.reads_cache`): a restart with the same class,
 parameters, parallel layout and checkpoint names asks nothing.
@@ -39,7 +37,7 @@ from .coverage import Gap, gaps as coverage_gaps
 from .dry_run import DryRunFailed, dry_run
 from .settings import RobustSettings
 
-SOURCES = ("declared", "dry_run", "table", "convention", "whole")
+SOURCES = ("dry_run", "table", "convention", "whole")
 
 # Why a name is not streamed (stable codes: the cache stores them, reports show the text).
 NOT_READ = "not read by the module's load_weights (dry run)"

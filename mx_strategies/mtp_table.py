@@ -102,20 +102,6 @@ class MtpArchitecture:
             return self.until is None
         return (self.since is None or vllm >= self.since) and (self.until is None or vllm < self.until)
 
-    @property
-    def releases(self) -> str:
-        """The vLLM releases of this row, for doctor and the docs ("all", "< 0.33", ">= 0.33")."""
-        show = lambda v: ".".join(map(str, v))  # noqa: E731
-        if self.since is None and self.until is None:
-            return "all"
-        if self.since is None:
-            return f"< {show(self.until)}"
-        return f">= {show(self.since)}" if self.until is None else f"{show(self.since)} to < {show(self.until)}"
-
-    @property
-    def source(self) -> str:
-        return self.load_weights
-
 
 def _m(name: str, line: int) -> str:
     return f"{MODELS}/{name}:{line}"

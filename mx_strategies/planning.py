@@ -416,7 +416,7 @@ def carrier_plan(plan: LoadPlan, checkpoint: Checkpoint, settings: RobustSetting
     return replace(plan, names=names, shards=_shards_holding(loaded_shards(checkpoint, settings), names))
 
 
-MODULE_ANSWERED = frozenset({"dry_run", "declared"})
+MODULE_ANSWERED = frozenset({"dry_run"})
 
 
 def narrow_to_rank(plan: LoadPlan, share: Optional[RankShare]) -> LoadPlan:

@@ -68,7 +68,7 @@ PHASES = ("resolve", "stream", "verify", "completeness", "post_load")
 ROLES = ("target", "draft", "other")
 SOURCE_KINDS = ("s3", "gs", "az", "local", "other")
 ORIGINS = ("storage", "peers")
-SELECTION_SOURCES = ("declared", "dry_run", "table", "convention", "whole", "other")
+SELECTION_SOURCES = ("dry_run", "table", "convention", "whole", "other")
 #: Why a load was given up. ``refused``: before any tensor reached the model; ``failed``: after.
 FAILURE_REASONS = (
     "no_source",
