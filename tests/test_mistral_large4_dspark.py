@@ -458,3 +458,26 @@ def test_mistral_large4_target_streams_every_tensor_but_the_drafts(
     expected.set_lerope_alpha(target_tensors[LEROPE])
     assert same_bytes(rotary.cos_sin_cache, expected.cos_sin_cache)
     assert same_bytes(rotary.lerope_alpha, target_tensors[LEROPE].float())
+
+
+def test_doctor_plans_a_mistral_large4_draft_with_its_row_and_method(tmp_path):
+    """``mx-strategies doctor`` on a Mistral Large 4 checkpoint (an HF config.json beside params.json): the draft
+    it plans is the DSpark draft of the target's row, under the row's method (``dspark``), and it selects
+    exactly the ``mtp_dspark.*`` tensors."""
+    from mx_strategies.checkpoint import inspect
+    from mx_strategies.cli.doctor import draft_engine
+    from mx_strategies.planning import plan_for
+    from mx_strategies.settings import load_settings
+    from mx_strategies.storage import LocalStore
+
+    folder = str(tmp_path / "mistral-large-4")
+    target, draft = mistral_checkpoint(folder)
+    with open(os.path.join(folder, "config.json"), "w") as handle:
+        json.dump({"model_type": "mistral_large_4", "architectures": ["MistralLarge4ForCausalLM"]}, handle)
+    settings = load_settings()
+    checkpoint = inspect(LocalStore(folder), settings.discovery_depth)
+    view, row = draft_engine(checkpoint)
+    assert row is not None and row.key == ROW
+    assert view.speculative_method == "dspark" and view.architectures == ("MistralLarge4DSparkModel",)
+    plan = plan_for(checkpoint, view, settings, source_is_target=True)
+    assert set(plan.expected) == set(draft)

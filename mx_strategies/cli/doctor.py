@@ -264,6 +264,8 @@ def draft_engine(
         architectures=row.draft_architectures[:1],
         model_type=row.model_types[0] if row.model_types else None,
         target_hf_config=checkpoint.config,
+        # The engine's usual draft method, unless the row's draft runs under another (DSpark rows: "dspark").
+        speculative_method=base.speculative_method if base.speculative_method in row.methods else row.methods[0],
     )
     return view, row
 
