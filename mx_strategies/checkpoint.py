@@ -51,16 +51,37 @@ DTYPE_BITS = {
     "I32": 32, "U32": 32, "F32": 32, "C64": 64,
     "F64": 64, "I64": 64, "U64": 64,
 }  # fmt: skip
-# Whole-byte dtypes, as bytes per element (kept for callers of the old name).
+
+
+@lru_cache(maxsize=1)
+def runai_packing() -> Mapping[str, int]:
+    """safetensors dtype -> how many of its values one torch element holds, for the packed dtypes the installed
+    runai-model-streamer streams as such: runai 0.17.1 hands F4 out as ``float4_e2m1fn_x2``, two values per
+    element, along the last axis (its ``PACKED_VALUES_PER_ELEMENT``). Empty where runai has no such table
+    (0.17.0 reads a byte per element: F4 is not streamable there)."""
+    try:
+        from runai_model_streamer.safetensors_streamer.safetensors_pytorch import PACKED_VALUES_PER_ELEMENT
+    except Exception:  # noqa: BLE001 - an older runai, or none: no packed dtype
+        return {}
+    return {name: int(values) for name, values in PACKED_VALUES_PER_ELEMENT.items()}
+
+
+def storage_shape(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of the tensor runai hands out for a header entry: the header's (safetensors records the
+    values), except that a packed dtype's last axis holds :func:`runai_packing` values per element."""
+    values = runai_packing().get(dtype, 1)
+    if values == 1 or not shape:
+        return tuple(shape)
+    return tuple(shape[:-1]) + (shape[-1] // values,)
 
 
 @lru_cache(maxsize=1)
 def runai_dtypes() -> Mapping[str, Any]:
     """safetensors dtype -> the torch dtype runai-model-streamer hands out, for those it can stream.
 
-    runai's own table, less any dtype whose element size differs from the
-    safetensors one (F4: runai reads a byte per element): runai would
-    refuse or misread those files after the load started.
+    runai's own table, less any dtype whose element size differs from the safetensors one times the values
+    runai packs into an element (:func:`runai_packing`): F4 on runai 0.17.0, which reads a byte per element
+    and would refuse or misread those files after the load started; F4 on runai 0.17.1 streams.
     """
     try:
         from runai_model_streamer.safetensors_streamer.safetensors_pytorch import safetensors_to_torch_dtype
@@ -72,10 +93,11 @@ def runai_dtypes() -> Mapping[str, Any]:
             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
             "U8": torch.uint8, "BOOL": torch.bool, "C64": torch.complex64,
         }  # fmt: skip
+    packed = runai_packing()
     result = {}
     for name, dtype in safetensors_to_torch_dtype.items():
         bits = DTYPE_BITS.get(name)
-        if bits is not None and dtype.itemsize * 8 == bits:
+        if bits is not None and dtype.itemsize * 8 == bits * packed.get(name, 1):
             result[name] = dtype
     return result
 
@@ -360,6 +382,13 @@ def read_header(store: Store, obj: ObjectInfo, limits: Optional[ProbeLimits] = N
             )  # fmt: skip
         if unsupported is None and dtype not in streamable:
             unsupported = (name, dtype)
+        values = runai_packing().get(dtype, 1)
+        if values > 1 and dtype in streamable and (not shape or shape[-1] % values):
+            return corrupt(
+                f"tensor {quoted}: {dtype}{_quote(shape)}: runai-model-streamer packs {values} {dtype} values per "
+                f"element along the last axis, and that axis does not hold a multiple of {values}",
+                kind="bad_shape", tensor=name,
+            )  # fmt: skip
         located.append((start, TensorInfo(name, dtype, tuple(shape), end - start, start=8 + header_len + start)))
     # In file order (as runai reads them: by offset, then size), not the header's key order.
     located.sort(key=lambda item: (item[0], item[1].nbytes))
@@ -614,4 +643,6 @@ __all__ = [
     "inspect",
     "natural_key",
     "runai_dtypes",
+    "runai_packing",
+    "storage_shape",
 ]

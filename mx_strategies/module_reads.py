@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, storage_shape
 from .completeness import judged_parameters
 from .coverage import Gap, gaps as coverage_gaps
 from .dry_run import DryRunFailed, dry_run
@@ -148,7 +148,7 @@ def ask(
             left_out[name] = DECLARED_UNUSED
             continue
         try:
-            headers[name] = (info.shape, dtypes[info.dtype])
+            headers[name] = (storage_shape(info.dtype, info.shape), dtypes[info.dtype])  # as runai will hand it out
         except KeyError:
             return Unanswered(cls, f"tensor {name} has dtype {info.dtype}, which torch cannot represent")
     try:

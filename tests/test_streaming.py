@@ -362,3 +362,106 @@ def test_streamed_tensors_are_owned(monkeypatch, tmp_path):
     assert set(kept) == set(ckpt.reference)
     changed = [n for n, t in kept.items() if not same_bytes(t, ckpt.reference[n])]
     assert changed == []
+
+
+# -- packed F4 (runai 0.17.1 streams it as float4_e2m1fn_x2, two values per element) --------------------------
+
+
+def _f4_checkpoint(folder: str) -> dict[str, torch.Tensor]:
+    """safetensors' own file: an F4 weight (header shape [4, 16]: 64 four-bit values) beside a bf16 one."""
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(3)
+    tensors = {
+        "model.layers.0.mlp.down_proj.weight": torch.randint(0, 256, (4, 8), generator=generator, dtype=torch.uint8)
+        .view(torch.float4_e2m1fn_x2),
+        "model.layers.0.mlp.down_proj.weight_scale": torch.randn(4, 2, generator=generator).to(torch.bfloat16),
+    }
+    os.makedirs(folder, exist_ok=True)
+    save_file(tensors, os.path.join(folder, "model.safetensors"))
+    return tensors
+
+
+def test_f4_streams_where_runai_packs_it_and_is_refused_by_name_where_it_cannot(tmp_path):
+    """runai >= 0.17.1 hands F4 out packed (``PACKED_VALUES_PER_ELEMENT``): robust streams it, each tensor equal
+    to safetensors' own load. runai 0.17.0 reads a byte per element: the checkpoint is refused at inspection,
+    naming the tensor and the dtype, before anything streams."""
+    from safetensors.torch import load_file
+
+    from mx_strategies.releases import installed_release
+
+    folder = str(tmp_path / "f4")
+    _f4_checkpoint(folder)
+    reference = load_file(os.path.join(folder, "model.safetensors"))
+    settings = load_settings()
+    checkpoint = inspect(LocalStore(folder), settings.discovery_depth)
+    if installed_release("runai-model-streamer") < (0, 17, 1):
+        (problem,) = [p for p in checkpoint.problems if p.kind == "unsupported_dtype"]
+        assert problem.tensor == "model.layers.0.mlp.down_proj.weight"
+        assert "dtype F4 is valid safetensors, but runai-model-streamer cannot stream it" in problem.message
+        return
+    assert not checkpoint.problems, checkpoint.problems
+    plan = plan_for(checkpoint, TARGET, settings, source_is_target=True)
+    delivered = {}
+    with VerifiedStream(plan, settings) as stream:
+        for name, tensor in stream.tensors():
+            delivered[name] = tensor.clone()
+    assert sorted(delivered) == sorted(reference)
+    f4 = delivered["model.layers.0.mlp.down_proj.weight"]
+    assert (f4.dtype, tuple(f4.shape)) == (torch.float4_e2m1fn_x2, (4, 8))
+    assert all(same_bytes(delivered[name], reference[name]) for name in reference)
+
+
+def test_an_f4_tensor_whose_last_axis_runai_cannot_pack_is_refused_at_inspection(tmp_path):
+    """An F4 entry of shape [4, 3] is valid safetensors (12 values, 6 bytes) but runai 0.17.1 cannot give it a
+    torch shape: refused when inspected, naming the tensor (runai 0.17.0: refused as a dtype it cannot stream)."""
+    import json
+    import struct
+
+    from mx_strategies.releases import installed_release
+
+    folder = tmp_path / "f4-odd"
+    folder.mkdir()
+    header = json.dumps({"w": {"dtype": "F4", "shape": [4, 3], "data_offsets": [0, 6]}}).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(6))
+    checkpoint = inspect(LocalStore(str(folder)), load_settings().discovery_depth)
+    (problem,) = checkpoint.problems
+    assert problem.tensor == "w"
+    if installed_release("runai-model-streamer") < (0, 17, 1):
+        assert problem.kind == "unsupported_dtype"
+    else:
+        assert problem.kind == "bad_shape"
+        assert "packs 2 F4 values per element along the last axis" in problem.message
+
+
+def test_the_module_is_asked_about_f4_with_the_shape_runai_will_hand_it(tmp_path):
+    """The dry run feeds each name a data-less tensor shaped as runai will deliver it: a module holding the
+    packed F4 weight ([4, 8] float4_e2m1fn_x2, as safetensors loads it) answers for both tensors."""
+    from safetensors.torch import load_file
+
+    from mx_strategies import module_reads
+    from mx_strategies.releases import installed_release
+    from mx_strategies.testing.standin import StandInModel
+
+    if installed_release("runai-model-streamer") < (0, 17, 1):
+        pytest.skip("runai 0.17.0 cannot stream F4: the checkpoint is refused before any question (test above)")
+    folder = str(tmp_path / "f4")
+    _f4_checkpoint(folder)
+    reference = load_file(os.path.join(folder, "model.safetensors"))
+    settings = load_settings()
+    checkpoint = inspect(LocalStore(folder), settings.discovery_depth)
+    fed: dict[str, tuple] = {}
+
+    class Recording(StandInModel):
+        def load_weights(self, weights):
+            def tap():
+                for name, tensor in weights:
+                    fed[name] = (tensor.dtype, tuple(tensor.shape))
+                    yield name, tensor
+
+            return super().load_weights(tap())
+
+    answer = module_reads.ask(Recording(reference, answers_dry_run=True), checkpoint, settings)
+    assert isinstance(answer, module_reads.ModuleReads), answer
+    assert answer.source == "dry_run" and set(answer.names) == set(reference)
+    assert fed["model.layers.0.mlp.down_proj.weight"] == (torch.float4_e2m1fn_x2, (4, 8))
