@@ -19,8 +19,11 @@ plan, with the engine's own rules:
 - a per-expert weight (``<moe>.<id>.<...>.weight`` or ``.weight_packed``)
   whose expert the module's ``expert_map`` gives to another rank. As vLLM's
   own filter (``model_loader/ep_weight_filter.py``), scales and other
-  per-expert metadata stay, and nothing is filtered under EPLB, whose
-  redundant slots may hold any expert.
+  per-expert metadata stay. Under EPLB, whose redundant slots may hold any
+  expert, the rank reads what the installed vLLM's own rule says it loads
+  (0.34: the initial placement, :func:`.engine.vllm_rules.eplb_local_experts`),
+  checked against the module's own slots; where vLLM has no such rule (0.32,
+  0.33), every expert.
 
 Pure reading: the model is not touched.
 """
@@ -30,6 +33,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
+
+from .engine import vllm_rules
 
 MISSING_LAYER_CLASSES = frozenset({"PPMissingLayer", "StageMissingLayer"})
 OTHER_STAGE = "another pipeline stage's layer (the module holds a PPMissingLayer there)"
@@ -131,6 +136,34 @@ def _eplb(module: Any) -> bool:
     return getattr(parallel, "enable_eplb", False) is True
 
 
+def _logical_experts(module: Any) -> int:
+    return getattr(getattr(module, "moe_config", None), "num_logical_experts", 0) or 0
+
+
+def _eplb_held(module: Any, mapping: list[int]) -> Optional[frozenset[int]]:
+    """Under EPLB, the logical experts this rank's layer loads (vLLM's own rule), or None: every expert is read.
+
+    The layer's ``expert_map`` covers the physical slots (logical plus redundant); its ``moe_config`` says how
+    many are logical and which expert-parallel rank it is. vLLM's rule must agree with the slots the layer
+    holds, each filled from vLLM's initial placement: where they differ (another placement, a padded
+    capacity), nothing is left out.
+    """
+    config = getattr(module, "moe_config", None)
+    parallel = getattr(config, "moe_parallel_config", None)
+    logical = _logical_experts(module)
+    ep_size, ep_rank = getattr(parallel, "ep_size", None), getattr(parallel, "ep_rank", None)
+    if not (isinstance(logical, int) and 0 < logical <= len(mapping)) or not isinstance(ep_size, int) or not isinstance(
+        ep_rank, int
+    ):
+        return None
+    held = vllm_rules.eplb_local_experts(logical, len(mapping) - logical, ep_size, ep_rank)
+    placement = vllm_rules.eplb_initial_placement(logical, len(mapping) - logical)
+    if held is None or placement is None or len(placement) != len(mapping):
+        return None
+    in_slots = frozenset(placement[p] for p, slot in enumerate(mapping) if slot >= 0)
+    return held if in_slots == held else None
+
+
 def share_of(model: Any) -> RankShare:
     """The share of the checkpoint the built ``model`` holds, read from its structure (see the module docstring)."""
     named = getattr(model, "named_modules", None)
@@ -147,7 +180,12 @@ def share_of(model: Any) -> RankShare:
         if mapping is None or not path:
             continue
         if _eplb(module):
-            return RankShare(tuple(missing))  # as vLLM: read every expert under EPLB
+            held = _eplb_held(module, mapping)
+            if held is None:
+                return RankShare(tuple(missing))  # as vLLM <= 0.33: read every expert under EPLB
+            if len(held) < _logical_experts(module):
+                local[path + "."] = held
+            continue
         held = frozenset(g for g, slot in enumerate(mapping) if slot >= 0)
         if len(held) < len(mapping):
             local[path + "."] = held

@@ -8,6 +8,8 @@ at PP=2 and TP=2+EP are in tests/test_rank_shares.py.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from helpers.checkpoints import write_checkpoint
@@ -17,6 +19,8 @@ from mx_strategies.rank_share import OTHER_EXPERT_RANK, OTHER_STAGE, RankShare, 
 from mx_strategies.settings import load_settings
 from mx_strategies.sources import Candidate, probe
 from helpers.engine import TARGET
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # vLLM resolves its platform at the first config (no GPU here)
 
 
 class PPMissingLayer(torch.nn.Identity):  # the engines' placeholder for another stage's layer, by its name
@@ -113,3 +117,82 @@ def test_expert_ids_are_read_at_the_moe_path_only(prefix):
     assert share.why_not_held(prefix + "0.w1.weight") == OTHER_EXPERT_RANK
     assert share.why_not_held(prefix + "1.w1.weight") is None
     assert share.why_not_held(prefix + "w13_weight") is None  # a fused 3-D tensor: no id, left to the loader
+
+
+# -- under EPLB: what the installed vLLM's own rule loads (0.34: the initial placement) -------------------------
+
+
+class EplbExperts(torch.nn.Module):
+    """vLLM 0.34's RoutedExperts as rank_share reads it: ``expert_map`` over the physical slots (logical plus
+    redundant), ``moe_config`` with the logical count, the EPLB flag and the expert-parallel rank."""
+
+    def __init__(self, logical: int, redundant: int, ep_size: int, ep_rank: int):
+        super().__init__()
+        physical = logical + redundant
+        per_rank = physical // ep_size  # vLLM's linear split of the physical slots (EPLB needs it even)
+        mine = range(ep_rank * per_rank, (ep_rank + 1) * per_rank)
+        self.expert_map = torch.tensor([slot - mine.start if slot in mine else -1 for slot in range(physical)])
+        self.w13_weight = torch.nn.Parameter(torch.zeros(2, 2))
+        parallel = type("P", (), dict(enable_eplb=True, ep_size=ep_size, ep_rank=ep_rank))()
+        self.moe_config = type("C", (), dict(num_logical_experts=logical, moe_parallel_config=parallel))()
+
+
+def _eplb_model(ep_rank: int) -> torch.nn.Module:
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([torch.nn.Module()])
+    model.layers[0].experts = EplbExperts(logical=4, redundant=2, ep_size=2, ep_rank=ep_rank)
+    return model
+
+
+def _vllms_eplb_rule():
+    """vLLM's own ``compute_eplb_local_expert_ids`` (0.34), or None where the installed vLLM has none."""
+    import importlib
+
+    try:
+        return importlib.import_module("vllm.model_executor.model_loader.ep_weight_filter").compute_eplb_local_expert_ids
+    except Exception:  # noqa: BLE001 - no vLLM, or one without the rule
+        return None
+
+
+def _load_config(tmp_path):
+    """The VllmConfig a load runs under (vLLM's loader asks it whether expert parallel is elastic)."""
+    from mtp_arch import builders
+
+    folder = str(tmp_path / "config")
+    builders.write_config(folder, "deepseek_v3")
+    with builders.in_process_inspection():
+        target, _, _ = builders.configs_for(folder, "deepseek_v3", trust_remote_code=False)
+        return builders.engine_config(target, None)
+
+
+@pytest.mark.parametrize("ep_rank", [0, 1])
+def test_under_eplb_a_rank_reads_what_vllms_own_rule_loads(ep_rank, tmp_path):
+    """4 experts, 2 redundant slots, 2 ranks: rank 0's slots hold experts 0, 1, 2; rank 1's hold 3, 0, 1 (EPLB's
+    initial placement). Where the installed vLLM filters under EPLB (0.34, ``compute_eplb_local_expert_ids``) a
+    rank leaves out exactly the experts vLLM's rule leaves out; elsewhere (0.32, 0.33) it reads every expert."""
+    rule = _vllms_eplb_rule()
+    if rule is None:
+        assert share_of(_eplb_model(ep_rank)).local_experts == {}
+        return
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(_load_config(tmp_path)):
+        share = share_of(_eplb_model(ep_rank))
+    assert share_of(_eplb_model(ep_rank)).local_experts == {}  # no load config: elastic or not is unknown, all read
+    compute_eplb_local_expert_ids = rule
+
+    expected = compute_eplb_local_expert_ids(4, 2, 2, ep_rank)
+    assert expected == ({0, 1, 2} if ep_rank == 0 else {0, 1, 3})
+    assert dict(share.local_experts) == {"layers.0.experts.": expected}
+    absent = ({0, 1, 2, 3} - expected).pop()
+    assert share.why_not_held(f"layers.0.experts.{absent}.down_proj.weight") == OTHER_EXPERT_RANK
+    assert share.why_not_held(f"layers.0.experts.{absent}.down_proj.weight_scale") is None  # scales stay, as vLLM's
+    assert all(share.why_not_held(f"layers.0.experts.{e}.down_proj.weight") is None for e in expected)
+
+
+def test_under_eplb_slots_that_disagree_with_vllms_placement_read_every_expert():
+    """A layer whose slots are not EPLB's initial placement (here rank 1 holding the first slots): nothing is left
+    out, on any vLLM."""
+    model = _eplb_model(1)
+    model.layers[0].experts.expert_map = torch.tensor([0, 1, 2, -1, -1, -1])
+    assert share_of(model).local_experts == {}

@@ -78,6 +78,46 @@ def draft_embedding_replaced(pipeline_parallel_size: int, draft: Any) -> bool:
     return pipeline_parallel_size <= 1
 
 
+# vLLM 0.34's default loader filters an expert-parallel rank's experts under EPLB too, by the initial placement.
+EP_WEIGHT_FILTER = "vllm.model_executor.model_loader.ep_weight_filter"
+
+
+def eplb_local_experts(num_logical: int, num_redundant: int, ep_size: int, ep_rank: int) -> Optional[frozenset[int]]:
+    """The logical (checkpoint) experts an expert-parallel rank loads under EPLB, by the installed vLLM's own rule.
+
+    vLLM 0.34: ``compute_eplb_local_expert_ids`` (``model_loader/ep_weight_filter.py``): the rank's linear share
+    of the physical slots (logical plus redundant), each filled from EPLB's initial placement; rebalancing
+    later moves weights between devices, so a load only has to satisfy that map. None where the installed
+    vLLM has no such rule (0.32, 0.33: every expert is read under EPLB), a placement that evolves at runtime
+    (elastic expert parallel), or anything it cannot answer.
+    """
+    try:
+        from vllm.model_executor.model_loader.ep_weight_filter import compute_eplb_local_expert_ids
+    except Exception:  # noqa: BLE001 - no such rule in this vLLM
+        return None
+    try:
+        from vllm.config import get_current_vllm_config
+
+        # Elastic expert parallel: vLLM's loader filters nothing. Asked of the load's config (no config: no
+        # answer, every expert is read).
+        if getattr(get_current_vllm_config().parallel_config, "enable_elastic_ep", True):
+            return None
+        ids = compute_eplb_local_expert_ids(num_logical, num_redundant, ep_size, ep_rank)
+    except Exception:  # noqa: BLE001 - the engine's rule could not answer: every expert is read
+        return None
+    return None if ids is None else frozenset(int(i) for i in ids)
+
+
+def eplb_initial_placement(num_logical: int, num_redundant: int) -> Optional[list[int]]:
+    """vLLM's initial physical -> logical expert map under EPLB (``EplbState``), or None where it has none."""
+    try:
+        from vllm.distributed.eplb.eplb_state import EplbState
+
+        return [int(i) for i in EplbState.build_initial_global_physical_to_logical_map(num_logical, num_redundant)]
+    except Exception:  # noqa: BLE001 - another vLLM: no answer
+        return None
+
+
 def _class_attributes(cls: type) -> set[str]:
     return {name for klass in getattr(cls, "__mro__", ()) for name in vars(klass)}
 
@@ -118,7 +158,10 @@ def speculative_method(speculative_config: Any) -> Optional[str]:
 
 
 __all__ = [
+    "EP_WEIGHT_FILTER",
     "draft_class",
+    "eplb_initial_placement",
+    "eplb_local_experts",
     "draft_embedding_replaced",
     "mtp_load_demands_every_parameter",
     "shares_embedding_beyond_pp1",
