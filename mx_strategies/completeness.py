@@ -345,7 +345,9 @@ def engine_fills(engine: EngineView) -> Callable[[str], bool]:
     if not engine.is_draft:
         return lambda name: False
     row = mtp_table.match(engine.architectures, engine.model_type, engine.speculative_method, engine=engine.engine)
-    return mtp_table.filled_by_engine(row, shares_target_weights=engine.shares_target_weights)
+    return mtp_table.filled_by_engine(
+        row, shares_target_weights=engine.shares_target_weights, heads_replaced=engine.heads_replaced
+    )
 
 
 __all__ = [

@@ -1090,6 +1090,7 @@ def select(
     shares_target_weights: bool,
     shared_policy: str = "auto",
     load_checks_parameters: bool = True,
+    heads_replaced: Optional[bool] = None,
 ) -> RowSelection:
     """The tensors a draft of ``row`` keeps, out of a target checkpoint's ``names``.
 
@@ -1098,6 +1099,7 @@ def select(
     ``MX_ROBUST_DRAFT_SHARED_WEIGHTS`` setting (auto, always, never). ``load_checks_parameters``: the
     engine's MTP classes refuse a load that leaves a parameter unloaded
     (:func:`.engine.vllm_rules.mtp_load_demands_every_parameter`): only then does ``embed_required`` hold.
+    ``heads_replaced``: the engine's word on the draft's heads (False: it keeps them, whatever the row says).
     """
     names = list(names)
     built = layout.indices(row)
@@ -1150,7 +1152,7 @@ def select(
         and ((row.embed_required and load_checks_parameters) or not shares_target_weights or row.embed_kept)
     )
     want_head = shared_policy == "always" or (
-        shared_policy == "auto" and (row.heads_kept or not shares_target_weights)
+        shared_policy == "auto" and (row.heads_kept or heads_replaced is False or not shares_target_weights)
     )
     never = "MX_ROBUST_DRAFT_SHARED_WEIGHTS=never"
     for name in embed:
@@ -1210,7 +1212,7 @@ _HEAD_PARAMS = (re.compile(r"^lm_head\."), re.compile(r"^model\.layers\.[^.]+\.s
 
 
 def filled_by_engine(
-    row: Optional[MtpArchitecture], *, shares_target_weights: bool
+    row: Optional[MtpArchitecture], *, shares_target_weights: bool, heads_replaced: Optional[bool] = None
 ) -> Callable[[str], bool]:
     """Which draft parameters the proposer replaces after loading (not required from the checkpoint).
 
@@ -1220,11 +1222,12 @@ def filled_by_engine(
     (:func:`.engine.vllm_rules.draft_embedding_replaced`); ``_maybe_share_lm_head`` /
     ``share_target_lm_head`` replace ``lm_head`` and every MTP layer's ``shared_head.head``
     (llm_base_proposer.py:1508 in 0.33; eagle/utils.py:145-158 in 0.34). Step-3.5 and Gemma-4
-    keep the draft's heads; Gemma-4's head is tied to its embedding. ``row`` None: an MTP draft of an
-    architecture the table does not know (the base proposer's rule).
+    keep the draft's heads; Gemma-4's head is tied to its embedding. ``heads_replaced``: the engine's own
+    word on the draft's class (:func:`.engine.vllm_rules.draft_heads_replaced`; False keeps the heads).
+    ``row`` None: an MTP draft of an architecture the table does not know (the base proposer's rule).
     """
     embed = shares_target_weights and not (row is not None and row.embed_kept)
-    heads = not (row is not None and row.heads_kept)
+    heads = not (row is not None and row.heads_kept) and heads_replaced is not False  # the engine's word wins
 
     def replaced(name: str) -> bool:
         if embed and _EMBED_PARAM.search(name):

@@ -340,6 +340,7 @@ def _plan_for_row(
         shares_target_weights=engine.shares_target_weights,
         shared_policy=settings.draft_shared_weights,
         load_checks_parameters=engine.mtp_load_checks,
+        heads_replaced=engine.heads_replaced,
     )
     if not selection.own:
         outside = [s.key for s in checkpoint.outside_index if s.tensors]

@@ -321,6 +321,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             engine.pipeline_parallel_size,
             rank,
             engine.shares_target_weights,
+            engine.heads_replaced,
             tuple(settings.selection_sources),
         )
         replaced = completeness.engine_fills(engine)

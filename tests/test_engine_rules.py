@@ -107,6 +107,53 @@ def test_the_embedding_rule_never_skips_what_the_engines_sharing_keeps(draft_cla
         assert engine_replaced
 
 
+class _HeadDraft(torch.nn.Module):  # DeepSeekMTP's shape: a head, no has_own_lm_head
+    def __init__(self):
+        super().__init__()
+        self.lm_head = torch.nn.Linear(4, 8, bias=False)
+        torch.nn.init.constant_(self.lm_head.weight, 1.0)
+
+
+class _SharesHead(_HeadDraft):  # DSpark drafts, NemotronHMTP: has_own_lm_head = False
+    has_own_lm_head = False
+
+
+class _KeepsHead(_HeadDraft):  # Step3p5MTP, Gemma4MTP: has_own_lm_head = True, a head that differs
+    has_own_lm_head = True
+
+
+def _share_target_lm_head():
+    try:
+        return importlib.import_module(vllm_rules.V2_DRAFT_LOADING).share_target_lm_head
+    except Exception:  # noqa: BLE001 - vLLM <= 0.33 shares heads in its proposer object
+        return None
+
+
+@pytest.mark.skipif(_share_target_lm_head() is None, reason="share_target_lm_head exists from vLLM 0.34")
+@pytest.mark.parametrize("draft_class", [_HeadDraft, _SharesHead, _KeepsHead])
+def test_the_head_rule_is_what_the_engines_sharing_does(draft_class):
+    """vLLM 0.34's own ``share_target_lm_head`` on stand-in modules: the head is replaced exactly where the rule
+    says (a draft that keeps its own head, which differs from the target's, keeps it)."""
+    draft, target_head = draft_class(), torch.nn.Linear(4, 8, bias=False)
+    torch.nn.init.constant_(target_head.weight, 2.0)
+    installed = _share_target_lm_head()(draft, target_head, None)
+    engine_replaced = installed is not None and draft.lm_head is target_head
+    assert vllm_rules.draft_heads_replaced(draft_class) is engine_replaced
+    assert vllm_rules.draft_heads_replaced(draft) is engine_replaced
+
+
+def test_the_real_classes_say_whether_they_keep_their_heads():
+    """The view of a Step-3.5 draft (``has_own_lm_head = True``) keeps its heads; DeepSeek's gives them up."""
+    step, deepseek = vllm_rules.draft_class(("Step3p5MTP",)), vllm_rules.draft_class(("DeepSeekMTPModel",))
+    assert step is not None and deepseek is not None
+    assert vllm_rules.draft_heads_replaced(step) is False and vllm_rules.draft_heads_replaced(deepseek) is True
+    row = mtp_table.match(("Step3p5MTP",), "step3p5_mtp", "mtp")
+    replaced = mtp_table.filled_by_engine(row, shares_target_weights=True, heads_replaced=False)
+    assert not replaced("model.layers.2.shared_head.head.weight") and replaced("model.embed_tokens.weight")
+    unknown = mtp_table.filled_by_engine(None, shares_target_weights=True, heads_replaced=False)
+    assert not unknown("lm_head.weight")  # the engine's word keeps a head the base rule would replace
+
+
 def test_a_real_draft_class_is_found_for_its_architecture():
     cls = vllm_rules.draft_class(("DeepSeekMTPModel",))
     assert cls is not None and cls.__name__ == "DeepSeekMTP"

@@ -48,6 +48,9 @@ class EngineView:
     # The engine's answer (vLLM: :mod:`.vllm_rules`) to whether it gives this draft the target's embedding
     # (and head) after loading; None: pipeline parallel 1 does, larger sizes do not (every engine's base rule).
     embed_replaced: Optional[bool] = None
+    # The engine's answer to whether it gives this draft the target's head(s) after loading (vLLM: the draft's
+    # has_own_lm_head, :func:`.vllm_rules.draft_heads_replaced`); None: the table row's rule alone.
+    heads_replaced: Optional[bool] = None
     # Whether the engine's MTP classes refuse a load that leaves a parameter unloaded (vLLM 0.32 and 0.33,
     # :func:`.vllm_rules.mtp_load_demands_every_parameter`): a row's ``embed_required`` holds only there.
     mtp_load_checks: bool = True

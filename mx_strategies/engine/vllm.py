@@ -47,12 +47,11 @@ def vllm_view(ctx: Any) -> EngineView:
         if is_draft and isinstance(uri, str) and uri
     )
     pipeline_parallel_size = _parallel_size(ctx, parallel, "pipeline_parallel_size")
-    # The installed vLLM and the draft's class decide whether the engine gives the draft the target's embedding.
-    embed_replaced = (
-        vllm_rules.draft_embedding_replaced(pipeline_parallel_size, vllm_rules.draft_class(architectures))
-        if is_draft
-        else None
-    )
+    # The installed vLLM and the draft's class decide whether the engine gives the draft the target's embedding
+    # and head(s).
+    draft_cls = vllm_rules.draft_class(architectures) if is_draft else None
+    embed_replaced = vllm_rules.draft_embedding_replaced(pipeline_parallel_size, draft_cls) if is_draft else None
+    heads_replaced = vllm_rules.draft_heads_replaced(draft_cls) if draft_cls is not None else None
     return EngineView(
         is_draft=is_draft,
         speculative_method=vllm_rules.speculative_method(speculative),
@@ -67,5 +66,6 @@ def vllm_view(ctx: Any) -> EngineView:
         engine=engine_of(ctx),
         draft_sources=draft_sources,
         embed_replaced=embed_replaced,
+        heads_replaced=heads_replaced,
         mtp_load_checks=vllm_rules.mtp_load_demands_every_parameter(),
     )

@@ -118,6 +118,14 @@ def eplb_initial_placement(num_logical: int, num_redundant: int) -> Optional[lis
         return None
 
 
+def draft_heads_replaced(draft: Any) -> bool:
+    """Whether the engine replaces an MTP draft's head(s) (``lm_head``, each layer's ``shared_head.head``) with
+    the target's after loading: unless the draft (its class, or the built module) says ``has_own_lm_head =
+    True``, which keeps its own unless it equals the target's (0.33's ``_maybe_share_lm_head``, 0.34's
+    ``share_target_lm_head``, at any pipeline-parallel size). A table row can also say so (``heads_kept``)."""
+    return getattr(draft, "has_own_lm_head", False) is not True
+
+
 def _class_attributes(cls: type) -> set[str]:
     return {name for klass in getattr(cls, "__mro__", ()) for name in vars(klass)}
 
@@ -163,6 +171,7 @@ __all__ = [
     "eplb_initial_placement",
     "eplb_local_experts",
     "draft_embedding_replaced",
+    "draft_heads_replaced",
     "mtp_load_demands_every_parameter",
     "shares_embedding_beyond_pp1",
     "speculative_method",
