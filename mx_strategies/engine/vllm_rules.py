@@ -53,7 +53,7 @@ def shares_embedding_beyond_pp1() -> bool:
     Only where the V2 runner is the one runner drafts load on (vLLM 0.34): its ``maybe_share_target_embed``
     shares with a draft that has ``has_own_embed_tokens`` (False after its load) when the target's embedding
     is on the draft's stage. Where the V1 proposer is still there (0.32, 0.33), a draft may run on it, which
-    shares at size 1 only. Doctor and the docs show it; planning does not rely on it
+    shares at size 1 only. docs/engines.md and tests/test_engine_rules.py show it; planning does not rely on it
     (:func:`draft_embedding_replaced`).
     """
     return _has_module(V2_DRAFT_LOADING) and not _has_module(V1_PROPOSER)
@@ -124,10 +124,6 @@ def draft_heads_replaced(draft: Any) -> bool:
     True``, which keeps its own unless it equals the target's (0.33's ``_maybe_share_lm_head``, 0.34's
     ``share_target_lm_head``, at any pipeline-parallel size). A table row can also say so (``heads_kept``)."""
     return getattr(draft, "has_own_lm_head", False) is not True
-
-
-def _class_attributes(cls: type) -> set[str]:
-    return {name for klass in getattr(cls, "__mro__", ()) for name in vars(klass)}
 
 
 def draft_class(architectures: tuple[str, ...]) -> Optional[type]:
