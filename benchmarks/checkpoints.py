@@ -219,6 +219,7 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
     from mx_strategies.engine import EngineView
     from mx_strategies.errors import DraftPlanError, InconsistentCheckpoint
     from mx_strategies.planning import plan_for
+    from mx_strategies.built_module import BuiltModule
     from mx_strategies.settings import load_settings
     from mx_strategies.storage import open_store
 
@@ -227,17 +228,17 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
     checkpoint = inspect(store, settings.discovery_depth)
     target_view = EngineView(False, None, (), 1, 1, None, {})
     try:
-        target = plan_for(checkpoint, target_view, settings, source_is_target=True)
+        target = plan_for(checkpoint, BuiltModule(target_view), settings, source_is_target=True)
     except InconsistentCheckpoint as exc:
         raise BenchError(f"{uri}: {exc}") from exc
     # Every loadable tensor: what runai + copy and plain ModelExpress stream, and the models hold.
-    everything = plan_for(checkpoint, target_view, settings.model_copy(update={"target_selection": "all"}),
+    everything = plan_for(checkpoint, BuiltModule(target_view), settings.model_copy(update={"target_selection": "all"}),
                           source_is_target=True)  # fmt: skip
     info = {n: i for s in everything.shards for n, i in s.tensors.items()}
     tensors = {n: (i.dtype, list(i.shape)) for n, i in info.items()}
     try:
         draft_view = EngineView(True, "mtp", (), 1, 1, None, {})
-        draft = sorted(plan_for(checkpoint, draft_view, settings, source_is_target=True).expected)
+        draft = sorted(plan_for(checkpoint, BuiltModule(draft_view), settings, source_is_target=True).expected)
         draft_source = "mx_strategies.planning.plan_for (an MTP draft, default conventions)"
     except DraftPlanError:  # no MTP head: no draft load
         draft, draft_source = [], "none found"

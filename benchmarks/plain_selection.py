@@ -35,6 +35,7 @@ def _file_name(key: str) -> str:
 def _compare(name: str, checkpoint, config: dict, draft_class: str) -> dict:
     from mx_strategies.engine import EngineView
     from mx_strategies.planning import plan_for
+    from mx_strategies.built_module import BuiltModule
     from mx_strategies.settings import load_settings
     from mx_strategies.testing.plain_modelexpress import plain_selection
 
@@ -43,8 +44,8 @@ def _compare(name: str, checkpoint, config: dict, draft_class: str) -> dict:
     target_view = EngineView(False, None, (), 1, 1, dict(config), {})
     draft_view = EngineView(True, "mtp", (), 1, 1, dict(config), {})
     robust = {
-        "target": plan_for(checkpoint, target_view, settings, source_is_target=True).bytes,
-        "draft": plan_for(checkpoint, draft_view, settings, source_is_target=True).bytes,
+        "target": plan_for(checkpoint, BuiltModule(target_view), settings, source_is_target=True).bytes,
+        "draft": plan_for(checkpoint, BuiltModule(draft_view), settings, source_is_target=True).bytes,
     }
     rows = []
     for role, draft in (("target", None), ("draft", draft_class)):

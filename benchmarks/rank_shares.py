@@ -141,13 +141,14 @@ def _default_loader_bytes(ckpt, ep_rank: int, ep_size: int) -> int:
 def run_rank_shares() -> dict:
     from mx_strategies.engine import EngineView
     from mx_strategies.planning import narrow_to_rank, plan_for
+    from mx_strategies.built_module import BuiltModule
     from mx_strategies.settings import load_settings
 
     ckpt = checkpoint()
     settings = load_settings()
     whole = ckpt.data_bytes
     target = EngineView(False, None, (), 1, 1, dict(CONFIG), {})
-    before = plan_for(ckpt, target, settings, source_is_target=True)  # the table: the MTP layer left to the draft
+    before = plan_for(ckpt, BuiltModule(target), settings, source_is_target=True)  # the table: the MTP layer left to the draft
 
     def robust(pp_rank=0, pp_size=1, ep_rank=0, ep_size=1):
         return narrow_to_rank(before, _share(pp_rank, pp_size, ep_rank, ep_size))

@@ -340,11 +340,14 @@ def check_engine_marks(
     return missing
 
 
-def engine_fills(engine: EngineView) -> Callable[[str], bool]:
-    """The parameters the engine writes after this load: none for a target; a draft's shared embedding and head."""
+def engine_fills(engine: EngineView, row: Optional["mtp_table.MtpArchitecture"] = None) -> Callable[[str], bool]:
+    """The parameters the engine writes after this load: none for a target; a draft's shared embedding and head.
+
+    ``row``: the draft's table row where the caller matched it already (:class:`.built_module.BuiltModule`)."""
     if not engine.is_draft:
         return lambda name: False
-    row = mtp_table.match(engine.architectures, engine.model_type, engine.speculative_method, engine=engine.engine)
+    if row is None:
+        row = mtp_table.match(engine.architectures, engine.model_type, engine.speculative_method, engine=engine.engine)
     return mtp_table.filled_by_engine(
         row, shares_target_weights=engine.shares_target_weights, heads_replaced=engine.heads_replaced
     )

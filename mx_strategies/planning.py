@@ -33,16 +33,19 @@ Rules, each decided here only:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
-from .checkpoint import Checkpoint, Shard
 from . import mtp_table
+from .built_module import BuiltModule
+from .checkpoint import Checkpoint, Shard
+from .completeness import GAPS_SHOWN
 from .draft import layer_layout, select_draft_tensors
 from .engine import EngineView
 from .errors import DraftPlanError, InconsistentCheckpoint, PartialParameters, listed
 from .coverage import Gap
-from .module_reads import Answer, ModuleReads, Unanswered
+from .module_reads import Answer, ModuleReads, Unanswered, left_out_summary
 from .rank_share import RankShare
 from .settings import RobustSettings
 from .sources import Candidate, Resolution, resolve
@@ -52,34 +55,70 @@ PROBLEMS_SHOWN = 5
 
 
 @dataclass(frozen=True)
+class PlanDescription:
+    """What a plan says of itself: the load's log lines and the report's selection fields, from one place."""
+
+    lines: tuple[tuple[int, str], ...]  # (logging level, message), in order; the caller adds the worker prefix
+    report_fields: Mapping[str, Any]  # the LoadReport fields the plan decides
+
+
+@dataclass(frozen=True)
 class LoadPlan:
-    """What one load streams: shards in order and the names each delivers."""
+    """What one load streams (shards in order, the names each delivers) and the answer that decided it."""
 
     source: str
     shards: tuple[Shard, ...]
     names: Optional[frozenset[str]]  # None: every tensor of those shards
     role: str = "target"
+    # Which source decided the names (module_reads.SOURCES): dry_run, table, convention, or whole (everything).
+    selection_source: str = "whole"
+    # The module's answer (ModuleReads: it decided), or why it could not answer (Unanswered); None: not asked.
+    answer: Optional[Answer] = None
+    architecture: Optional[str] = None  # the mtp_table row of this load (a draft's, or a target's MTP draft's)
     convention: Optional[str] = None  # the draft naming convention that matched
     shared: frozenset[str] = field(default_factory=frozenset)  # weights a draft streams that the target also has
-    architecture: Optional[str] = None  # the mtp_table row that decided a draft's tensors (its key)
     skipped: frozenset[str] = field(default_factory=frozenset)  # draft-side names left out: vLLM skips or replaces them
     unused_by_model: frozenset[str] = field(default_factory=frozenset)  # selected, then dropped: the model said so
     left_to_draft: frozenset[str] = field(default_factory=frozenset)  # a target's: the MTP draft's own, not streamed
     left_to_draft_bytes: int = 0
-    # Which source decided the names (module_reads.SOURCES): dry_run, table, convention, or whole (everything).
-    selection_source: str = "whole"
-    left_out: Mapping[str, str] = field(default_factory=dict)  # the module's answer: name -> why not streamed
-    selection_note: str = ""  # why the module could not be asked, when a table or convention answered
-    selection_declined: bool = False  # the module itself said it cannot be asked (supports_dry_run = False)
-    selection_seconds: float = 0.0
-    selection_cached: bool = False
-    module_class: str = ""
+    left_out: Mapping[str, str] = field(default_factory=dict)  # name -> why not streamed (the answer, the rank share)
     left_out_bytes: int = 0  # bytes of the checkpoint's tensors the module's answer leaves out
     not_held: frozenset[str] = frozenset()  # left out by the module's structure: other stages' layers, other experts
     not_held_bytes: int = 0
-    # Parameters this plan fills only in part, accepted under MX_ROBUST_MODEL_COMPLETENESS=warn (else refused).
-    gaps: tuple[Gap, ...] = ()
-    judged: int = 0  # parameters whose every element the module's answer was checked to fill
+
+    # -- the answer's own facts, read from it (never copied) -------------------
+
+    @property
+    def module_class(self) -> str:
+        return self.answer.module_class if self.answer is not None else ""
+
+    @property
+    def selection_note(self) -> str:
+        """Why the module could not be asked, when a table, a convention or the whole checkpoint answered."""
+        return self.answer.reason if isinstance(self.answer, Unanswered) else ""
+
+    @property
+    def selection_declined(self) -> bool:
+        """The module itself said it cannot be asked (``supports_dry_run = False``)."""
+        return isinstance(self.answer, Unanswered) and self.answer.declined
+
+    @property
+    def selection_seconds(self) -> float:
+        return self.answer.seconds if isinstance(self.answer, ModuleReads) else 0.0
+
+    @property
+    def selection_cached(self) -> bool:
+        return isinstance(self.answer, ModuleReads) and self.answer.cached
+
+    @property
+    def gaps(self) -> tuple[Gap, ...]:
+        """Parameters this plan fills only in part, accepted under MX_ROBUST_MODEL_COMPLETENESS=warn (else refused)."""
+        return self.answer.gaps if isinstance(self.answer, ModuleReads) else ()
+
+    @property
+    def judged(self) -> int:
+        """Parameters whose every element the module's answer was checked to fill."""
+        return self.answer.judged if isinstance(self.answer, ModuleReads) else 0
 
     @property
     def expected(self) -> list[str]:
@@ -97,6 +136,71 @@ class LoadPlan:
     def shard_keys(self) -> list[str]:
         return [s.key for s in self.shards]
 
+    def describe(self) -> PlanDescription:
+        """The load's log lines about this plan, and the report's fields: one place writes both."""
+        role, lines = self.role, []
+        if self.shared:
+            lines.append((logging.INFO, f"draft also streams shared weights: {sorted(self.shared)}"))
+        if self.selection_source == "dry_run":
+            how = "kept answer" if self.selection_cached else f"{self.selection_seconds:.2f}s"
+            lines.append((logging.INFO, (
+                f"{role} selection_source=dry_run ({self.module_class}, {how}): {len(self.expected)} tensor(s) "
+                f"read by the module; {left_out_summary(self.left_out)}"
+            )))  # fmt: skip
+        elif self.selection_note:
+            decides = f"; table row {self.architecture} decides" if self.selection_source == "table" else ""
+            lines.append((logging.INFO if self.selection_declined else logging.WARNING, (
+                f"{role} selection_source={self.selection_source}: the module {self.module_class or '(none)'} "
+                f"could not be asked what it reads ({self.selection_note}){decides}"
+            )))  # fmt: skip
+        if self.architecture and role == "draft" and self.selection_source == "table":
+            lines.append((logging.INFO, f"draft architecture {self.architecture}: {len(self.skipped)} tensor(s) not streamed"))
+        if self.left_to_draft:
+            lines.append((logging.INFO, (
+                f"target: {len(self.left_to_draft)} tensor(s), {self.left_to_draft_bytes} bytes, are the MTP "
+                f"draft's own ({self.architecture}); not streamed for the target (MX_ROBUST_TARGET_SELECTION=all "
+                f"streams them)"
+            )))  # fmt: skip
+        if self.unused_by_model:
+            # The model's own word overrides the selection: a table row or a convention picked too much.
+            shown = listed(sorted(self.unused_by_model), 10, ", ")
+            selection = f"table row {self.architecture}" if self.architecture else f"convention {self.convention}"
+            lines.append((logging.WARNING, (
+                f"{role}: {selection} selected {len(self.unused_by_model)} tensor(s) the model says it does not "
+                f"load (is_unused_checkpoint_weight); not streaming them: {shown}"
+            )))  # fmt: skip
+        if self.gaps:
+            lines.append((logging.WARNING, (
+                f"{role}: {len(self.gaps)} parameter(s) the checkpoint fills only in part, loaded anyway "
+                f"(MX_ROBUST_MODEL_COMPLETENESS=warn): " + listed([g.describe() for g in self.gaps], GAPS_SHOWN, "; ")
+            )))  # fmt: skip
+        if self.not_held:
+            lines.append((logging.INFO, (
+                f"{role}: {len(self.not_held)} tensor(s), {self.not_held_bytes} bytes, are other ranks' (pipeline "
+                f"stages, expert-parallel ranks: the module's structure); not streamed here"
+            )))  # fmt: skip
+        fields = {
+            "role": role,
+            "convention": self.convention,
+            "shards": tuple(self.shard_keys),
+            "tensors": len(self.expected),
+            "bytes_streamed": self.bytes,
+            "unused_by_model": tuple(sorted(self.unused_by_model)),
+            "architecture": self.architecture,
+            "left_to_draft": len(self.left_to_draft),
+            "left_to_draft_bytes": self.left_to_draft_bytes,
+            "selection_source": self.selection_source,
+            "module_class": self.module_class,
+            "selection_note": self.selection_note,
+            "selection_seconds": self.selection_seconds,
+            "selection_cached": self.selection_cached,
+            "left_out": len(self.left_out),
+            "left_out_bytes": self.left_out_bytes,
+            "not_held": len(self.not_held),
+            "not_held_bytes": self.not_held_bytes,
+        }
+        return PlanDescription(tuple(lines), fields)
+
 
 def loaded_shards(checkpoint: Checkpoint, settings: RobustSettings) -> list[Shard]:
     """The shards a full load streams, in load order."""
@@ -108,43 +212,32 @@ def describe_errors(checkpoint: Checkpoint) -> str:
     return f"checkpoint {checkpoint.uri} is inconsistent, not loading it: {listed([p.message for p in errors], PROBLEMS_SHOWN, '; ')}"
 
 
-def plan_for(
-    checkpoint: Checkpoint,
-    engine: EngineView,
-    settings: RobustSettings,
-    *,
-    source_is_target: bool,
-    held: Optional[frozenset[str]] = None,
-    reads: Optional[Callable[[Checkpoint], Answer]] = None,
-) -> LoadPlan:
-    """What to stream from ``checkpoint`` for this engine load.
+def plan_for(checkpoint: Checkpoint, module: BuiltModule, settings: RobustSettings, *, source_is_target: bool) -> LoadPlan:
+    """What to stream from ``checkpoint`` for this load of ``module``.
 
     ``source_is_target``: the checkpoint is the target's (a draft the engine
     points at it takes its own tensors out of it; any other draft must not be
-    fed it). ``held``: the names of the built model's parameters and buffers
-    (:func:`target_selection`); None where there is no model (doctor).
-    ``reads``: asks the built module what it reads from a checkpoint
-    (:func:`.module_reads.ask_cached`); None where there is no module.
-    Raises InconsistentCheckpoint or DraftPlanError, both before the model
-    is touched.
+    fed it). ``module``: what the built module answers (its reads, its
+    structure, its table row), or the engine alone where there is no module
+    (doctor). Raises InconsistentCheckpoint or DraftPlanError, both before
+    the model is touched.
     """
+    engine = module.engine
     if checkpoint.errors:
         raise InconsistentCheckpoint(describe_errors(checkpoint))
     full = LoadPlan(checkpoint.uri, tuple(loaded_shards(checkpoint, settings)), None, role=engine.role)
     if not engine.is_draft:
         if settings.target_selection == "all":
             return full
-        answer = reads(checkpoint) if reads is not None else None
+        answer = module.reads(checkpoint)
         if isinstance(answer, ModuleReads):
             refuse_partial(answer, checkpoint, engine.role, settings)
-            row = mtp_table.match_target(engine.hf_config, engine=engine.engine) or mtp_table.match_target(
-                checkpoint.config, engine=engine.engine
-            )
+            row = module.row(checkpoint)
             return replace(_plan_from_reads(full, checkpoint, answer), architecture=row.key if row else None)
         if "table" not in settings.selection_sources:
             return _noted(full, answer, "whole")
-        return _noted(target_selection(full, checkpoint, engine, settings, held), answer)
-    row = architecture_row(engine)
+        return _noted(target_selection(full, checkpoint, module, settings), answer)
+    row = module.row(checkpoint)
     if not source_is_target:
         # A draft with a checkpoint of its own (whatever the method): all of it.
         return full if row is None else replace(full, architecture=row.key)
@@ -165,7 +258,7 @@ def plan_for(
         answer = Unanswered("", "the engine gives this draft runner one MTP layer (SGLang's draft_model_idx), "
                             "which its load_weights does not know")
     else:
-        answer = reads(checkpoint) if reads is not None else None
+        answer = module.reads(checkpoint)
     if isinstance(answer, ModuleReads):
         refuse_partial(answer, checkpoint, engine.role, settings)
         plan = _plan_from_reads(full, checkpoint, answer)
@@ -205,9 +298,6 @@ def points_at_target(engine: EngineView) -> bool:
     return bool(mine & {normalize_uri(u) for u in engine.target_uris})
 
 
-GAPS_SHOWN = 3
-
-
 def refuse_partial(answer: ModuleReads, checkpoint: Checkpoint, role: str, settings: RobustSettings) -> None:
     """Refuse, before a byte streams, a load that would leave part of a parameter at its init values.
 
@@ -234,13 +324,9 @@ def _plan_from_reads(full: LoadPlan, checkpoint: Checkpoint, answer: ModuleReads
         shards=_shards_holding(full.shards, names),
         convention=None,
         selection_source=answer.source,
+        answer=answer,
         left_out=dict(answer.left_out),
         left_out_bytes=left_bytes,
-        selection_seconds=answer.seconds,
-        selection_cached=answer.cached,
-        module_class=answer.module_class,
-        gaps=answer.gaps,
-        judged=answer.judged,
     )
 
 
@@ -248,50 +334,31 @@ def _noted(plan: LoadPlan, answer: Optional[Answer], source: Optional[str] = Non
     """``plan`` as the table or the conventions made it, with why the module could not answer."""
     if source is None:
         source = "table" if plan.architecture and (plan.names is not None or plan.role == "draft") else "whole"
-    note = answer.reason if isinstance(answer, Unanswered) else ""
-    module_class = answer.module_class if isinstance(answer, Unanswered) else ""
-    declined = isinstance(answer, Unanswered) and answer.declined
-    return replace(plan, selection_source=source, selection_note=note, module_class=module_class,
-                   selection_declined=declined)  # fmt: skip
+    return replace(plan, selection_source=source, answer=answer)
 
 
-def target_selection(
-    full: LoadPlan,
-    checkpoint: Checkpoint,
-    engine: EngineView,
-    settings: RobustSettings,
-    held: Optional[frozenset[str]],
-) -> LoadPlan:
+def target_selection(full: LoadPlan, checkpoint: Checkpoint, module: BuiltModule, settings: RobustSettings) -> LoadPlan:
     """A target's plan: every tensor but its MTP draft's own layers, which only the draft reads.
 
     The row of :mod:`.mtp_table` that vLLM picks for this target's draft
     names the MTP layers (:func:`mtp_table.draft_roots`); the target's
     ``load_weights`` skips them, and the draft streams them itself, so they
     cross the network once. A layer the built model holds parameters under
-    (``held``) stays in: the model's own structure overrides the table. The
+    (``module.held``) stays in: the model's own structure overrides the table. The
     completeness check still guards the load. Without a row, with
     ``MX_ROBUST_TARGET_SELECTION=all`` or when N or the MTP layer count is
     unknown, the plan is the whole checkpoint.
     """
     if settings.target_selection == "all":
         return full
-    row = mtp_table.match_target(engine.hf_config, engine=engine.engine) or mtp_table.match_target(
-        checkpoint.config, engine=engine.engine
-    )
+    row = module.row(checkpoint)
     if row is None:
         return full
-    draft_only = mtp_table.draft_only(row, row_layout_for(row, checkpoint, engine), full.expected, held)
+    draft_only = mtp_table.draft_only(row, row_layout_for(row, checkpoint, module.engine), full.expected, module.held)
     if not draft_only:
         return replace(full, architecture=row.key)
     return _less(full, draft_only, architecture=row.key, left_to_draft=draft_only,
                  left_to_draft_bytes=_bytes_of(full, draft_only))  # fmt: skip
-
-
-def architecture_row(engine: EngineView) -> Optional[mtp_table.MtpArchitecture]:
-    """The mtp_table row for this engine's draft, or None (a target, or an architecture the table lacks)."""
-    if not engine.is_draft:
-        return None
-    return mtp_table.match(engine.architectures, engine.model_type, engine.speculative_method, engine=engine.engine)
 
 
 def row_layout_for(
@@ -447,46 +514,22 @@ def is_target_source(candidate: Candidate, engine: EngineView, settings: RobustS
     return normalize_uri(candidate.uri) in shared
 
 
-def plan_load(
-    cands: list[Candidate],
-    engine: EngineView,
-    settings: RobustSettings,
-    unused: Optional[Callable[[str], bool]] = None,
-    held: Optional[frozenset[str]] = None,
-    reads: Optional[Callable[[Checkpoint], Answer]] = None,
-    share: Optional[RankShare] = None,
-) -> tuple[Resolution, LoadPlan]:
-    """Walk the source chain, then plan the load from the chosen source.
+def plan_load(cands: list[Candidate], module: BuiltModule, settings: RobustSettings) -> tuple[Resolution, LoadPlan]:
+    """Walk the source chain, then plan the load of ``module`` from the chosen source.
 
-    ``unused``: the model's own word on names it does not load
-    (:func:`narrow_to_model`); ``held``: the built model's parameter and
-    buffer names (:func:`target_selection`); ``reads``: the question asked of
-    the built module (:func:`plan_for`); ``share``: what this rank's module
-    holds (:func:`narrow_to_rank`). Raises NoStreamableSource,
-    InconsistentCheckpoint or DraftPlanError (all ``mutated=False``).
+    Raises NoStreamableSource, InconsistentCheckpoint or DraftPlanError (all ``mutated=False``).
     """
     resolution = resolve(cands, settings)
-    return resolution, plan_resolved(resolution, engine, settings, unused, held, reads, share)
+    return resolution, plan_resolved(resolution, module, settings)
 
 
-def plan_resolved(
-    resolution: Resolution,
-    engine: EngineView,
-    settings: RobustSettings,
-    unused: Optional[Callable[[str], bool]] = None,
-    held: Optional[frozenset[str]] = None,
-    reads: Optional[Callable[[Checkpoint], Answer]] = None,
-    share: Optional[RankShare] = None,
-) -> LoadPlan:
-    """This rank's plan from a source already chosen (by this rank, or by rank 0 for every rank)."""
-    plan = plan_for(
-        resolution.checkpoint,
-        engine,
-        settings,
-        source_is_target=is_target_source(resolution.candidate, engine, settings),
-        held=held,
-        reads=reads,
-    )
+def plan_resolved(resolution: Resolution, module: BuiltModule, settings: RobustSettings) -> LoadPlan:
+    """This rank's plan from a source already chosen (by this rank, or by rank 0 for every rank): the
+    module's answer (or the table's, or a convention's), less what the model says it does not load
+    (:func:`narrow_to_model`) and what this rank does not hold (:func:`narrow_to_rank`)."""
+    source_is_target = is_target_source(resolution.candidate, module.engine, settings)
+    plan = plan_for(resolution.checkpoint, module, settings, source_is_target=source_is_target)
+    unused, share = module.unused, module.share
     if plan.role == "target" and settings.target_selection == "all":
         unused = share = None
     narrowed = narrow_to_model(plan, unused)
@@ -500,7 +543,7 @@ def plan_resolved(
 
 __all__ = [
     "LoadPlan",
-    "architecture_row",
+    "PlanDescription",
     "carrier_plan",
     "describe_errors",
     "is_target_source",

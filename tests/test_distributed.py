@@ -204,6 +204,7 @@ def _lone_stream_worker(rank: int, port: int, out: str, checkpoint: str) -> None
     from mx_strategies import runai_plan
     from mx_strategies.checkpoint import inspect
     from mx_strategies.planning import plan_for
+    from mx_strategies.built_module import BuiltModule
     from mx_strategies.settings import load_settings
     from mx_strategies.storage import LocalStore
     from mx_strategies.streaming import VerifiedStream
@@ -221,7 +222,7 @@ def _lone_stream_worker(rank: int, port: int, out: str, checkpoint: str) -> None
             real = runai_plan._no_rank_discovery
             runai_plan._no_rank_discovery = lambda streamer: (workaround.append(1), real(streamer))[1]
             settings = load_settings()
-            plan = plan_for(inspect(LocalStore(checkpoint), settings.discovery_depth), TARGET, settings,
+            plan = plan_for(inspect(LocalStore(checkpoint), settings.discovery_depth), BuiltModule(TARGET), settings,
                             source_is_target=True)  # fmt: skip
             reference = reference_of([os.path.join(checkpoint, shard.key) for shard in plan.shards])
             delivered = {}

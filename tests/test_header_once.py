@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from mx_strategies.engine import EngineView
 from mx_strategies.planning import plan_load
+from mx_strategies.built_module import BuiltModule
 from mx_strategies.settings import load_settings
 from mx_strategies.sources import Candidate
 from mx_strategies.streaming import VerifiedStream
@@ -42,7 +43,7 @@ def _checkpoint(folder) -> None:
 
 def _load(uri: str) -> tuple[dict[str, torch.Tensor], object]:
     settings = load_settings()
-    _, plan = plan_load([Candidate("explicit", uri)], TARGET, settings)
+    _, plan = plan_load([Candidate("explicit", uri)], BuiltModule(TARGET), settings)
     with VerifiedStream(plan, settings) as stream:
         delivered = {name: tensor.clone() for name, tensor in stream.tensors()}
     return delivered, plan

@@ -50,6 +50,7 @@ from mx_strategies.storage import LocalStore, ObjectInfo
 from mx_strategies.testing import synthetic
 from mx_strategies.engine import EngineView
 from mx_strategies.planning import plan_for
+from mx_strategies.built_module import BuiltModule
 from mx_strategies.streaming import VerifiedStream
 from support import CountingAdapter, RecordingModel, make_context, model_config, vllm_config
 
@@ -744,7 +745,7 @@ def test_delivered_tensor_must_match_the_inspected_header(change, tmp_path):
     folder = tmp_path / "ckpt"
     write_base(folder)
     settings = load_settings()
-    plan = plan_for(inspect(LocalStore(str(folder)), settings.discovery_depth), TARGET, settings, source_is_target=True)
+    plan = plan_for(inspect(LocalStore(str(folder)), settings.discovery_depth), BuiltModule(TARGET), settings, source_is_target=True)
     stream = VerifiedStream(plan, settings)
     dtype, shape, arrived = WRONG[change]
     with pytest.raises(ContentMismatch) as caught:

@@ -60,6 +60,7 @@ from test_mtp_architectures import (  # noqa: E402
 from mx_strategies import mtp_table  # noqa: E402
 from mx_strategies.engine import engine_view  # noqa: E402
 from mx_strategies.planning import points_at_target, row_layout_for  # noqa: E402
+from mx_strategies.built_module import BuiltModule
 from mx_strategies.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.tensor_bytes import same_bytes  # noqa: E402
 from mx_strategies.testing.synthetic import write_shards  # noqa: E402
@@ -467,6 +468,7 @@ def test_doctor_plans_a_mistral_large4_draft_with_its_row_and_method(tmp_path):
     from mx_strategies.checkpoint import inspect
     from mx_strategies.cli.doctor import draft_engine
     from mx_strategies.planning import plan_for
+    from mx_strategies.built_module import BuiltModule
     from mx_strategies.settings import load_settings
     from mx_strategies.storage import LocalStore
 
@@ -479,5 +481,5 @@ def test_doctor_plans_a_mistral_large4_draft_with_its_row_and_method(tmp_path):
     view, row = draft_engine(checkpoint)
     assert row is not None and row.key == ROW
     assert view.speculative_method == "dspark" and view.architectures == ("MistralLarge4DSparkModel",)
-    plan = plan_for(checkpoint, view, settings, source_is_target=True)
+    plan = plan_for(checkpoint, BuiltModule(view), settings, source_is_target=True)
     assert set(plan.expected) == set(draft)

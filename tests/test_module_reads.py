@@ -52,6 +52,7 @@ from helpers.state import differences, module_state  # noqa: E402
 from mx_strategies import completeness, module_reads, mtp_table  # noqa: E402
 from mx_strategies.engine import declared_unused, engine_view, vllm_rules  # noqa: E402
 from mx_strategies.planning import points_at_target, row_layout_for  # noqa: E402
+from mx_strategies.built_module import BuiltModule
 from mx_strategies.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.settings import load_settings  # noqa: E402
 from mx_strategies.sources import Candidate, probe  # noqa: E402
@@ -342,6 +343,7 @@ def test_a_draft_with_a_checkpoint_of_its_own_is_never_fed_the_targets(speculati
     from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
 
     from mx_strategies.planning import plan_for
+    from mx_strategies.built_module import BuiltModule
 
     target_folder, draft_folder = str(tmp_path / "target"), str(tmp_path / "draft")
     builders.write_config(target_folder, "deepseek_v3")
@@ -371,7 +373,7 @@ def test_a_draft_with_a_checkpoint_of_its_own_is_never_fed_the_targets(speculati
     from mx_strategies.errors import DraftPlanError
 
     with pytest.raises(DraftPlanError, match="has a checkpoint of its own"):
-        plan_for(checkpoint, engine, load_settings(), source_is_target=True, reads=lambda c: pytest.fail("asked"))
+        plan_for(checkpoint, BuiltModule(engine, question=lambda c: pytest.fail("asked")), load_settings(), source_is_target=True)
 
 
 # -- a draft class vLLM's registry knows and the table does not -----------------------------------------
@@ -527,6 +529,7 @@ def test_gemma4_dspark_has_a_checkpoint_of_its_own(detected, tmp_path, vllm_cpu)
     from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
 
     from mx_strategies.planning import plan_for
+    from mx_strategies.built_module import BuiltModule
 
     target_folder, draft_folder = str(tmp_path / "gemma4"), str(tmp_path / "gemma4-dspark")
     builders.write_config(target_folder, "gemma4_target")
@@ -546,7 +549,7 @@ def test_gemma4_dspark_has_a_checkpoint_of_its_own(detected, tmp_path, vllm_cpu)
     engine = engine_view(build_vllm_load_context(vc, spec.draft_model_config))
     assert engine.is_draft and not points_at_target(engine)
     checkpoint = probe(Candidate("model", draft_folder), load_settings())
-    plan = plan_for(checkpoint, engine, load_settings(), source_is_target=False, reads=lambda c: pytest.fail("asked"))
+    plan = plan_for(checkpoint, BuiltModule(engine, question=lambda c: pytest.fail("asked")), load_settings(), source_is_target=False)
     assert plan.names is None and sorted(plan.expected) == sorted(own) and plan.selection_source == "whole"
 
 

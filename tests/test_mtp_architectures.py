@@ -1041,7 +1041,7 @@ def test_a_target_selection_that_drops_a_kept_layer_is_caught(tmp_path, robust, 
     """Were the table to call a target layer the draft's: the built model holds parameters under it, so the
     layer stays in the plan; and without that structural check (patched away) the completeness check
     refuses the load, naming the parameters, mutated=True. (The table's guard: the module is not asked.)"""
-    from mx_strategies import robust as robust_module
+    from mx_strategies import built_module
 
     monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
 
@@ -1051,7 +1051,7 @@ def test_a_target_selection_that_drops_a_kept_layer_is_caught(tmp_path, robust, 
     _, seen, report = load_target(monkeypatch, folder, target, vc, config)
     assert any(n.startswith("model.layers.1.") for n in seen["names"]) and report["left_to_draft"] == len(mtp)
 
-    monkeypatch.setattr(robust_module, "held_names", lambda model: None)
+    monkeypatch.setattr(built_module, "held_names", lambda model: None)
     with pytest.raises(StrategyFailed) as failure:
         RobustModelStreamerStrategy().load(LoadResult(value=target, model=target), build_vllm_load_context(vc, config))
     assert failure.value.mutated is True

@@ -26,6 +26,7 @@ from mx_strategies.cli.doctor import diagnose
 from mx_strategies.engine import EngineView
 from mx_strategies.errors import DraftPlanError, InconsistentCheckpoint
 from mx_strategies.planning import LoadPlan, is_target_source, loaded_shards, narrow_to_model, plan_for, plan_load
+from mx_strategies.built_module import BuiltModule
 from mx_strategies.settings import load_settings
 from mx_strategies.sources import Candidate
 from mx_strategies.storage import LocalStore
@@ -52,7 +53,7 @@ def test_loaded_shards_leave_empty_ones_out_unless_told(monkeypatch, tmp_path):
 
 def test_target_plan_is_every_tensor_in_plan_order(tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3, empty=(1,)), write_order=[2, 0, 1])
-    plan = plan_for(inspected(ckpt.path), TARGET, load_settings(), source_is_target=True)
+    plan = plan_for(inspected(ckpt.path), BuiltModule(TARGET), load_settings(), source_is_target=True)
     assert plan.role == "target" and plan.names is None and plan.convention is None
     assert plan.expected == ckpt.order
     assert plan.shard_keys == [ckpt.names[0], ckpt.names[2]]
@@ -64,7 +65,7 @@ def test_a_checkpoint_with_errors_is_not_planned(tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
     os.truncate(ckpt.files[1], 0)
     with pytest.raises(InconsistentCheckpoint, match=f"^checkpoint {ckpt.path} is inconsistent, not loading it: "):
-        plan_for(inspected(ckpt.path), TARGET, load_settings(), source_is_target=True)
+        plan_for(inspected(ckpt.path), BuiltModule(TARGET), load_settings(), source_is_target=True)
 
 
 # -- drafts ------------------------------------------------------------------------------------
@@ -73,7 +74,7 @@ def test_a_checkpoint_with_errors_is_not_planned(tmp_path):
 @pytest.mark.parametrize("style, convention", [("qwen", "mtp"), ("deepseek", "nextn_layers")])
 def test_mtp_draft_plan_is_its_head_from_the_shards_holding_it(tmp_path, style, convention):
     ck = mtp_checkpoint(str(tmp_path / "ckpt"), style=style, empty_shards=(1,))
-    plan = plan_for(inspected(ck.path), MTP_DRAFT, load_settings(), source_is_target=True)
+    plan = plan_for(inspected(ck.path), BuiltModule(MTP_DRAFT), load_settings(), source_is_target=True)
     assert plan.role == "draft" and plan.convention == convention
     assert plan.names == frozenset(ck.draft_names) and set(plan.expected) == ck.draft_names
     assert plan.shard_keys == [ck.shard_names[-1]]
@@ -84,7 +85,7 @@ def test_mtp_draft_plan_is_its_head_from_the_shards_holding_it(tmp_path, style, 
 def test_draft_at_pipeline_parallel_2_also_streams_the_shared_weights(tmp_path):
     ck = mtp_checkpoint(str(tmp_path / "ckpt"), style="qwen")
     draft_pp2 = EngineView(True, "mtp", (), 1, 2, None, {})
-    plan = plan_for(inspected(ck.path), draft_pp2, load_settings(), source_is_target=True)
+    plan = plan_for(inspected(ck.path), BuiltModule(draft_pp2), load_settings(), source_is_target=True)
     assert plan.shared == frozenset(ck.shared_names)
     assert plan.names == frozenset(ck.draft_names | ck.shared_names)
     assert plan.shard_keys == [ck.shard_names[0], ck.shard_names[-2], ck.shard_names[-1]]  # embed, lm_head, head
@@ -93,10 +94,10 @@ def test_draft_at_pipeline_parallel_2_also_streams_the_shared_weights(tmp_path):
 def test_a_draft_with_a_checkpoint_of_its_own_loads_it_whole_and_is_never_fed_the_target(tmp_path):
     ck = mtp_checkpoint(str(tmp_path / "ckpt"), style="deepseek")
     checkpoint = inspected(ck.path)
-    whole = plan_for(checkpoint, EAGLE_DRAFT, load_settings(), source_is_target=False)
+    whole = plan_for(checkpoint, BuiltModule(EAGLE_DRAFT), load_settings(), source_is_target=False)
     assert whole.names is None and whole.role == "draft" and set(whole.expected) == set(ck.tensors)
     with pytest.raises(DraftPlanError, match=r"draft \(method eagle\) has a checkpoint of its own"):
-        plan_for(checkpoint, EAGLE_DRAFT, load_settings(), source_is_target=True)
+        plan_for(checkpoint, BuiltModule(EAGLE_DRAFT), load_settings(), source_is_target=True)
 
 
 def test_the_target_source_is_mx_model_uri_or_the_targets_own(monkeypatch):
@@ -111,7 +112,7 @@ def test_the_target_source_is_mx_model_uri_or_the_targets_own(monkeypatch):
 def test_plan_load_walks_the_chain_then_plans(tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
     missing = str(tmp_path / "gone")
-    resolution, plan = plan_load([Candidate("model", missing), Candidate("MX_MODEL_URI", ckpt.path)], TARGET, load_settings())
+    resolution, plan = plan_load([Candidate("model", missing), Candidate("MX_MODEL_URI", ckpt.path)], BuiltModule(TARGET), load_settings())
     assert resolution.candidate == Candidate("MX_MODEL_URI", ckpt.path)
     assert [r.candidate.uri for r in resolution.rejected] == [missing]
     assert plan.expected == ckpt.order
@@ -238,5 +239,5 @@ def test_a_draft_the_model_says_loads_nothing_is_refused_before_streaming(tmp_pa
     settings = load_settings()
     engine = EngineView(True, "mtp", (folder,), 1, 1, {"num_hidden_layers": 2, "num_nextn_predict_layers": 1})
     with pytest.raises(DraftPlanError, match="the model says it loads none of the .* tensors selected for it") as failure:
-        plan_load([Candidate("MX_MODEL_URI", folder)], engine, settings, lambda name: True)
+        plan_load([Candidate("MX_MODEL_URI", folder)], BuiltModule(engine, unused=lambda name: True), settings)
     assert failure.value.mutated is False

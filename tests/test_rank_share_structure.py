@@ -15,6 +15,7 @@ import torch
 from helpers.checkpoints import write_checkpoint
 
 from mx_strategies.planning import narrow_to_rank, plan_for
+from mx_strategies.built_module import BuiltModule
 from mx_strategies.rank_share import OTHER_EXPERT_RANK, OTHER_STAGE, RankShare, share_of
 from mx_strategies.settings import load_settings
 from mx_strategies.sources import Candidate, probe
@@ -92,7 +93,7 @@ def test_the_structure_narrows_a_table_plan_but_not_the_modules_own_answer(tmp_p
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), [names])
     settings = load_settings()
     checkpoint = probe(Candidate("explicit", ckpt.path), settings)
-    full = plan_for(checkpoint, TARGET, settings, source_is_target=True)
+    full = plan_for(checkpoint, BuiltModule(TARGET), settings, source_is_target=True)
     share = RankShare(("model.layers.0.",), {"model.layers.2.mlp.experts.": frozenset({2, 3})})
 
     narrowed = narrow_to_rank(full, share)

@@ -24,6 +24,7 @@ from mx_strategies.checkpoint import inspect
 from mx_strategies.engine import SGLANG, EngineView, engine_view
 from mx_strategies.errors import DraftPlanError
 from mx_strategies.planning import plan_for
+from mx_strategies.built_module import BuiltModule
 from mx_strategies.settings import load_settings
 from mx_strategies.storage import LocalStore
 
@@ -55,7 +56,7 @@ def draft(architecture: str, **fields) -> EngineView:
 
 
 def plan(folder: str, engine: EngineView):
-    return plan_for(inspect(LocalStore(folder), 2), engine, load_settings(), source_is_target=True)
+    return plan_for(inspect(LocalStore(folder), 2), BuiltModule(engine), load_settings(), source_is_target=True)
 
 
 def layer(prefix: str, *parts: str) -> list[str]:

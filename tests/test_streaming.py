@@ -31,6 +31,7 @@ from helpers.engine import (
 from mx_strategies.checkpoint import inspect
 from mx_strategies.errors import IncompleteDelivery, InconsistentCheckpoint
 from mx_strategies.planning import LoadPlan, loaded_shards, plan_for
+from mx_strategies.built_module import BuiltModule
 from mx_strategies.settings import load_settings
 from mx_strategies.storage import LocalStore
 from mx_strategies.streaming import InOrder, VerifiedStream, streamer_variables
@@ -38,7 +39,7 @@ from mx_strategies.tensor_bytes import same_bytes
 
 
 def target_plan(path: str, settings) -> LoadPlan:
-    return plan_for(inspect(LocalStore(path), settings.discovery_depth), TARGET, settings, source_is_target=True)
+    return plan_for(inspect(LocalStore(path), settings.discovery_depth), BuiltModule(TARGET), settings, source_is_target=True)
 
 
 # -- VerifiedStream ----------------------------------------------------------------
@@ -117,7 +118,7 @@ def test_verified_stream_reports_duplicates(tmp_path):
     checkpoint = inspect(LocalStore(ckpt.path), settings.discovery_depth)
     assert [p.kind for p in checkpoint.errors] == ["duplicate_tensor"]  # the strategy would stop here
     with pytest.raises(InconsistentCheckpoint):  # and planning is where it stops
-        plan_for(checkpoint, TARGET, settings, source_is_target=True)
+        plan_for(checkpoint, BuiltModule(TARGET), settings, source_is_target=True)
     unchecked = LoadPlan(checkpoint.uri, tuple(loaded_shards(checkpoint, settings)), None)
     names: list[str] = []
     with pytest.raises(IncompleteDelivery, match="1 delivered more than once: model.layers.0.input_layernorm.weight"):
@@ -401,7 +402,7 @@ def test_f4_streams_where_runai_packs_it_and_is_refused_by_name_where_it_cannot(
         assert "dtype F4 is valid safetensors, but runai-model-streamer cannot stream it" in problem.message
         return
     assert not checkpoint.problems, checkpoint.problems
-    plan = plan_for(checkpoint, TARGET, settings, source_is_target=True)
+    plan = plan_for(checkpoint, BuiltModule(TARGET), settings, source_is_target=True)
     delivered = {}
     with VerifiedStream(plan, settings) as stream:
         for name, tensor in stream.tensors():

@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .. import mtp_table
 from ..report import METADATA_KEY, clear_reports, recent_reports
+from .demo_environment import demo_environment, quiet_s3_server_logs
 
 NAME = "demo"
 HELP = "load an MTP model and its draft from a local S3 server, with and without mx_strategies"
@@ -57,7 +58,6 @@ DESCRIPTION = (
 STRATEGY_SPEC = "mx_strategies.robust"
 BUCKET = "mx-demo"
 # Settings a user may have exported that would change the demo's story.
-DEMO_CLEARED_ENV_PREFIXES = ("MX_ROBUST_", "MX_STRATEGIES_CONFIG", "MX_MS_DISTRIBUTED")
 
 
 @dataclass(frozen=True)
@@ -155,39 +155,6 @@ def quiet_modelexpress_logs(verbose: bool) -> Iterator[None]:
         logger.setLevel(saved[0])
         logger.propagate = saved[1]
         logger.handlers = saved[2]
-
-
-@contextmanager
-def demo_environment() -> Iterator[None]:
-    """Run without the user's MX_* strategy settings; leave the environment as found.
-
-    The demo sets MX_STRATEGY and MX_MODEL_URI, LoopbackS3 the AWS_* variables,
-    and runai-model-streamer some of its own; all of it is undone.
-    """
-    saved = dict(os.environ)
-    for key in saved:
-        if key.startswith(DEMO_CLEARED_ENV_PREFIXES + ("MX_STRATEGY", "MX_MODEL_URI")):
-            del os.environ[key]
-    try:
-        yield
-    finally:
-        for key in [k for k in os.environ if k not in saved]:
-            del os.environ[key]
-        for key, value in saved.items():
-            if os.environ.get(key) != value:
-                os.environ[key] = value
-
-
-@contextmanager
-def quiet_s3_server_logs() -> Iterator[None]:
-    """moto's werkzeug logs every request at INFO; the demo reports totals instead."""
-    logger = logging.getLogger("werkzeug")
-    saved = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.setLevel(saved)
 
 
 def _failure(exc: BaseException) -> str:

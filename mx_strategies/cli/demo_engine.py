@@ -70,7 +70,7 @@ def run_engine_demo(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, workdir: str, progress) -> Optional[list]:
     from ..testing.engine.check import check_arch
     from ..testing.loopback import LoopbackS3
-    from .demo import demo_environment, quiet_s3_server_logs
+    from .demo_environment import demo_environment, quiet_s3_server_logs
 
     def note(line: str) -> None:
         print(f"  {line}", file=progress, flush=True)

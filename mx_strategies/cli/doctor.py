@@ -39,6 +39,7 @@ from ..errors import (
     NoStreamableSource,
 )
 from ..planning import LoadPlan, loaded_shards, plan_for
+from ..built_module import BuiltModule
 from ..settings import RobustSettings, env_name, load_settings
 from ..sources import Resolution, candidates, resolve
 from ..storage import (
@@ -334,7 +335,7 @@ def architecture_view(row: Optional[mtp_table.MtpArchitecture], plan: Optional[L
 def target_plan(checkpoint: Checkpoint, settings: RobustSettings, engine: str = VLLM) -> Optional[LoadPlan]:
     """The target load's plan, as the strategy makes it (without a built model to cross-check)."""
     try:
-        return plan_for(checkpoint, target_engine(engine), settings, source_is_target=True)
+        return plan_for(checkpoint, BuiltModule(target_engine(engine)), settings, source_is_target=True)
     except InconsistentCheckpoint:
         return None
 
@@ -371,7 +372,7 @@ def draft_view(checkpoint: Checkpoint, settings: RobustSettings, engine_name: st
     try:
         # A draft with a checkpoint of its own (Gemma-4's assistant) loads this one whole.
         own = row is not None and row.own_checkpoint
-        plan = plan_for(checkpoint, engine, settings, source_is_target=not own)
+        plan = plan_for(checkpoint, BuiltModule(engine), settings, source_is_target=not own)
     except InconsistentCheckpoint:
         return {"found": False, "conventions_tried": tried, "message": "the checkpoint has errors (see problems)",
                 "architecture": architecture_view(row)}

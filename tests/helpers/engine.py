@@ -230,8 +230,8 @@ class StopBeforeStreaming(RobustModelStreamerStrategy):
 
     seen: list[dict] = []
 
-    def _stream(self, result, ctx, plan, settings, engine, distributed, *args, **kwargs):
-        type(self).seen.append({"distributed": distributed, "engine": engine, "plan": plan})
+    def _stream(self, result, ctx, plan, settings, module, distributed, *args, **kwargs):
+        type(self).seen.append({"distributed": distributed, "engine": module.engine, "module": module, "plan": plan})
         raise StrategyFailed(STOPPED, mutated=False)
 
 
