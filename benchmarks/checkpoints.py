@@ -274,7 +274,7 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
 
 
 def time_identity_recheck(plan, settings, reps: int = 3) -> float:
-    """Median seconds of one ``streaming.source_changes`` over the plan's shards.
+    """Median seconds of one ``checkpoint.source_changes`` over the plan's shards.
 
     A robust load re-reads every planned shard's identity (size/mtime/inode
     locally, the ETag on S3: one listing of the source) before and after
@@ -283,7 +283,7 @@ def time_identity_recheck(plan, settings, reps: int = 3) -> float:
     """
     import statistics
 
-    from mx_strategies.streaming import source_changes
+    from mx_strategies.checkpoint import source_changes
 
     samples = []
     for _ in range(reps):

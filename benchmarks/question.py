@@ -221,7 +221,7 @@ def watch_overhead() -> dict:
     by copy, with and without :func:`mx_strategies.write_watch.watched`, interleaved; medians of five."""
     import torch
 
-    from mx_strategies.completeness import judged_parameters
+    from mx_strategies.kept import judged_parameters
     from mx_strategies.write_watch import watched
 
     class Many(torch.nn.Module):

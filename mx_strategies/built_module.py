@@ -10,7 +10,7 @@ asks it once (:meth:`BuiltModule.of`):
   buffer names (:mod:`.engine`);
 - its rank's share: pipeline-missing layers, expert map, EPLB
   (:mod:`.rank_share`);
-- what the engine writes into it after loading (:func:`.completeness.engine_fills`);
+- what the engine writes into it after loading (:func:`.kept.engine_fills`);
 - SGLang's features robust's stream would bypass (:func:`.engine.bypassed_features`);
 - its :mod:`.mtp_table` row, matched once.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import completeness, module_reads, mtp_table, rank_share
+from . import kept, module_reads, mtp_table, rank_share
 from .checkpoint import Checkpoint
 from .engine import SGLANG, EngineView, bypassed_features, declared_unused, held_names
 from .module_reads import Answer
@@ -60,7 +60,7 @@ class BuiltModule:
             else None
         )
         if self.filled_by_engine is None:
-            self.filled_by_engine = completeness.engine_fills(self.engine, self.draft_row)
+            self.filled_by_engine = kept.engine_fills(self.engine, self.draft_row)
 
     @classmethod
     def of(cls, model: Any, engine: EngineView, settings: RobustSettings, rank: int) -> "BuiltModule":

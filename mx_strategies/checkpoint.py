@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Optional
 
-from .draft import NEXTN_COUNT_KEYS
 from .errors import NoCheckpoint, StoreError
 from .jsonread import JsonRejected, read_json
-from .storage import ObjectInfo, Store
+from .settings import RobustSettings
+from .storage import ObjectInfo, Store, open_store
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
@@ -38,6 +38,8 @@ HEADER_PREFETCH_SHARE = 1024
 # A file this small (an empty shard is 8 bytes of length and a padded "{}") is read whole in one
 # round trip; by the 1/1024 rule it would take two.
 HEADER_WHOLE_FILE_BYTES = 4 * 1024
+# The config.json keys that count a checkpoint's MTP layers: checked for plausibility here, read by draft selection.
+NEXTN_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "n_predict")
 # A layer count in config.json above this is no model (draft selection enumerates the layers).
 MAX_LAYER_COUNT = 65_536
 # Names and shapes quoted in a message are cut to this many characters.
@@ -631,6 +633,29 @@ def _assemble(store, max_depth, limits, root, objects, index_obj, index, config_
     )
 
 
+def source_changes(source: str, shards, settings: RobustSettings) -> tuple[list[str], list[str]]:
+    """(shards whose identity changed, shards whose identity could not be read), as messages.
+
+    One listing of the source gives every shard's identity at once (a page
+    per 1,000 objects on an object store), instead of a request per shard.
+    """
+    try:
+        store = open_store(source, timeout_s=settings.probe_timeout_s, max_attempts=settings.probe_max_attempts)
+        depth = max((shard.key.count("/") for shard in shards), default=0)
+        listed = {obj.key: obj.identity for obj in store.list(depth)}
+    except StoreError as exc:
+        return [], [f"{source} ({exc})"]
+    changed, unknown = [], []
+    for shard in shards:
+        if shard.key not in listed:
+            changed.append(f"{shard.uri} (was {shard.identity}, now gone)")
+        elif listed[shard.key] is None:
+            unknown.append(f"{shard.uri} (no identity)")
+        elif listed[shard.key] != shard.identity:
+            changed.append(f"{shard.uri} (was {shard.identity}, now {listed[shard.key]})")
+    return changed, unknown
+
+
 __all__ = [
     "Checkpoint",
     "DTYPE_BITS",
@@ -643,6 +668,7 @@ __all__ = [
     "inspect",
     "natural_key",
     "runai_dtypes",
+    "source_changes",
     "runai_packing",
     "storage_shape",
 ]

@@ -111,7 +111,7 @@ def distributes(engine: Any, enabled: bool) -> tuple[bool, str]:
 
 def sees_same_files(settings) -> Callable[[tuple], Optional[str]]:
     """The per-rank check: this rank reaches every planned shard, and each is the file rank 0 inspected."""
-    from .streaming import source_changes
+    from .checkpoint import source_changes
 
     def check(planned: tuple) -> Optional[str]:
         _, plan = planned

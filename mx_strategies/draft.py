@@ -22,10 +22,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from .checkpoint import NEXTN_COUNT_KEYS
 from .errors import DraftPlanError
 from .settings import RobustSettings
 
-NEXTN_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "n_predict")
 LAYER_PREFIXES = ("model.layers.", "layers.", "model.language_model.layers.")
 SHARED_WEIGHT_PATTERN = re.compile(r"(^|\.)(embed_tokens\.weight|lm_head\.weight)$")
 

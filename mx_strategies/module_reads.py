@@ -12,7 +12,7 @@ The sources, in order:
    What the model or the engine says itself shapes it: vLLM's
    ``is_unused_checkpoint_weight`` (names the model never loads are not even
    fed) and the engine's replacement of a draft's embedding and head after
-   loading (:func:`.completeness.engine_fills`, :mod:`.engine.vllm_rules`);
+   loading (:func:`.kept.engine_fills`, :mod:`.engine.vllm_rules`);
 2. ``table``: :mod:`.mtp_table`, only where the dry run cannot answer (the
    class raises on data-less tensors, or there is no model), with a WARNING
    naming the class and the reason;
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
 from .checkpoint import Checkpoint, storage_shape
-from .completeness import judged_parameters
+from .kept import judged_parameters
 from .coverage import Gap, gaps as coverage_gaps
 from .dry_run import DryRunFailed, dry_run
 from .settings import RobustSettings
@@ -127,7 +127,7 @@ def ask(
     """Ask ``model`` which of ``checkpoint``'s tensors it reads (sources 1 and 2 of the module docstring).
 
     ``unused``: the model's ``is_unused_checkpoint_weight`` (:func:`.engine.declared_unused`);
-    ``replaced``: the parameters the engine writes after loading (:func:`.completeness.engine_fills`);
+    ``replaced``: the parameters the engine writes after loading (:func:`.kept.engine_fills`);
     ``call``: how the engine's adapter feeds the model (default ``model.load_weights(weights)``).
     Never raises for what the model does; the model is as before.
     """

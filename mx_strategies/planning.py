@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from . import mtp_table
 from .built_module import BuiltModule
 from .checkpoint import Checkpoint, Shard
-from .completeness import GAPS_SHOWN
+from .kept import GAPS_SHOWN
 from .draft import layer_layout, select_draft_tensors
 from .engine import EngineView
 from .errors import DraftPlanError, InconsistentCheckpoint, PartialParameters, listed

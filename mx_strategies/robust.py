@@ -20,7 +20,7 @@ from modelexpress.load_strategy.base import LoadContext, LoadStrategy, _as_load_
 from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
-from . import completeness, progress, telemetry, write_watch
+from . import completeness, kept, progress, telemetry, write_watch
 from .built_module import BuiltModule
 from .engine import SGLANG, EngineView, engine_view
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
@@ -340,7 +340,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             carrier=carrier,
         )
         filled_by_engine = module.filled_by_engine
-        judged = completeness.judged_parameters(result.model, filled_by_engine) if result.model is not None else {}
+        judged = kept.judged_parameters(result.model, filled_by_engine) if result.model is not None else {}
         warn = lambda message: logger.warning(f"[Worker {rank}] {message}")  # noqa: E731
         try:
             with stream:  # entering starts the stream and fetches the first tensor

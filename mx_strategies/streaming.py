@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 
+from .checkpoint import source_changes
 from .content_check import ContentCheck
 from .errors import ContentMismatch, IncompleteDelivery, StreamBroken, StreamStartError
 from .planning import LoadPlan
@@ -101,31 +102,6 @@ def _delivery_mismatch(info, tensor: torch.Tensor) -> Optional[str]:
     if (expected is None or tensor.dtype == expected) and shape == wanted and nbytes == info.nbytes:
         return None
     return f"{tensor.dtype}{list(shape)} ({nbytes} bytes)"
-
-
-def source_changes(source: str, shards, settings: RobustSettings) -> tuple[list[str], list[str]]:
-    """(shards whose identity changed, shards whose identity could not be read), as messages.
-
-    One listing of the source gives every shard's identity at once (a page
-    per 1,000 objects on an object store), instead of a request per shard.
-    """
-    from .storage import StoreError, open_store
-
-    try:
-        store = open_store(source, timeout_s=settings.probe_timeout_s, max_attempts=settings.probe_max_attempts)
-        depth = max((shard.key.count("/") for shard in shards), default=0)
-        listed = {obj.key: obj.identity for obj in store.list(depth)}
-    except StoreError as exc:
-        return [], [f"{source} ({exc})"]
-    changed, unknown = [], []
-    for shard in shards:
-        if shard.key not in listed:
-            changed.append(f"{shard.uri} (was {shard.identity}, now gone)")
-        elif listed[shard.key] is None:
-            unknown.append(f"{shard.uri} (no identity)")
-        elif listed[shard.key] != shard.identity:
-            changed.append(f"{shard.uri} (was {shard.identity}, now {listed[shard.key]})")
-    return changed, unknown
 
 
 class DeliveryLedger:

@@ -51,7 +51,7 @@ TOP = {"": "strategy", "activation": "strategy", "robust": "strategy", "errors":
 FLAT = {
     "storage": "inspect", "s3_ranged": "inspect", "jsonread": "inspect", "checkpoint": "inspect", "sources": "inspect",
     "built_module": "select", "module_reads": "select", "twin": "select", "dry_run": "select",
-    "name_sampling": "select", "reads_cache": "select", "coverage": "select", "rank_share": "select",
+    "name_sampling": "select", "reads_cache": "select", "kept": "select", "coverage": "select", "rank_share": "select",
     "mtp_table": "select", "draft": "select", "planning": "plan", "distributed": "plan", "runai_plan": "stream",
     "streaming": "stream", "content_check": "stream", "tensor_bytes": "stream", "completeness": "stream",
     "write_watch": "stream", "report": "observe", "progress": "observe", "telemetry": "observe",

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mx_strategies.completeness import LoadedNames, check, required_names, required_tensors
+from mx_strategies.completeness import LoadedNames, check
+from mx_strategies.kept import required_names, required_tensors
 from mx_strategies.errors import IncompleteModel
 
 

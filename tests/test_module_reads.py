@@ -49,10 +49,9 @@ from test_mtp_architectures import (  # noqa: E402
 )
 
 from helpers.state import differences, module_state  # noqa: E402
-from mx_strategies import completeness, module_reads, mtp_table  # noqa: E402
+from mx_strategies import kept, module_reads, mtp_table  # noqa: E402
 from mx_strategies.engine import declared_unused, engine_view, vllm_rules  # noqa: E402
 from mx_strategies.planning import points_at_target, row_layout_for  # noqa: E402
-from mx_strategies.built_module import BuiltModule
 from mx_strategies.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.settings import load_settings  # noqa: E402
 from mx_strategies.sources import Candidate, probe  # noqa: E402
@@ -115,7 +114,7 @@ def ask_draft(arch: str, root, pp: int):
     state = module_state(built.module)
     with set_current_vllm_config(built.vllm_config):
         answer = module_reads.ask(
-            built.module, checkpoint, settings, unused=declared_unused(built.module), replaced=completeness.engine_fills(engine)
+            built.module, checkpoint, settings, unused=declared_unused(built.module), replaced=kept.engine_fills(engine)
         )
     assert_untouched(built.module, before)
     after = module_state(built.module)
@@ -515,7 +514,7 @@ def test_a_sampled_dry_run_answers_as_the_whole_one(arch, tmp_path, vllm_cpu, mo
             whole_target = module_reads.ask(target, checkpoint, settings, unused=declared_unused(target))
         with set_current_vllm_config(built.vllm_config):
             whole_draft = module_reads.ask(built.module, checkpoint, settings, unused=declared_unused(built.module),
-                                           replaced=completeness.engine_fills(engine))  # fmt: skip
+                                           replaced=kept.engine_fills(engine))  # fmt: skip
         answers[sample_above] = (whole_target.names, whole_draft.names)
     assert answers["0"] == answers["100000"]
     assert answers["0"][0] == set(tensors)
@@ -572,7 +571,7 @@ def test_a_sampled_dry_run_refuses_a_unit_it_was_not_fed_that_lacks_a_stacked_me
     engine = engine_view(build_vllm_load_context(built.vllm_config, built.draft_model_config))
     with set_current_vllm_config(built.vllm_config):
         answer = module_reads.ask(built.module, checkpoint, settings, unused=declared_unused(built.module),
-                                  replaced=completeness.engine_fills(engine))  # fmt: skip
+                                  replaced=kept.engine_fills(engine))  # fmt: skip
     assert isinstance(answer, module_reads.ModuleReads) and answer.source == "dry_run"
     (gap,) = answer.gaps
     assert gap.param == "model.layers.2.mtp_block.mlp.experts.routed_experts.w13_weight" and gap.would_fill == (missing,)

@@ -74,7 +74,7 @@ def ask_modules(checkpoint: Checkpoint, settings: RobustSettings) -> dict[str, d
     except Exception as exc:  # noqa: BLE001 - no vLLM here: nothing to build
         reason = f"vLLM cannot be imported here ({type(exc).__name__}: {exc})"
         return {role: {"built": False, "selection_source": None, "reason": reason} for role in ("target", "draft")}
-    from .. import completeness
+    from .. import kept
     from ..engine import EngineView, declared_unused, model_identity
 
     if not isinstance(checkpoint.config, dict):
@@ -114,7 +114,7 @@ def ask_modules(checkpoint: Checkpoint, settings: RobustSettings) -> dict[str, d
                                 target_hf_config=target.hf_config if is_draft else None)  # fmt: skip
             with set_current_vllm_config(vllm_config):
                 answer = ask(module, checkpoint, settings, unused=declared_unused(module),
-                             replaced=completeness.engine_fills(engine))  # fmt: skip
+                             replaced=kept.engine_fills(engine))  # fmt: skip
             out[role] = _view(answer, module)
     return out
 

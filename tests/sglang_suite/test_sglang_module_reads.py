@@ -15,7 +15,7 @@ import pytest
 from helpers.state import differences, module_state
 from sglang_support import builders as sb
 
-from mx_strategies import completeness, module_reads, mtp_table
+from mx_strategies import kept, module_reads, mtp_table
 from mx_strategies.engine import SGLANG, EngineView, declared_unused
 from mx_strategies.planning import row_layout_for
 from mx_strategies.settings import load_settings
@@ -82,7 +82,7 @@ def test_the_modules_answer_is_what_sglangs_own_loader_reads(name, draft, runtim
     attributes = {n: set(m.__dict__) for n, m in built.model.named_modules()}
     state = module_state(built.model)
     answer = module_reads.ask(
-        built.model, checkpoint, settings, unused=declared_unused(built.model), replaced=completeness.engine_fills(engine)
+        built.model, checkpoint, settings, unused=declared_unused(built.model), replaced=kept.engine_fills(engine)
     )
     assert_untouched(built.model, before, attributes)
     after = module_state(built.model)
