@@ -42,6 +42,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from .engine.sglang import SGLANG_MTP_METHODS
 from .releases import SGLANG, VLLM, installed_release
 
 VLLM_VERSION_CHECKED = "0.32.0"
@@ -139,7 +140,6 @@ _NEMOTRON_H = MtpArchitecture(
 # SGLang's DeepSeek-style NextN draft, as 0.5.23 reads it; GLM-4.5's row in TABLE is derived from it.
 # SGLang's speculative algorithms that run a draft out of the target's checkpoint (NEXTN arrives as EAGLE,
 # arg_groups/speculative_hook.py:109); mx_strategies.engine.sglang reads the method against these.
-SGLANG_MTP_METHODS = ("eagle", "nextn", "mtp")
 _SGLANG_NEXTN = MtpArchitecture(
     key="sglang_deepseek_nextn",
     engine=SGLANG,

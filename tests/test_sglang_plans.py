@@ -23,8 +23,9 @@ from mx_strategies import mtp_table
 from mx_strategies.checkpoint import inspect
 from mx_strategies.engine import SGLANG, EngineView, engine_view
 from mx_strategies.errors import DraftPlanError
-from mx_strategies.planning import plan_for
 from mx_strategies.built_module import BuiltModule
+from mx_strategies.engine.sglang import SGLANG_MTP_METHODS, is_mtp_draft
+from mx_strategies.planning import plan_for
 from mx_strategies.settings import load_settings
 from mx_strategies.storage import LocalStore
 
@@ -240,3 +241,16 @@ def test_doctor_says_robust_is_never_offered_in_tensorrt_llm(tmp_path, capsys):
     assert problem["severity"] == "error"
     assert "does not override apply_weight_iter" in problem["message"]
     assert "never offers mx_strategies.robust nor upstream model_streamer in trtllm" in problem["message"]
+
+
+def test_every_sglang_draft_class_the_table_knows_is_an_mtp_draft_by_its_class_name():
+    """The engine view decides "MTP draft" by SGLang's class-name suffixes alone (it asks no table): every
+    SGLang row's draft class must pass that rule, under every method SGLang runs it with, or its load would
+    be planned as a draft with a checkpoint of its own."""
+    rows = mtp_table.rows_for(engine=SGLANG)
+    assert rows
+    for row in rows:
+        for architecture in row.draft_architectures:
+            for method in set(row.methods) & set(SGLANG_MTP_METHODS):
+                assert is_mtp_draft(True, method, (architecture,)), (row.key, architecture, method)
+    assert not is_mtp_draft(True, "eagle", ("LlamaForCausalLMEagle3",))

@@ -36,11 +36,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..mtp_table import SGLANG_MTP_METHODS, match
 from .view import SGLANG, EngineView, _parallel_size, _positive_int, loader_options, model_identity
 
-# Suffixes of SGLang's MTP draft classes (model_config.py _config_draft_model).
+# Suffixes of SGLang's MTP draft classes (model_config.py _config_draft_model): every SGLang MTP draft class
+# robust knows ends with one (tests/test_sglang_plans.py holds the table's SGLang rows to it).
 MTP_ARCHITECTURE_SUFFIXES = ("NextN", "MTP", "Mtp")
+# SGLang's speculative algorithms under which a draft may be an MTP draft (NEXTN arrives as EAGLE).
+SGLANG_MTP_METHODS = ("eagle", "nextn", "mtp")
 
 
 def _server_args() -> Optional[Any]:
@@ -73,8 +75,6 @@ def is_mtp_draft(is_draft: bool, method: Optional[str], architectures: tuple[str
     """An SGLang draft whose class reads its layers out of the target's checkpoint (NextN / MTP)."""
     if not is_draft or method not in SGLANG_MTP_METHODS or not architectures:
         return False
-    if match(architectures, None, method, engine=SGLANG) is not None:
-        return True
     return architectures[0].endswith(MTP_ARCHITECTURE_SUFFIXES)
 
 
