@@ -37,7 +37,7 @@ Loaders, all timed in ONE process, interleaved (rotating order) over
 The engine side is ``mx_strategies.testing.standin``'s stand-in model and
 adapter; the loopback S3 server is ``mx_strategies.testing.loopback``'s. What
 a robust load did (its phases' timings, the header bytes it read, the shards
-it streamed) comes from its load report (``mx_strategies.report``), not from
+it streamed) comes from its load report (``mx_strategies.observe.report``), not from
 patching the strategy. Peak memory is measured per loader in a short child
 process (:func:`benchmarks.runs.child_main`). Results print as tables;
 ``--json`` writes them and ``--plot`` draws throughput per loader (needs

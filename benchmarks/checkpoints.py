@@ -1,7 +1,7 @@
 """The checkpoints a run measures: sizes, the generated one, and what a site holds.
 
 ``describe_site`` reads a checkpoint's listing and headers (never tensor
-data) and plans its loads with ``mx_strategies.planning``, the functions the
+data) and plans its loads with ``mx_strategies.plan.planning``, the functions the
 strategy itself plans with: the target's non-empty shards in natural order,
 and the MTP draft's tensors.
 """
@@ -215,13 +215,13 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
     otherwise the draft is what the strategy's planning picks (said so in
     ``draft_names_source``).
     """
-    from mx_strategies.checkpoint import inspect
+    from mx_strategies.inspect.checkpoint import inspect
     from mx_strategies.engine import EngineView
     from mx_strategies.errors import DraftPlanError, InconsistentCheckpoint
-    from mx_strategies.planning import plan_for
-    from mx_strategies.built_module import BuiltModule
+    from mx_strategies.plan.planning import plan_for
+    from mx_strategies.select.built_module import BuiltModule
     from mx_strategies.settings import load_settings
-    from mx_strategies.storage import open_store
+    from mx_strategies.inspect.storage import open_store
 
     settings = load_settings()
     store = open_store(uri)
@@ -239,7 +239,7 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
     try:
         draft_view = EngineView(True, "mtp", (), 1, 1, None, {})
         draft = sorted(plan_for(checkpoint, BuiltModule(draft_view), settings, source_is_target=True).expected)
-        draft_source = "mx_strategies.planning.plan_for (an MTP draft, default conventions)"
+        draft_source = "mx_strategies.plan.planning.plan_for (an MTP draft, default conventions)"
     except DraftPlanError:  # no MTP head: no draft load
         draft, draft_source = [], "none found"
     if generated:
@@ -283,7 +283,7 @@ def time_identity_recheck(plan, settings, reps: int = 3) -> float:
     """
     import statistics
 
-    from mx_strategies.checkpoint import source_changes
+    from mx_strategies.inspect.checkpoint import source_changes
 
     samples = []
     for _ in range(reps):

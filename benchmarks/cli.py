@@ -161,7 +161,7 @@ def s3_chunking(chunk_bytes: int):
     "File access error"); larger chunks mean fewer such requests. Every
     loader (children included) streams with the same value.
     """
-    from mx_strategies.streaming import streamer_environment
+    from mx_strategies.stream.streaming import streamer_environment
 
     return streamer_environment({"RUNAI_STREAMER_CHUNK_BYTESIZE": str(chunk_bytes)} if chunk_bytes > 0 else {})
 
@@ -283,7 +283,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     report["uptime_end"] = uptime()
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     report["targets"] = evaluate_targets(report["sites"]) + scaling_targets(report.get("scaling"))
-    report["figures_from"] = "robust loads: their load reports (mx_strategies.report.recent_reports)"
+    report["figures_from"] = "robust loads: their load reports (mx_strategies.observe.report.recent_reports)"
     print(render_tables(report))
     if report.get("scaling") and "error" not in report["scaling"]:
         print(render_scaling(report["scaling"]))

@@ -71,9 +71,9 @@ def _per_call(fn, calls: int) -> float:
 
 def added_work(report: dict) -> dict:
     """Seconds per tensor counted (progress) and per load recorded (metrics + spans), best of 5."""
-    from mx_strategies import telemetry
-    from mx_strategies.progress import ProgressLog, ProgressTracker
-    from mx_strategies.report import LoadReport
+    from mx_strategies.observe import telemetry
+    from mx_strategies.observe.progress import ProgressLog, ProgressTracker
+    from mx_strategies.observe.report import LoadReport
 
     shards = [(f"/m/{i}.safetensors", 10**9, 10**12) for i in range(8)]
     log = ProgressLog(ProgressTracker("/m", shards), emit=lambda line: None)
@@ -106,7 +106,7 @@ def run_observability(workdir: str, size: int, reps: int, warmup: int, load_time
     collected = _collected()  # before added_work() records more
     import os
 
-    from mx_strategies.report import recent_reports
+    from mx_strategies.observe.report import recent_reports
 
     os.environ["MX_METRICS_ENABLED"] = "1"  # as the observed loads had it
     try:

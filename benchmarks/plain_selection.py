@@ -34,8 +34,8 @@ def _file_name(key: str) -> str:
 
 def _compare(name: str, checkpoint, config: dict, draft_class: str) -> dict:
     from mx_strategies.engine import EngineView
-    from mx_strategies.planning import plan_for
-    from mx_strategies.built_module import BuiltModule
+    from mx_strategies.plan.planning import plan_for
+    from mx_strategies.select.built_module import BuiltModule
     from mx_strategies.settings import load_settings
     from mx_strategies.testing.plain_modelexpress import plain_selection
 
@@ -64,9 +64,9 @@ def _compare(name: str, checkpoint, config: dict, draft_class: str) -> dict:
 
 
 def run_plain_selection() -> dict:
-    from mx_strategies.checkpoint import inspect
+    from mx_strategies.inspect.checkpoint import inspect
     from mx_strategies.cli.demo import CHECKPOINTS, EMPTY_SHARDS, MODEL_SHAPE
-    from mx_strategies.storage import open_store
+    from mx_strategies.inspect.storage import open_store
     from mx_strategies.testing import synthetic
 
     from .rank_shares import CONFIG, checkpoint

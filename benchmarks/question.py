@@ -12,7 +12,7 @@ STAND-IN: vLLM picks an fp8 GEMM kernel while it builds each linear layer, and t
 dry run only follows names into parameters.
 
 Measured: the question's time (exact dry run), its peak of Python allocations (tracemalloc), a
-restart's (the answer kept, :mod:`mx_strategies.reads_cache`), and the top of a cProfile: where the
+restart's (the answer kept, :mod:`mx_strategies.select.reads_cache`), and the top of a cProfile: where the
 time goes. Reported against the target's share of a DeepSeek-V3 load at 2 GB/s (689 GB, 344 s).
 """
 
@@ -118,7 +118,7 @@ def build(folder: str):
 def measure(model, checkpoint, settings, vllm_config, unused=None, replaced=lambda name: False) -> dict:
     from vllm.config import set_current_vllm_config
 
-    from mx_strategies import module_reads
+    from mx_strategies.select import module_reads
 
     with set_current_vllm_config(vllm_config):
         times = []
@@ -137,7 +137,7 @@ def measure(model, checkpoint, settings, vllm_config, unused=None, replaced=lamb
         profile.disable()
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(8)
-    from mx_strategies.twin import make_twin
+    from mx_strategies.select.twin import make_twin
 
     twin_times = []
     for _ in range(3):
@@ -164,8 +164,8 @@ def measure(model, checkpoint, settings, vllm_config, unused=None, replaced=lamb
 
 def run_question(workdir: str) -> dict:
     """The measurements of the module docstring, as one dict (``question`` in the benchmark's JSON)."""
-    from mx_strategies import module_reads
-    from mx_strategies.checkpoint import Checkpoint, Shard, TensorInfo
+    from mx_strategies.select import module_reads
+    from mx_strategies.inspect.checkpoint import Checkpoint, Shard, TensorInfo
     from mx_strategies.engine import declared_unused
     from mx_strategies.settings import load_settings
 
@@ -218,11 +218,11 @@ def run_question(workdir: str) -> dict:
 
 def watch_overhead() -> dict:
     """What the write watch adds to a load's ``load_weights``: a module of WATCH_TENSORS small parameters loaded
-    by copy, with and without :func:`mx_strategies.write_watch.watched`, interleaved; medians of five."""
+    by copy, with and without :func:`mx_strategies.stream.write_watch.watched`, interleaved; medians of five."""
     import torch
 
-    from mx_strategies.kept import judged_parameters
-    from mx_strategies.write_watch import watched
+    from mx_strategies.select.kept import judged_parameters
+    from mx_strategies.stream.write_watch import watched
 
     class Many(torch.nn.Module):
         def __init__(self):

@@ -87,7 +87,7 @@ def deepseek_v3_names() -> dict[str, tuple[tuple[int, ...], str]]:
 
 def checkpoint():
     """The names as robust's Checkpoint, in SHARDS shards of about equal size, as released."""
-    from mx_strategies.checkpoint import Checkpoint, Shard, TensorInfo
+    from mx_strategies.inspect.checkpoint import Checkpoint, Shard, TensorInfo
 
     names = deepseek_v3_names()
     infos = []
@@ -118,7 +118,7 @@ def _share(pp_rank: int, pp_size: int, ep_rank: int, ep_size: int):
     from vllm.distributed.utils import get_pp_indices
     from vllm.model_executor.model_loader.ep_weight_filter import compute_local_expert_ids
 
-    from mx_strategies.rank_share import RankShare
+    from mx_strategies.select.rank_share import RankShare
 
     start, end = get_pp_indices(LAYERS, pp_rank, pp_size)
     missing = [f"model.layers.{i}." for i in range(LAYERS) if not start <= i < end]
@@ -140,8 +140,8 @@ def _default_loader_bytes(ckpt, ep_rank: int, ep_size: int) -> int:
 
 def run_rank_shares() -> dict:
     from mx_strategies.engine import EngineView
-    from mx_strategies.planning import narrow_to_rank, plan_for
-    from mx_strategies.built_module import BuiltModule
+    from mx_strategies.plan.planning import narrow_to_rank, plan_for
+    from mx_strategies.select.built_module import BuiltModule
     from mx_strategies.settings import load_settings
 
     ckpt = checkpoint()

@@ -1,6 +1,6 @@
 """The probe's per-request cost: an 8-byte ranged GET against s3rver on 127.0.0.1.
 
-boto3's ``get_object`` against :mod:`mx_strategies.s3_ranged` (presigned URL,
+boto3's ``get_object`` against :mod:`mx_strategies.inspect.s3_ranged` (presigned URL,
 urllib3), interleaved in the same process, medians of 9 x 100 requests. The
 CPU figure is this thread's own (``time.thread_time``): the Python a probe
 thread spends per request, which serializes across the probe's threads under
@@ -20,7 +20,7 @@ REPS, PER_REP = 9, 100
 
 
 def main() -> None:
-    from mx_strategies.storage import S3_CLIENT_ENV, _s3_client, _s3_reader
+    from mx_strategies.inspect.storage import S3_CLIENT_ENV, _s3_client, _s3_reader
     from mx_strategies.testing.loopback import S3rverS3
 
     with S3rverS3() as s3:

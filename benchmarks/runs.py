@@ -4,7 +4,7 @@ The engine side is ``mx_strategies.testing.standin``'s: a model of
 preallocated weights whose ``load_weights`` copies into them, and an adapter
 that applies weights through it (and, for upstream, streams like vLLM's
 runai path). A robust load is judged by the load report it leaves in
-``mx_strategies.report.recent_reports()``: it loaded, as the role asked,
+``mx_strategies.observe.report.recent_reports()``: it loaded, as the role asked,
 and its timings and header bytes are the figures a row reports.
 """
 
@@ -30,7 +30,7 @@ import torch
 
 from . import LOADER_ENV, LOCAL_ONLY, ROBUST_LOADERS, BenchError
 from .checkpoints import DTYPES, Site
-from mx_strategies.tensor_bytes import same_bytes
+from mx_strategies.stream.tensor_bytes import same_bytes
 
 # The repository root: where ``python -m benchmarks`` runs a peak-memory child.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,8 +149,8 @@ class Harness:
         from modelexpress.load_strategy import LoadStrategyChain
 
         from mx_strategies import activation
-        from mx_strategies.report import clear_reports, recent_reports
-        from mx_strategies.streaming import streamer_environment
+        from mx_strategies.observe.report import clear_reports, recent_reports
+        from mx_strategies.stream.streaming import streamer_environment
         from mx_strategies.testing.standin import StandInAdapter, load_context, model_config, vllm_config
 
         robust = loader in ROBUST_LOADERS

@@ -2,11 +2,13 @@
 
 Switch on with ``MX_STRATEGY=mx_strategies.robust`` (vLLM loads our
 ``vllm.general_plugins`` entry point), or call :func:`activate` in hosts
-without vLLM plugins.
+without vLLM plugins. :func:`recent_reports` gives this process's load reports
+(in a vLLM worker, read them back with ``collective_rpc``).
 """
 
 from .activation import activate
 from .errors import ActivationError, ConfigurationError, MxStrategiesError
+from .observe.report import recent_reports
 from .settings import RobustSettings, load_settings
 
 __version__ = "0.1.0"
@@ -18,5 +20,6 @@ __all__ = [
     "RobustSettings",
     "activate",
     "load_settings",
+    "recent_reports",
     "__version__",
 ]

@@ -2,7 +2,7 @@
 
 One reader of installed versions for everything that depends on them: the
 MTP table picks the rows of the installed vLLM or SGLang
-(:func:`mx_strategies.mtp_table.rows_for`), and the compatibility patches are
+(:func:`mx_strategies.select.mtp_table.rows_for`), and the compatibility patches are
 guarded by the installed ModelExpress (:mod:`mx_strategies.patches`), and
 which load lifecycle and entry the installed ModelExpress offers is read here too.
 """

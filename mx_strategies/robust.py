@@ -20,17 +20,19 @@ from modelexpress.load_strategy.base import LoadContext, LoadStrategy, _as_load_
 from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
-from . import completeness, kept, progress, telemetry, write_watch
-from .built_module import BuiltModule
+from .stream import completeness, write_watch
+from .select import kept
+from .observe import progress, telemetry
+from .select.built_module import BuiltModule
 from .engine import SGLANG, EngineView, engine_view
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
-from .distributed import RankShares, agreed_plan, agreed_shares, distributes, sees_same_files
-from .planning import LoadPlan, PlanDescription, carrier_plan, plan_load, plan_resolved, share_universe
+from .plan.distributed import RankShares, agreed_plan, agreed_shares, distributes, sees_same_files
+from .plan.planning import LoadPlan, PlanDescription, carrier_plan, plan_load, plan_resolved, share_universe
 from .releases import chain_finalizes
-from .report import METADATA_KEY, LoadFailure, LoadReport, Rejected, record
+from .observe.report import METADATA_KEY, LoadFailure, LoadReport, Rejected, record
 from .settings import RobustSettings, load_settings
-from .sources import Candidate, Resolution, candidates
-from .streaming import VerifiedStream
+from .inspect.sources import Candidate, Resolution, candidates
+from .stream.streaming import VerifiedStream
 
 logger = logging.getLogger("modelexpress.strategy_robust_model_streamer")
 

@@ -273,7 +273,7 @@ class RobustSettings(BaseSettings):
         ),
     )
 
-    # -- progress while streaming (mx_strategies.progress) -------------------
+    # -- progress while streaming (mx_strategies.observe.progress) -------------------
     progress_interval_s: float = Field(
         default=10.0,
         ge=0,
@@ -329,14 +329,14 @@ class RobustSettings(BaseSettings):
         ),
     )
 
-    # -- what the module reads (mx_strategies.module_reads) --------------------
+    # -- what the module reads (mx_strategies.select.module_reads) --------------------
     selection_sources: Annotated[list[SelectionSource], NoDecode] = Field(
         default=list(DEFAULT_SELECTION_SOURCES),
         validation_alias="MX_ROBUST_SELECTION_SOURCES",
         description=(
             "Comma-separated sources asked, in this order, which checkpoint tensors a load streams, "
             "after what the model and the engine declare: dry_run (the built module's own load_weights "
-            "run over the checkpoint's names with data-less tensors), table (mx_strategies.mtp_table, "
+            "run over the checkpoint's names with data-less tensors), table (mx_strategies.select.mtp_table, "
             "for classes that cannot be asked), convention (the generic MTP naming conventions). "
             "Leaving out table turns the hand-written table off."
         ),
@@ -358,7 +358,7 @@ class RobustSettings(BaseSettings):
         description=(
             "Above this many checkpoint names, the dry run feeds every name with fewer than two integers "
             "and a sample of the per-expert ones that covers every layer and expert index of every name "
-            "template, and infers the rest (mx_strategies.name_sampling): DeepSeek-V3's 92k names cost "
+            "template, and infers the rest (mx_strategies.select.name_sampling): DeepSeek-V3's 92k names cost "
             "seconds instead of minutes. 0 samples every load."
         ),
     )

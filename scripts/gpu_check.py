@@ -24,7 +24,7 @@ import tempfile
 import time
 
 import torch
-from mx_strategies.tensor_bytes import same_bytes
+from mx_strategies.stream.tensor_bytes import same_bytes
 
 
 def main() -> int:
@@ -109,10 +109,10 @@ def main() -> int:
         ck = mtp_checkpoint(os.path.join(work, "small"), style="deepseek", hidden=256, empty_shards=(1,))
         os.environ["MX_MODEL_URI"] = ck.path
         from mx_strategies.engine import EngineView
-        from mx_strategies.planning import plan_load
-        from mx_strategies.built_module import BuiltModule
+        from mx_strategies.plan.planning import plan_load
+        from mx_strategies.select.built_module import BuiltModule
         from mx_strategies.settings import load_settings
-        from mx_strategies.sources import Candidate
+        from mx_strategies.inspect.sources import Candidate
 
         target_view = EngineView(False, None, (), 1, 1, None, {})
         model, adapter = run(Cfg(model=ck.path, model_weights=None, runner_type="generate", hf_config=None), ck.tensors, ck.tensors)

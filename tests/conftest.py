@@ -18,7 +18,7 @@ from mx_strategies.testing.loopback import LoopbackS3
 
 _bucket_ids = itertools.count()
 
-# The progress lines (mx_strategies.progress) stay quiet in tests; a test that wants them
+# The progress lines (mx_strategies.observe.progress) stay quiet in tests; a test that wants them
 # raises this logger's level (caplog.set_level(logging.INFO, logger=PROGRESS_LOGGER)).
 PROGRESS_LOGGER = "modelexpress.strategy_robust_model_streamer.progress"
 logging.getLogger(PROGRESS_LOGGER).setLevel(logging.WARNING)

@@ -28,7 +28,7 @@ from mx_strategies import activation
 from mx_strategies.errors import ActivationError, ConfigurationError
 from mx_strategies.robust import RobustModelStreamerStrategy
 from mx_strategies.testing import synthetic
-from mx_strategies.tensor_bytes import same_bytes
+from mx_strategies.stream.tensor_bytes import same_bytes
 
 INSTALLED = "mx-strategies: MX_STRATEGY="
 

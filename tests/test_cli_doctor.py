@@ -19,7 +19,7 @@ from helpers.headers import metadata_bytes
 from safetensors.torch import save_file
 
 from mx_strategies import cli
-from mx_strategies.checkpoint import INDEX_NAME
+from mx_strategies.inspect.checkpoint import INDEX_NAME
 from mx_strategies.testing import synthetic
 from mx_strategies.testing.loopback import free_port
 

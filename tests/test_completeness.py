@@ -1,4 +1,4 @@
-"""mx_strategies.completeness: a tensor counts as written when any name it has was reported.
+"""mx_strategies.stream.completeness: a tensor counts as written when any name it has was reported.
 
 Plain torch modules built the ways vLLM's classes register tensors: a module
 held by two parents (vLLM's Transformers backend holds a MoE block's
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mx_strategies.completeness import LoadedNames, check
-from mx_strategies.kept import required_names, required_tensors
+from mx_strategies.stream.completeness import LoadedNames, check
+from mx_strategies.select.kept import required_names, required_tensors
 from mx_strategies.errors import IncompleteModel
 
 

@@ -1,4 +1,4 @@
-"""mx_strategies.coverage: which elements of a parameter a set of writes reaches, against torch's own indexing.
+"""mx_strategies.select.coverage: which elements of a parameter a set of writes reaches, against torch's own indexing.
 
 Each case writes into views of a parameter made by torch itself (slices, ``narrow``, a transpose, an
 expert's rows of a 3-D ``w13``) and compares what :func:`coverage.unwritten` says is left with a boolean
@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mx_strategies import coverage
-from mx_strategies.coverage import Layout, Write
+from mx_strategies.select import coverage
+from mx_strategies.select.coverage import Layout, Write
 
 
 def layout_of(tensor: torch.Tensor) -> Layout:

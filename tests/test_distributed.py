@@ -1,4 +1,4 @@
-"""Ranks agree on one plan: mx_strategies.distributed over a real gloo process group.
+"""Ranks agree on one plan: mx_strategies.plan.distributed over a real gloo process group.
 
 Two processes on 127.0.0.1 form a real torch.distributed group (gloo, as
 vLLM on CPUs uses). The adapter's broadcast_state/all_gather_state are the
@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mx_strategies.errors import DraftPlanError, RanksDisagree
-from mx_strategies.distributed import agreed_plan, agreed_shares
+from mx_strategies.plan.distributed import agreed_plan, agreed_shares
 from mx_strategies.testing.loopback import free_port
 
 WORLD = 2
@@ -201,14 +201,14 @@ def _lone_stream_worker(rank: int, port: int, out: str, checkpoint: str) -> None
 
     from runai_model_streamer.distributed_streamer.distributed_streamer import DistributedStreamer
 
-    from mx_strategies import runai_plan
-    from mx_strategies.checkpoint import inspect
-    from mx_strategies.planning import plan_for
-    from mx_strategies.built_module import BuiltModule
+    from mx_strategies.stream import runai_plan
+    from mx_strategies.inspect.checkpoint import inspect
+    from mx_strategies.plan.planning import plan_for
+    from mx_strategies.select.built_module import BuiltModule
     from mx_strategies.settings import load_settings
-    from mx_strategies.storage import LocalStore
-    from mx_strategies.streaming import VerifiedStream
-    from mx_strategies.tensor_bytes import same_bytes
+    from mx_strategies.inspect.storage import LocalStore
+    from mx_strategies.stream.streaming import VerifiedStream
+    from mx_strategies.stream.tensor_bytes import same_bytes
     from helpers.checkpoints import reference_of
     from helpers.engine import TARGET
 

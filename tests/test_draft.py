@@ -1,4 +1,4 @@
-"""Draft selection (:mod:`mx_strategies.draft`) on its own: names in, the MTP head's names out.
+"""Draft selection (:mod:`mx_strategies.select.draft`) on its own: names in, the MTP head's names out.
 
 No files, no streamer: the tensor names of real exporters' layouts, the
 configs that say how many layers the target and the MTP head have, and the
@@ -12,7 +12,7 @@ from typing import get_args
 
 import pytest
 
-from mx_strategies.draft import LayerLayout, convention_prefixes, layer_layout, select_draft_tensors
+from mx_strategies.select.draft import LayerLayout, convention_prefixes, layer_layout, select_draft_tensors
 from mx_strategies.errors import DraftPlanError
 from mx_strategies.settings import DraftConvention, load_settings
 

@@ -28,12 +28,12 @@ from helpers.checkpoints import reference_tensors, tiny_shards, upload, write_ch
 from helpers.engine import assert_loaded, direct_load, model_config, run_chain, untouched, vllm_config
 
 from mx_strategies import cli
-from mx_strategies.checkpoint import INDEX_NAME
+from mx_strategies.inspect.checkpoint import INDEX_NAME
 from mx_strategies.cli.doctor import diagnose
 from mx_strategies.errors import NoStreamableSource
 from mx_strategies.settings import load_settings
-from mx_strategies.sources import Candidate, candidates, resolve, target_subfolder
-from mx_strategies.tensor_bytes import same_bytes
+from mx_strategies.inspect.sources import Candidate, candidates, resolve, target_subfolder
+from mx_strategies.stream.tensor_bytes import same_bytes
 from mx_strategies.testing.synthetic import config_only_copy
 
 LABEL = "target model_weights + dspark"

@@ -1,4 +1,4 @@
-"""The dry run (mx_strategies.dry_run) on plain torch modules: what it records, and that it never touches the model.
+"""The dry run (mx_strategies.select.dry_run) on plain torch modules: what it records, and that it never touches the model.
 
 vLLM's and SGLang's real classes are asked in tests/test_module_reads.py and tests/sglang_suite; these
 modules are the smallest that show each rule (the loaders vLLM's classes use: a copy into the
@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from mx_strategies.dry_run import DryRunFailed, dry_run
+from mx_strategies.select.dry_run import DryRunFailed, dry_run
 
 
 class Stacked(torch.nn.Module):
@@ -167,7 +167,7 @@ def test_the_state_check_sees_what_a_load_changes_in_place():
 
 
 def test_each_write_records_the_region_it_fills():
-    from mx_strategies.coverage import Layout, Write
+    from mx_strategies.select.coverage import Layout, Write
 
     run = dry_run(Stacked(), HEADERS, timeout_s=30)
     assert run.layouts["qkv"] == Layout((6, 4), (4, 1), 0)

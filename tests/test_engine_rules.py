@@ -30,9 +30,9 @@ from test_mtp_architectures import (  # noqa: E402,F401 - fixtures and helpers o
     vllm_cpu,
 )
 
-from mx_strategies import mtp_table  # noqa: E402
+from mx_strategies.select import mtp_table# noqa: E402
 from mx_strategies.engine import engine_view, vllm_rules  # noqa: E402
-from mx_strategies.report import clear_reports, recent_reports  # noqa: E402
+from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 
 HAS_V2_SHARING = importlib.util.find_spec(vllm_rules.V2_DRAFT_LOADING) is not None
 

@@ -32,9 +32,9 @@ from helpers.engine import Attempt, direct_load, model_config, run_chain
 from helpers.faults import CORRUPT, DELAY, FAULTS_LAYER, RESET, SHORT, STALL, STATUS, WRONG_RANGE, FaultyS3, Rule
 
 from mx_strategies import activation
-from mx_strategies.content_check import ContentCheck, select
+from mx_strategies.stream.content_check import ContentCheck, select
 from mx_strategies.settings import load_settings
-from mx_strategies.tensor_bytes import same_bytes
+from mx_strategies.stream.tensor_bytes import same_bytes
 
 SHARDS = 3
 HIDDEN = 16
@@ -131,7 +131,7 @@ def header_read_of(ckpt: Loaded, shard: int):
 # -- transient faults in the stream: runai's client retries, the load is whole ---------
 
 TRANSIENT = {
-    # runai reads no header since it streams the probe's plan (mx_strategies.runai_plan): the
+    # runai reads no header since it streams the probe's plan (mx_strategies.stream.runai_plan): the
     # SlowDown burst that once hit its header read now hits a data read.
     "503_slowdown_burst_on_data": dict(kind=STATUS, status=503, times=3, target="data"),
     "500_burst_on_data": dict(kind=STATUS, status=500, times=2, target="data"),
@@ -243,7 +243,7 @@ def test_persistent_probe_throttling_fails_unmutated_naming_slowdown(faulty, ckp
 
 def test_the_stream_reads_no_header_so_a_wrong_header_answer_cannot_mislead_it(faulty, ckpt):
     """``Range: bytes=0-7`` answered with bytes 8-15 once made runai read an absurd header length
-    (and fail, unmutated). runai now streams the probe's plan (mx_strategies.runai_plan) and asks
+    (and fail, unmutated). runai now streams the probe's plan (mx_strategies.stream.runai_plan) and asks
     for no header: the rule never fires and the load is whole."""
     faulty.proxy.add(Rule(WRONG_RANGE, shift=8, times=None, client="streamer", when=header_read_of(ckpt, 0)))
     outcome = load(ckpt)
@@ -418,8 +418,8 @@ def test_verify_settings_are_validated(monkeypatch):
 
 
 def test_content_check_names_an_unknown_offset(tmp_path):
-    from mx_strategies.checkpoint import Shard, TensorInfo
-    from mx_strategies.content_check import ContentMismatch
+    from mx_strategies.inspect.checkpoint import Shard, TensorInfo
+    from mx_strategies.stream.content_check import ContentMismatch
 
     shard = Shard(key="a.safetensors", uri=str(tmp_path / "a.safetensors"), size=100)
     shard.tensors = {"x": TensorInfo("x", "F32", (1,), 4)}

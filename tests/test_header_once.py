@@ -19,13 +19,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mx_strategies.engine import EngineView
-from mx_strategies.planning import plan_load
-from mx_strategies.built_module import BuiltModule
+from mx_strategies.plan.planning import plan_load
+from mx_strategies.select.built_module import BuiltModule
 from mx_strategies.settings import load_settings
-from mx_strategies.sources import Candidate
-from mx_strategies.streaming import VerifiedStream
+from mx_strategies.inspect.sources import Candidate
+from mx_strategies.stream.streaming import VerifiedStream
 from mx_strategies.testing.loopback import S3rverS3, ShapingProxy
-from mx_strategies.tensor_bytes import same_bytes
+from mx_strategies.stream.tensor_bytes import same_bytes
 
 TARGET = EngineView(False, None, (), 1, 1, None, {})
 SHARDS = 4

@@ -40,18 +40,18 @@ from safetensors.torch import save_file
 
 import mx_strategies.robust as robust_module
 from mx_strategies import activation
-from mx_strategies.checkpoint import INDEX_NAME, DTYPE_BITS, ProbeLimits, inspect, read_header
+from mx_strategies.inspect.checkpoint import INDEX_NAME, DTYPE_BITS, ProbeLimits, inspect, read_header
 from mx_strategies.cli import main as cli_main
 from mx_strategies.errors import ConfigurationError, ContentMismatch, MxStrategiesError
-from mx_strategies.jsonread import JsonRejected, read_json
-from mx_strategies.report import clear_reports, recent_reports
+from mx_strategies.inspect.jsonread import JsonRejected, read_json
+from mx_strategies.observe.report import clear_reports, recent_reports
 from mx_strategies.settings import load_settings
-from mx_strategies.storage import LocalStore, ObjectInfo
+from mx_strategies.inspect.storage import LocalStore, ObjectInfo
 from mx_strategies.testing import synthetic
 from mx_strategies.engine import EngineView
-from mx_strategies.planning import plan_for
-from mx_strategies.built_module import BuiltModule
-from mx_strategies.streaming import VerifiedStream
+from mx_strategies.plan.planning import plan_for
+from mx_strategies.select.built_module import BuiltModule
+from mx_strategies.stream.streaming import VerifiedStream
 from support import CountingAdapter, RecordingModel, make_context, model_config, vllm_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -608,7 +608,7 @@ CHILD = textwrap.dedent(
     """
     import json, resource, sys
     import torch  # noqa: F401  (imported before the limit: torch maps much address space)
-    from mx_strategies.checkpoint import runai_dtypes
+    from mx_strategies.inspect.checkpoint import runai_dtypes
     from mx_strategies.cli.doctor import diagnose
 
     runai_dtypes()
@@ -761,7 +761,7 @@ def test_delivered_tensor_must_match_the_inspected_header(change, tmp_path):
 
 def test_streamer_delivering_another_dtype_fails_the_load_naming_tensor_and_file(tmp_path, robust, monkeypatch):
     """The real chain, with runai told the wrong dtype for one tensor (as a misread header would)."""
-    import mx_strategies.runai_plan as runai_plan
+    import mx_strategies.stream.runai_plan as runai_plan
 
     folder = tmp_path / "ckpt"
     reference = write_base(folder)

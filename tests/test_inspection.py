@@ -14,9 +14,9 @@ from helpers.checkpoints import edit_index, tiny_shards, upload, write_checkpoin
 from helpers.headers import header_order
 from safetensors.torch import save_file
 
-from mx_strategies.checkpoint import INDEX_NAME, inspect, natural_key
+from mx_strategies.inspect.checkpoint import INDEX_NAME, inspect, natural_key
 from mx_strategies.errors import NoCheckpoint
-from mx_strategies.storage import LocalStore, open_store
+from mx_strategies.inspect.storage import LocalStore, open_store
 from mx_strategies.testing.synthetic import config_only_copy, write_shards
 
 DEPTH = 3
@@ -94,7 +94,7 @@ def test_an_empty_shard_costs_one_request(s3, tmp_path):
     s3.proxy.reset()
     checkpoint = inspect(open_store(uri), DEPTH)
     assert [s.empty for s in checkpoint.shards] == [False, True]
-    # (the probe's GETs carry a presigned query string: mx_strategies.s3_ranged)
+    # (the probe's GETs carry a presigned query string: mx_strategies.inspect.s3_ranged)
     gets = [(path.split("?", 1)[0].rsplit("/", 1)[-1], byte_range)
             for method, path, byte_range in s3.proxy.requests if method == "GET" and byte_range]  # fmt: skip
     empty_size = os.path.getsize(folder / "model-00002-of-00002.safetensors")

@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from mx_strategies import activation
 from mx_strategies.modelexpress_plugin import PLUGIN_NAME, write_plugin
 from mx_strategies.releases import chain_finalizes, chain_takes_plugins
-from mx_strategies.report import METADATA_KEY
+from mx_strategies.observe.report import METADATA_KEY
 from mx_strategies.robust import RobustModelStreamerStrategy
 from mx_strategies.testing import synthetic
 

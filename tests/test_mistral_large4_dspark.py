@@ -57,12 +57,12 @@ from test_mtp_architectures import (  # noqa: E402
     vllm_cpu,  # noqa: F401 - the module's fixture
 )
 
-from mx_strategies import mtp_table  # noqa: E402
+from mx_strategies.select import mtp_table# noqa: E402
 from mx_strategies.engine import engine_view  # noqa: E402
-from mx_strategies.planning import points_at_target, row_layout_for  # noqa: E402
-from mx_strategies.built_module import BuiltModule
-from mx_strategies.report import clear_reports, recent_reports  # noqa: E402
-from mx_strategies.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.plan.planning import points_at_target, row_layout_for  # noqa: E402
+from mx_strategies.select.built_module import BuiltModule
+from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
+from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
 from mx_strategies.testing.synthetic import write_shards  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -465,12 +465,12 @@ def test_doctor_plans_a_mistral_large4_draft_with_its_row_and_method(tmp_path):
     """``mx-strategies doctor`` on a Mistral Large 4 checkpoint (an HF config.json beside params.json): the draft
     it plans is the DSpark draft of the target's row, under the row's method (``dspark``), and it selects
     exactly the ``mtp_dspark.*`` tensors."""
-    from mx_strategies.checkpoint import inspect
+    from mx_strategies.inspect.checkpoint import inspect
     from mx_strategies.cli.doctor import draft_engine
-    from mx_strategies.planning import plan_for
-    from mx_strategies.built_module import BuiltModule
+    from mx_strategies.plan.planning import plan_for
+    from mx_strategies.select.built_module import BuiltModule
     from mx_strategies.settings import load_settings
-    from mx_strategies.storage import LocalStore
+    from mx_strategies.inspect.storage import LocalStore
 
     folder = str(tmp_path / "mistral-large-4")
     target, draft = mistral_checkpoint(folder)

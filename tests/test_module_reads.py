@@ -1,4 +1,4 @@
-"""The question asked of the module vLLM built (mx_strategies.module_reads), on vLLM's real classes.
+"""The question asked of the module vLLM built (mx_strategies.select.module_reads), on vLLM's real classes.
 
 - The sweep: on every MTP draft class of the matrix that builds here (tests/test_mtp_architectures.py's
   BUILT, vLLM 0.32 and 0.33) and on the real targets, the module's own answer (a dry run of its
@@ -49,13 +49,13 @@ from test_mtp_architectures import (  # noqa: E402
 )
 
 from helpers.state import differences, module_state  # noqa: E402
-from mx_strategies import kept, module_reads, mtp_table  # noqa: E402
+from mx_strategies.select import kept, module_reads, mtp_table# noqa: E402
 from mx_strategies.engine import declared_unused, engine_view, vllm_rules  # noqa: E402
-from mx_strategies.planning import points_at_target, row_layout_for  # noqa: E402
-from mx_strategies.report import clear_reports, recent_reports  # noqa: E402
+from mx_strategies.plan.planning import points_at_target, row_layout_for  # noqa: E402
+from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.settings import load_settings  # noqa: E402
-from mx_strategies.sources import Candidate, probe  # noqa: E402
-from mx_strategies.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.inspect.sources import Candidate, probe  # noqa: E402
+from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
 
 SWEEP = sorted(set(BUILT) - set(BUILT_033) - set(BUILT_034)) + [
     pytest.param(
@@ -341,8 +341,8 @@ def test_a_draft_with_a_checkpoint_of_its_own_is_never_fed_the_targets(speculati
     with model type qwen3 to Qwen3DSparkModel): the engine points them at their own folder."""
     from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
 
-    from mx_strategies.planning import plan_for
-    from mx_strategies.built_module import BuiltModule
+    from mx_strategies.plan.planning import plan_for
+    from mx_strategies.select.built_module import BuiltModule
 
     target_folder, draft_folder = str(tmp_path / "target"), str(tmp_path / "draft")
     builders.write_config(target_folder, "deepseek_v3")
@@ -527,8 +527,8 @@ def test_gemma4_dspark_has_a_checkpoint_of_its_own(detected, tmp_path, vllm_cpu)
     loads it whole and never asks about the target's tensors."""
     from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
 
-    from mx_strategies.planning import plan_for
-    from mx_strategies.built_module import BuiltModule
+    from mx_strategies.plan.planning import plan_for
+    from mx_strategies.select.built_module import BuiltModule
 
     target_folder, draft_folder = str(tmp_path / "gemma4"), str(tmp_path / "gemma4-dspark")
     builders.write_config(target_folder, "gemma4_target")
@@ -558,7 +558,7 @@ def test_a_sampled_dry_run_refuses_a_unit_it_was_not_fed_that_lacks_a_stacked_me
     and refused all the same."""
     from vllm.config import set_current_vllm_config
 
-    from mx_strategies import name_sampling
+    from mx_strategies.select import name_sampling
 
     folder, built, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint("deepseek_v3", tmp_path)
     names = {**tensors, **mtp}

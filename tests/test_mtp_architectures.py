@@ -1,6 +1,6 @@
 """Every MTP architecture of vLLM 0.32, loaded into vLLM's own draft class through the real chain.
 
-For each architecture (mx_strategies.mtp_table's rows):
+For each architecture (mx_strategies.select.mtp_table's rows):
 
 - a tiny target ``config.json`` with the real model type and architecture
   (tests/mtp_arch/builders.py) goes through vLLM's ``ModelConfig`` and
@@ -43,11 +43,11 @@ from modelexpress.load_strategy import LoadResult, LoadStrategyChain  # noqa: E4
 from mtp_arch import builders  # noqa: E402
 from mtp_arch.checkpoints import draft_checkpoint, persistent_buffers, split, write_checkpoint  # noqa: E402
 
-from mx_strategies import mtp_table  # noqa: E402
+from mx_strategies.select import mtp_table# noqa: E402
 from mx_strategies.engine import vllm_rules  # noqa: E402
-from mx_strategies.report import clear_reports, recent_reports  # noqa: E402
+from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.robust import RobustModelStreamerStrategy  # noqa: E402
-from mx_strategies.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
 
 REINIT = "Re-initializing vLLM model after failed strategy"
 
@@ -940,7 +940,7 @@ def test_completeness_policy_and_models_that_report_nothing(tmp_path, robust, mo
 
 def test_a_draft_config_with_zero_layers_is_not_reported_as_not_found():
     """vLLM hands some drafts num_hidden_layers=0; with config.json unreachable the message says so."""
-    from mx_strategies.draft import describe_conventions, layer_layout
+    from mx_strategies.select.draft import describe_conventions, layer_layout
     from mx_strategies.settings import load_settings
 
     layout = layer_layout(None, {"num_hidden_layers": 0, "num_nextn_predict_layers": 1})
@@ -1041,7 +1041,7 @@ def test_a_target_selection_that_drops_a_kept_layer_is_caught(tmp_path, robust, 
     """Were the table to call a target layer the draft's: the built model holds parameters under it, so the
     layer stays in the plan; and without that structural check (patched away) the completeness check
     refuses the load, naming the parameters, mutated=True. (The table's guard: the module is not asked.)"""
-    from mx_strategies import built_module
+    from mx_strategies.select import built_module
 
     monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
 

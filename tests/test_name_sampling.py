@@ -1,9 +1,9 @@
-"""mx_strategies.name_sampling on DeepSeek-V3's naming: the units a sampled dry run feeds, and the members an
+"""mx_strategies.select.name_sampling on DeepSeek-V3's naming: the units a sampled dry run feeds, and the members an
 unfed unit lacks (pure functions over names)."""
 
 from __future__ import annotations
 
-from mx_strategies.name_sampling import Sample
+from mx_strategies.select.name_sampling import Sample
 
 
 def expert_names(layers, experts, leave_out=()):

@@ -57,7 +57,7 @@ from helpers.checkpoints import Written, layer_shards, write_checkpoint
 from helpers.engine import PLAN_ORDER
 from helpers.faults import CORRUPT, STATUS, FaultProxy, Rule
 
-from mx_strategies.streaming import streamer_environment
+from mx_strategies.stream.streaming import streamer_environment
 from mx_strategies.testing.loopback import LOOPBACK, free_port
 
 AZURITE_VERSION = "3.37.0"
@@ -106,7 +106,7 @@ def run_load(reference_files: list[str], uri: str) -> dict:
     from helpers.checkpoints import reference_of
     from helpers.engine import direct_load, model_config
 
-    from mx_strategies.tensor_bytes import sha256
+    from mx_strategies.stream.tensor_bytes import sha256
 
     with streamer_environment({"MX_MODEL_URI": uri}):
         attempt = direct_load(model_config(), reference_of(reference_files))
@@ -300,7 +300,7 @@ def test_gcs_flipped_bytes_pass_runai_and_are_caught_by_verify_all(gcs):
 
 def test_a_second_kind_of_store_in_one_process_is_refused_before_streaming(tmp_path, monkeypatch):
     """runai keeps the first object-store plugin of a process; the strategy refuses, not hangs."""
-    from mx_strategies import streaming
+    from mx_strategies.stream import streaming
 
     with FakeGcs() as server:
         for key, value in server.env.items():

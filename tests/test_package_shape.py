@@ -8,19 +8,22 @@ says in one line what to install instead of failing with a traceback.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import mx_strategies
 
 RUNTIME_MODULES = sorted(
-    f"mx_strategies.{m.name}"
-    for m in pkgutil.iter_modules(mx_strategies.__path__)
-    if m.name not in ("cli", "testing")
+    m.name
+    for m in pkgutil.walk_packages(mx_strategies.__path__, "mx_strategies.")
+    if not m.name.startswith(("mx_strategies.cli", "mx_strategies.testing"))
 )
+STRUCTURE = Path(__file__).resolve().parent.parent / "scripts" / "structure.py"
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -35,42 +38,58 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_the_runtime_modules_are_the_ones_a_load_needs():
-    assert RUNTIME_MODULES == [
-        "mx_strategies.activation",
-        "mx_strategies.checkpoint",
-        "mx_strategies.completeness",
-        "mx_strategies.content_check",
-        "mx_strategies.coverage",
-        "mx_strategies.distributed",
-        "mx_strategies.draft",
-        "mx_strategies.dry_run",
-        "mx_strategies.engine",
-        "mx_strategies.errors",
-        "mx_strategies.jsonread",
-        "mx_strategies.modelexpress_plugin",  # ModelExpress 0.8's entry: the plugin file a load imports
-        "mx_strategies.module_reads",
-        "mx_strategies.mtp_table",
-        "mx_strategies.name_sampling",
-        "mx_strategies.patches",
-        "mx_strategies.planning",
-        "mx_strategies.progress",
-        "mx_strategies.rank_share",
-        "mx_strategies.reads_cache",
-        "mx_strategies.releases",
-        "mx_strategies.report",
-        "mx_strategies.robust",
-        "mx_strategies.runai_plan",
-        "mx_strategies.s3_ranged",
-        "mx_strategies.settings",
-        "mx_strategies.sources",
-        "mx_strategies.storage",
-        "mx_strategies.streaming",
-        "mx_strategies.telemetry",
-        "mx_strategies.tensor_bytes",
-        "mx_strategies.thread_pools",
-        "mx_strategies.twin",
-        "mx_strategies.write_watch",
-    ], "a runtime module was added or removed: is it something a production load needs?"
+    """The runtime by stage of a load (scripts/structure.py draws it): a module added or removed is a question."""
+    below = lambda stage: sorted(m.rsplit(".", 1)[1] for m in RUNTIME_MODULES if m.startswith(f"mx_strategies.{stage}."))  # noqa: E731
+    top = sorted(m.split(".", 1)[1] for m in RUNTIME_MODULES if m.count(".") == 1)
+    assert top == [
+        "activation", "engine", "errors", "inspect", "modelexpress_plugin", "observe", "patches", "plan", "releases",
+        "robust", "select", "settings", "stream", "thread_pools",
+    ]  # fmt: skip
+    assert below("inspect") == ["checkpoint", "jsonread", "s3_ranged", "sources", "storage"]
+    assert below("select") == [
+        "built_module", "coverage", "draft", "dry_run", "kept", "module_reads", "mtp_table", "name_sampling",
+        "rank_share", "reads_cache", "twin",
+    ]  # fmt: skip
+    assert below("plan") == ["distributed", "planning"]
+    assert below("stream") == ["completeness", "content_check", "runai_plan", "streaming", "tensor_bytes", "write_watch"]
+    assert below("observe") == ["progress", "report", "telemetry"]
+    assert below("engine") == ["sglang", "view", "vllm", "vllm_rules"]
+    assert below("patches") == ["_versions", "sglang_adapter_state", "sglang_parallel_getters"]
+    assert below("modelexpress_plugin") == ["mx_plugin_robust_model_streamer"]  # ModelExpress 0.8's entry
+
+
+def _structure():
+    spec = importlib.util.spec_from_file_location("structure", STRUCTURE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_import_cycle_and_no_import_up_the_load_order():
+    """Every import points down the stages (inspect, select, plan, stream, observe, the strategy, the tools),
+    and none closes a cycle: what ``python scripts/structure.py`` prints as zero, for every module."""
+    structure = _structure()
+    figure = structure.figure(STRUCTURE.parent.parent)
+    assert figure["cycles"] == []
+    assert figure["upward"] == []
+    assert {structure.stage_of(m.split(".", 1)[1]) for m in RUNTIME_MODULES} <= {
+        "base", "engine", "inspect", "select", "plan", "stream", "observe", "strategy"
+    }  # fmt: skip
+
+
+def test_the_structure_script_sees_an_import_up_the_order_and_a_cycle(tmp_path):
+    """The check above can fail: a stream module imported by an inspect one, and two modules importing each other."""
+    package = tmp_path / "mx_strategies"
+    for folder in ("inspect", "stream"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "inspect" / "checkpoint.py").write_text("from ..stream.streaming import x\n")
+    (package / "stream" / "streaming.py").write_text("from . import ledger\nx = 1\n")
+    (package / "stream" / "ledger.py").write_text("from .streaming import x\n")
+    figure = _structure().figure(tmp_path)
+    assert figure["upward"] == [["inspect.checkpoint", "stream.streaming"]]
+    assert figure["cycles"] == [["stream.ledger", "stream.streaming"]]
 
 
 def test_runtime_imports_no_tooling():

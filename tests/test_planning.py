@@ -1,4 +1,4 @@
-"""The load plan (:mod:`mx_strategies.planning`): the one place that decides what a load streams.
+"""The load plan (:mod:`mx_strategies.plan.planning`): the one place that decides what a load streams.
 
 Unit tests of ``loaded_shards``, ``plan_for`` and ``is_target_source`` on real
 inspected checkpoints, and the promise the plan exists for: ``doctor`` and
@@ -21,15 +21,15 @@ from helpers.checkpoints import (
 )
 from helpers.engine import MTP_DRAFT, TARGET, direct_load, model_config, vllm_config
 
-from mx_strategies.checkpoint import Shard, TensorInfo, inspect
+from mx_strategies.inspect.checkpoint import Shard, TensorInfo, inspect
 from mx_strategies.cli.doctor import diagnose
 from mx_strategies.engine import EngineView
 from mx_strategies.errors import DraftPlanError, InconsistentCheckpoint
-from mx_strategies.planning import LoadPlan, is_target_source, loaded_shards, narrow_to_model, plan_for, plan_load
-from mx_strategies.built_module import BuiltModule
+from mx_strategies.plan.planning import LoadPlan, is_target_source, loaded_shards, narrow_to_model, plan_for, plan_load
+from mx_strategies.select.built_module import BuiltModule
 from mx_strategies.settings import load_settings
-from mx_strategies.sources import Candidate
-from mx_strategies.storage import LocalStore
+from mx_strategies.inspect.sources import Candidate
+from mx_strategies.inspect.storage import LocalStore
 from mx_strategies.testing.synthetic import mtp_checkpoint
 
 EAGLE_DRAFT = EngineView(True, "eagle", (), 1, 1, None, {})

@@ -1,4 +1,4 @@
-"""Progress while streaming (:mod:`mx_strategies.progress`): the tracker, its lines, and real loads.
+"""Progress while streaming (:mod:`mx_strategies.observe.progress`): the tracker, its lines, and real loads.
 
 The tracker is fed (shard, bytes) with an injected clock, so every number in
 a line is exact. The loads are real (runai streaming a checkpoint on disk or
@@ -16,7 +16,7 @@ import pytest
 from helpers.checkpoints import tiny_shards, upload, write_checkpoint
 from helpers.engine import direct_load, make_context, model_config
 
-from mx_strategies.progress import ProgressLog, ProgressTracker, for_load, human_bytes, human_seconds
+from mx_strategies.observe.progress import ProgressLog, ProgressTracker, for_load, human_bytes, human_seconds
 from mx_strategies.settings import load_settings
 
 PROGRESS_LOGGER = "modelexpress.strategy_robust_model_streamer.progress"  # kept quiet by conftest

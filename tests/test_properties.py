@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from modelexpress.adapter import StrategyFailed
 
-from mx_strategies.streaming import streamer_environment
-from mx_strategies.tensor_bytes import same_bytes
+from mx_strategies.stream.streaming import streamer_environment
+from mx_strategies.stream.tensor_bytes import same_bytes
 
 DTYPES = [
     torch.float8_e4m3fn,

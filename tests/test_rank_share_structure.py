@@ -1,4 +1,4 @@
-"""What a rank holds, read from its module's structure (mx_strategies.rank_share), and the plan narrowed by it.
+"""What a rank holds, read from its module's structure (mx_strategies.select.rank_share), and the plan narrowed by it.
 
 The modules here are plain torch modules shaped as vLLM's: placeholders
 whose class is named ``PPMissingLayer`` (vLLM's and SGLang's name), MoE
@@ -14,11 +14,11 @@ import pytest
 import torch
 from helpers.checkpoints import write_checkpoint
 
-from mx_strategies.planning import narrow_to_rank, plan_for
-from mx_strategies.built_module import BuiltModule
-from mx_strategies.rank_share import OTHER_EXPERT_RANK, OTHER_STAGE, RankShare, share_of
+from mx_strategies.plan.planning import narrow_to_rank, plan_for
+from mx_strategies.select.built_module import BuiltModule
+from mx_strategies.select.rank_share import OTHER_EXPERT_RANK, OTHER_STAGE, RankShare, share_of
 from mx_strategies.settings import load_settings
-from mx_strategies.sources import Candidate, probe
+from mx_strategies.inspect.sources import Candidate, probe
 from helpers.engine import TARGET
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # vLLM resolves its platform at the first config (no GPU here)

@@ -23,7 +23,7 @@ default loader on the same classes.
   port: both ranks refuse before anything is streamed, ``mutated=False``.
 * ``pp2-table``, ``ep-own-table``: the same layouts with the dry run left out
   (``MX_ROBUST_SELECTION_SOURCES=table,convention``): the table row decides,
-  and the module's structure (``mx_strategies.rank_share``: its
+  and the module's structure (``mx_strategies.select.rank_share``: its
   ``PPMissingLayer``s, its ``expert_map``) narrows it to the rank's share.
 """
 

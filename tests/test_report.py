@@ -1,4 +1,4 @@
-"""The load report (:mod:`mx_strategies.report`): what one load did, as data.
+"""The load report (:mod:`mx_strategies.observe.report`): what one load did, as data.
 
 Every load leaves a report in ``LoadResult.metadata["robust_model_streamer"]``
 and in the process's ``recent_reports()``; a failed load leaves one there
@@ -14,8 +14,8 @@ import pytest
 from helpers.checkpoints import tiny_shards, write_checkpoint
 from helpers.engine import direct_load, model_config, robust_messages, vllm_config
 
-from mx_strategies.checkpoint import INDEX_NAME
-from mx_strategies.report import METADATA_KEY, clear_reports, recent_reports
+from mx_strategies.inspect.checkpoint import INDEX_NAME
+from mx_strategies.observe.report import METADATA_KEY, clear_reports, recent_reports
 from mx_strategies.testing.synthetic import config_only_copy, mtp_checkpoint
 
 PHASES = {"resolve", "stream", "post_load", "total", "verify", "completeness"}  # the last two lie inside stream

@@ -19,15 +19,15 @@ import torch
 from modelexpress import p2p_pb2
 from safetensors.torch import save_file
 
-from mx_strategies import mtp_table
-from mx_strategies.checkpoint import inspect
+from mx_strategies.select import mtp_table
+from mx_strategies.inspect.checkpoint import inspect
 from mx_strategies.engine import SGLANG, EngineView, engine_view
 from mx_strategies.errors import DraftPlanError
-from mx_strategies.built_module import BuiltModule
+from mx_strategies.select.built_module import BuiltModule
 from mx_strategies.engine.sglang import SGLANG_MTP_METHODS, is_mtp_draft
-from mx_strategies.planning import plan_for
+from mx_strategies.plan.planning import plan_for
 from mx_strategies.settings import load_settings
-from mx_strategies.storage import LocalStore
+from mx_strategies.inspect.storage import LocalStore
 
 
 def write_names(folder: str, names: list[str], config: dict, *, shards: int = 2, unindexed: dict | None = None) -> str:

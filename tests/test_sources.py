@@ -1,6 +1,6 @@
 """Source resolution: which candidate holds the checkpoint, and why the others were passed over.
 
-Unit tests of :mod:`mx_strategies.sources` (the candidates, in order) and the
+Unit tests of :mod:`mx_strategies.inspect.sources` (the candidates, in order) and the
 chain through the real strategy: config-only copies, hub ids, missing
 folders, unreachable endpoints and missing buckets are rejected with a
 reason before the model is touched; the first candidate holding a
@@ -24,9 +24,9 @@ from helpers.engine import (
     untouched,
 )
 
-from mx_strategies.checkpoint import INDEX_NAME
+from mx_strategies.inspect.checkpoint import INDEX_NAME
 from mx_strategies.settings import load_settings
-from mx_strategies.sources import Candidate, candidates
+from mx_strategies.inspect.sources import Candidate, candidates
 from mx_strategies.testing.loopback import S3_ENV, free_port
 from mx_strategies.testing.synthetic import config_only_copy
 

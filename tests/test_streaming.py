@@ -1,4 +1,4 @@
-"""Streaming and delivery verification (:mod:`mx_strategies.streaming`).
+"""Streaming and delivery verification (:mod:`mx_strategies.stream.streaming`).
 
 ``VerifiedStream`` on its own (a plan from real files, real runai), the
 plan-order buffer ``InOrder``, the runai variables a load sets, and the
@@ -28,14 +28,14 @@ from helpers.engine import (
     vllm_config,
 )
 
-from mx_strategies.checkpoint import inspect
+from mx_strategies.inspect.checkpoint import inspect
 from mx_strategies.errors import IncompleteDelivery, InconsistentCheckpoint
-from mx_strategies.planning import LoadPlan, loaded_shards, plan_for
-from mx_strategies.built_module import BuiltModule
+from mx_strategies.plan.planning import LoadPlan, loaded_shards, plan_for
+from mx_strategies.select.built_module import BuiltModule
 from mx_strategies.settings import load_settings
-from mx_strategies.storage import LocalStore
-from mx_strategies.streaming import InOrder, VerifiedStream, streamer_variables
-from mx_strategies.tensor_bytes import same_bytes
+from mx_strategies.inspect.storage import LocalStore
+from mx_strategies.stream.streaming import InOrder, VerifiedStream, streamer_variables
+from mx_strategies.stream.tensor_bytes import same_bytes
 
 
 def target_plan(path: str, settings) -> LoadPlan:
@@ -69,7 +69,7 @@ def test_plan_order_holds_when_one_read_stalls_past_runais_ring(monkeypatch, pla
     many times over: plan order still holds, up to MX_ROBUST_PLAN_ORDER_HOLD_BYTES. Until 2026-12-03 the bound
     was also capped at twice runai's ring, and CI on a loaded host fell back to arrival order (a flaky
     tests/test_target_loads.py::test_plan_order_holds_with_the_smallest_ring)."""
-    from mx_strategies import runai_plan
+    from mx_strategies.stream import runai_plan
 
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(12, hidden=64))
     monkeypatch.setenv("MX_ROBUST_STREAMER_MEMORY_LIMIT", "0")
@@ -440,7 +440,7 @@ def test_the_module_is_asked_about_f4_with_the_shape_runai_will_hand_it(tmp_path
     packed F4 weight ([4, 8] float4_e2m1fn_x2, as safetensors loads it) answers for both tensors."""
     from safetensors.torch import load_file
 
-    from mx_strategies import module_reads
+    from mx_strategies.select import module_reads
     from mx_strategies.releases import installed_release
     from mx_strategies.testing.standin import StandInModel
 

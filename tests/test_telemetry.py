@@ -1,4 +1,4 @@
-"""Metrics and traces (:mod:`mx_strategies.telemetry`) through ModelExpress's collector and tracer.
+"""Metrics and traces (:mod:`mx_strategies.observe.telemetry`) through ModelExpress's collector and tracer.
 
 The metrics test runs real loads in processes of their own, as ranks of a
 pod do: prometheus_client chooses multiprocess mode when it is imported, so
@@ -28,8 +28,9 @@ from helpers.checkpoints import tiny_shards, upload, write_checkpoint
 from helpers.engine import chain_load, direct_load, failed_chain, model_config
 from modelexpress.adapter import StrategyFailed
 
-from mx_strategies import errors, telemetry
-from mx_strategies.report import LoadReport, clear_reports, recent_reports
+from mx_strategies import errors
+from mx_strategies.observe import telemetry
+from mx_strategies.observe.report import LoadReport, clear_reports, recent_reports
 
 REPO = Path(__file__).resolve().parents[1]
 

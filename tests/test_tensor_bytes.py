@@ -1,4 +1,4 @@
-"""mx_strategies.tensor_bytes: raw bytes, SHA-256 and byte equality for every dtype torch has.
+"""mx_strategies.stream.tensor_bytes: raw bytes, SHA-256 and byte equality for every dtype torch has.
 
 Every torch dtype, empty and not, 0-dim and not contiguous, checked against
 two encodings that do not go through the function under test: the data
@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from mx_strategies.tensor_bytes import PACKED_SUB_BYTE, digest, raw_bytes, same_bytes, sha256
+from mx_strategies.stream.tensor_bytes import PACKED_SUB_BYTE, digest, raw_bytes, same_bytes, sha256
 
 ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
 QUANTIZED = [torch.qint8, torch.quint8, torch.qint32]  # made by quantize ops; torch.empty's are unusable

@@ -83,7 +83,7 @@ from vllm.config import (  # noqa: E402
 from mx_strategies.engine import engine_view  # noqa: E402
 from mx_strategies.testing.loopback import free_port  # noqa: E402
 from mx_strategies.testing.synthetic import mtp_checkpoint  # noqa: E402
-from mx_strategies.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REINIT_MESSAGE = "Re-initializing vLLM model after failed strategy"
@@ -435,7 +435,7 @@ def test_real_vllm_models_load_target_and_mtp_draft_from_s3(
     assert target_loaded == {name for name, _ in target.named_parameters()}
     assert same_bytes(dict(target.named_parameters())["lm_head.weight"], reference["lm_head.weight"])
     # The draft's got exactly the MTP tensors and filled every parameter it does not share with the target.
-    # (less the embedding/head copies the proposer replaces at pipeline parallel 1: mx_strategies.mtp_table)
+    # (less the embedding/head copies the proposer replaces at pipeline parallel 1: mx_strategies.select.mtp_table)
     streamed = manifest["draft_needed"]
     assert sorted(draft_streamed) == streamed
     replaced = {"deepseek_v3": 2, "qwen3_next": 0}[arch]  # DeepSeek's MTP layer copies of embedding and head

@@ -1,4 +1,4 @@
-"""Whole parameters or no load, on vLLM's real classes (mx_strategies.coverage through the module question).
+"""Whole parameters or no load, on vLLM's real classes (mx_strategies.select.coverage through the module question).
 
 vLLM stacks checkpoint tensors into one parameter: ``gate_proj`` + ``up_proj`` -> ``gate_up_proj``
 (a dense MLP, a shared expert), per-expert ``gate_proj``/``up_proj`` -> ``experts.w13_weight``,
@@ -39,10 +39,10 @@ from test_mtp_architectures import (  # noqa: E402
     vllm_cpu,  # noqa: F401 - the module's fixture
 )
 
-from mx_strategies import mtp_table  # noqa: E402
-from mx_strategies.report import clear_reports, recent_reports  # noqa: E402
+from mx_strategies.select import mtp_table# noqa: E402
+from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.robust import RobustModelStreamerStrategy  # noqa: E402
-from mx_strategies.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
 
 # (arch, checkpoint name left out, the parameter, the part of it no tensor fills).
 # The tiny configs (tests/mtp_arch/builders.py): hidden 64, MoE intermediate 32 (shared expert 32,
@@ -192,7 +192,7 @@ def test_warn_accepts_a_partial_parameter_and_says_so(tmp_path, monkeypatch, cap
     assert len(warnings) == 1 and f"{part} of {param}" in warnings[0] and missing in warnings[0]
 
 
-# -- what the load really wrote (mx_strategies.write_watch) ---------------------------------------------
+# -- what the load really wrote (mx_strategies.stream.write_watch) ---------------------------------------------
 
 
 class Stacked(torch.nn.Module):

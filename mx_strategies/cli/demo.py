@@ -40,8 +40,8 @@ from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Optional
 
-from .. import mtp_table
-from ..report import METADATA_KEY, clear_reports, recent_reports
+from ..select import mtp_table
+from ..observe.report import METADATA_KEY, clear_reports, recent_reports
 from .demo_environment import demo_environment, quiet_s3_server_logs
 
 NAME = "demo"

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from .. import mtp_table
-from ..checkpoint import ERROR, WARNING, Checkpoint, ProbeLimits, Problem, Shard, inspect, natural_key
-from ..draft import describe_conventions, layer_layout
+from ..select import mtp_table
+from ..inspect.checkpoint import ERROR, WARNING, Checkpoint, ProbeLimits, Problem, Shard, inspect, natural_key
+from ..select.draft import describe_conventions, layer_layout
 from ..engine import ENGINES, SGLANG, TRTLLM, VLLM, EngineView, missing_hooks
 from ..errors import (
     ConfigurationError,
@@ -38,11 +38,11 @@ from ..errors import (
     NoCheckpoint,
     NoStreamableSource,
 )
-from ..planning import LoadPlan, loaded_shards, plan_for
-from ..built_module import BuiltModule
+from ..plan.planning import LoadPlan, loaded_shards, plan_for
+from ..select.built_module import BuiltModule
 from ..settings import RobustSettings, env_name, load_settings
-from ..sources import Resolution, candidates, resolve
-from ..storage import (
+from ..inspect.sources import Resolution, candidates, resolve
+from ..inspect.storage import (
     ListingTooLarge,
     ObjectInfo,
     Store,
@@ -469,7 +469,7 @@ def diagnose(
     """Inspect ``uri`` and/or the source chain; raise DoctorUsageError for exit 2.
 
     The chain's pick is reported from the probe the chain made (no second
-    inspection); what loads comes from :mod:`mx_strategies.planning`, as in
+    inspection); what loads comes from :mod:`mx_strategies.plan.planning`, as in
     the strategy.
     """
     if settings is None:
@@ -687,7 +687,7 @@ def render(report: DoctorReport, console) -> None:
                 f"{escape(arch['draft_architecture'])}, {escape(arch['load_weights'])}{skipped}"
             )
         else:
-            console.print("  architecture: not in mx_strategies.mtp_table; generic conventions")
+            console.print("  architecture: not in mx_strategies.select.mtp_table; generic conventions")
         console.print()
 
     if report.modules is not None:

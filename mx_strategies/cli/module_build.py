@@ -4,7 +4,7 @@
 (``ModelConfig``; ``SpeculativeConfig(method="mtp")`` where the config has MTP layers; the target's
 ``VllmConfig``; ``initialize_model``), in this process and without data: the parameters live on
 the meta device, vLLM's class inspection runs here instead of in a child, and a one-process gloo
-group on 127.0.0.1 stands for the engine's. Then :func:`mx_strategies.module_reads.ask` asks each
+group on 127.0.0.1 stands for the engine's. Then :func:`mx_strategies.select.module_reads.ask` asks each
 module what it reads, as a load does. Where vLLM is not installed, or the class cannot be built
 here (a kernel this CPU lacks, a configuration module the checkpoint ships), the role says why.
 """
@@ -18,8 +18,8 @@ import tempfile
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator, Optional
 
-from ..checkpoint import Checkpoint
-from ..module_reads import ModuleReads, ask, left_out_summary
+from ..inspect.checkpoint import Checkpoint
+from ..select.module_reads import ModuleReads, ask, left_out_summary
 from ..settings import RobustSettings
 
 
@@ -74,7 +74,7 @@ def ask_modules(checkpoint: Checkpoint, settings: RobustSettings) -> dict[str, d
     except Exception as exc:  # noqa: BLE001 - no vLLM here: nothing to build
         reason = f"vLLM cannot be imported here ({type(exc).__name__}: {exc})"
         return {role: {"built": False, "selection_source": None, "reason": reason} for role in ("target", "draft")}
-    from .. import kept
+    from ..select import kept
     from ..engine import EngineView, declared_unused, model_identity
 
     if not isinstance(checkpoint.config, dict):

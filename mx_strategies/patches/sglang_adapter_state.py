@@ -4,7 +4,7 @@
 one-process answers (``state``, ``(state,)``). ModelExpress 0.7.x's
 ``VllmAdapter`` overrides both over vLLM's world group; its ``SglangAdapter``
 overrides neither. A strategy that plans on rank 0 and shares the plan
-(robust with ``MX_MS_DISTRIBUTED`` at TP > 1, :mod:`mx_strategies.distributed`)
+(robust with ``MX_MS_DISTRIBUTED`` at TP > 1, :mod:`mx_strategies.plan.distributed`)
 then gets ``None`` on every rank but 0.
 
 The patch defines both on ``SglangAdapter`` over SGLang's world group, as

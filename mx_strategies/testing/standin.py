@@ -23,7 +23,7 @@ import torch
 from modelexpress import p2p_pb2
 from modelexpress.adapter import EngineAdapter
 from modelexpress.load_strategy import LoadContext, LoadResult
-from ..tensor_bytes import same_bytes
+from ..stream.tensor_bytes import same_bytes
 
 
 def nbytes(tensor: torch.Tensor) -> int:
@@ -35,7 +35,7 @@ class StandInModel(torch.nn.Module):
 
     It holds every tensor it is given, so it cannot say what a real engine's module would read (a real
     target skips its MTP draft's layers): it declines robust's dry run (``supports_dry_run = False``,
-    :mod:`mx_strategies.module_reads`), and the table or the conventions decide, as for a module that
+    :mod:`mx_strategies.select.module_reads`), and the table or the conventions decide, as for a module that
     cannot be asked. ``answers_dry_run=True`` lets it answer: it reads what it owns.
     """
 
@@ -54,7 +54,7 @@ class StandInModel(torch.nn.Module):
         self.supports_dry_run = answers_dry_run
         names = sorted(reference) if owned is None else sorted(owned)
         # Non-persistent buffers, as a module holds its tensors: robust's dry run can swap them for data-less
-        # twins and ask this load_weights what it reads (mx_strategies.dry_run); no checkpoint name is a buffer's.
+        # twins and ask this load_weights what it reads (mx_strategies.select.dry_run); no checkpoint name is a buffer's.
         self._keys = {name: f"w{index}" for index, name in enumerate(names)}
         for name in names:
             self.register_buffer(self._keys[name], torch.zeros_like(reference[name]), persistent=False)
@@ -165,8 +165,8 @@ class PlainModelExpressAdapter(StandInAdapter):
     def build_model_streamer_weight_iter(self, model_uri: str, model=None):
         from runai_model_streamer import SafetensorsStreamer, list_safetensors
 
-        from ..checkpoint import inspect
-        from ..storage import open_store
+        from ..inspect.checkpoint import inspect
+        from ..inspect.storage import open_store
         from .plain_modelexpress import plain_selection
 
         files = list_safetensors(model_uri)

@@ -19,7 +19,7 @@ from typing import Iterable, Optional, Sequence
 import torch
 from safetensors.torch import save_file
 
-from ..checkpoint import INDEX_NAME
+from ..inspect.checkpoint import INDEX_NAME
 
 
 @dataclass

@@ -92,7 +92,7 @@ def run(arch: str, workdir: str) -> dict:
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    from mx_strategies.tensor_bytes import same_bytes
+    from mx_strategies.stream.tensor_bytes import same_bytes
     from mx_strategies.testing.loopback import free_port
 
     mc = ModelConfig(model=folder, dtype="bfloat16", max_model_len=128, model_impl=spec.get("impl", "auto"))
@@ -131,7 +131,7 @@ def run(arch: str, workdir: str) -> dict:
     vllm_adapter_module.VllmAdapter = CpuVllmAdapter
     os.environ.update(MX_STRATEGY="mx_strategies.robust", MX_MODEL_URI=folder, MX_ROBUST_MODEL_COMPLETENESS="fail")
     import mx_strategies
-    from mx_strategies.report import recent_reports
+    from mx_strategies.observe.report import recent_reports
 
     mx_strategies.activate()
     vc = engine_config()

@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
-from mx_strategies.checkpoint import INDEX_NAME
+from mx_strategies.inspect.checkpoint import INDEX_NAME
 from mx_strategies.testing.synthetic import write_shards
 
 from .headers import header_order, tensor_offsets
@@ -112,7 +112,7 @@ class Written:
     @property
     def digests(self) -> dict[str, str]:
         """What safetensors reads, hashed as the strategy's content check hashes."""
-        from mx_strategies.tensor_bytes import sha256
+        from mx_strategies.stream.tensor_bytes import sha256
 
         return {n: sha256(t) for n, t in self.reference.items()}
 

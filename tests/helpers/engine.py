@@ -29,7 +29,7 @@ from mx_strategies.settings import load_settings
 from mx_strategies.testing.standin import StandInAdapter as CountingAdapter
 from mx_strategies.testing.standin import StandInModel as RecordingModel
 from mx_strategies.testing.standin import load_context, model_config, vllm_config  # noqa: F401 (re-exported)
-from mx_strategies.tensor_bytes import same_bytes
+from mx_strategies.stream.tensor_bytes import same_bytes
 
 STRATEGY_LOGGER = "modelexpress.strategy_robust_model_streamer"
 CHAIN_LOGGER = "modelexpress.load_strategy"
@@ -245,7 +245,7 @@ def drop_from_stream(monkeypatch, dropped: str) -> None:
     notice; rewriting the file instead is refused before streaming (its
     identity changed).
     """
-    from mx_strategies import runai_plan
+    from mx_strategies.stream import runai_plan
 
     original = runai_plan.PlannedStreamer.get_tensors
 

@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 
 from mx_strategies.testing.loopback import LOOPBACK, LoopbackListener, LoopbackS3
-from mx_strategies.tensor_bytes import same_bytes
+from mx_strategies.stream.tensor_bytes import same_bytes
 
 SOCKET_TIMEOUT_S = 30.0
 
@@ -406,7 +406,7 @@ def _table() -> None:  # pragma: no cover - a measuring tool, run by hand
     import itertools
     import tempfile
 
-    from mx_strategies.streaming import streamer_environment
+    from mx_strategies.stream.streaming import streamer_environment
 
     from .checkpoints import layer_shards, write_checkpoint
     from .engine import direct_load, model_config

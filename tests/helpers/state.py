@@ -7,7 +7,7 @@ items; other objects by identity and, for Python objects, their attributes. Two 
 equal when asking the module changed nothing: no attribute added or rebound, no list appended
 to, no counter moved, no parameter attribute (vLLM 0.34's ``loaded_shard_ids``) marked. The
 engine's configs and parallel groups are compared by identity only (shared with the twin by design,
-mx_strategies/twin.py); functions, classes and modules likewise.
+mx_strategies/select/twin.py); functions, classes and modules likewise.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from mx_strategies.tensor_bytes import same_bytes
+from mx_strategies.stream.tensor_bytes import same_bytes
 
 MAX_DEPTH = 40
 

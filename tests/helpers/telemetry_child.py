@@ -26,7 +26,7 @@ def main() -> int:
     from helpers.engine import direct_load, model_config, run_chain
 
     from mx_strategies import activation
-    from mx_strategies.report import recent_reports
+    from mx_strategies.observe.report import recent_reports
 
     reference = reference_tensors(checkpoint)
     activation.register()

@@ -152,8 +152,8 @@ TARGET_MODEL_IMPL = {"deepseek_v3-transformers": "transformers", "glm4_moe-trans
 # vLLM picks by default but not without Triton (config/vllm.py:752), as here.
 ENGINE_ENV = {"nemotron_parse3_5": {"VLLM_USE_V2_MODEL_RUNNER": "1"}}
 
-from mx_strategies.mtp_table import installed_vllm  # noqa: E402
-from mx_strategies.streaming import streamer_environment  # noqa: E402
+from mx_strategies.select.mtp_table import installed_vllm  # noqa: E402
+from mx_strategies.stream.streaming import streamer_environment  # noqa: E402
 
 VLLM_VERSION = installed_vllm() or (0, 0)
 

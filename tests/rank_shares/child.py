@@ -62,8 +62,8 @@ def run(args: dict) -> dict:
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     import mx_strategies
-    from mx_strategies.report import clear_reports, recent_reports
-    from mx_strategies.tensor_bytes import same_bytes
+    from mx_strategies.observe.report import clear_reports, recent_reports
+    from mx_strategies.stream.tensor_bytes import same_bytes
 
     registry._run_in_subprocess = lambda fn: fn()  # inspect the model classes in this process
     import mx_cpu_shim  # TEST ONLY: ModelExpress 0.7.0 accepts CUDA/XPU devices only; the shim adds a CPU backend

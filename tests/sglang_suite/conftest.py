@@ -93,7 +93,7 @@ def reinits(monkeypatch):
 def robust_sglang(monkeypatch):
     """MX_STRATEGY=mx_strategies.robust, activated as SGLang's plugin loader does (register_sglang)."""
     from mx_strategies import activation
-    from mx_strategies.report import clear_reports
+    from mx_strategies.observe.report import clear_reports
 
     monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
     activation.register_sglang()

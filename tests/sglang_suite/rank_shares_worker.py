@@ -82,11 +82,11 @@ def run_layout(args: dict, layout: dict) -> dict:
     )
     from sglang.srt.runtime_context import get_parallel
 
-    from mx_strategies import module_reads, rank_share
+    from mx_strategies.select import module_reads, rank_share
     from mx_strategies.engine import declared_unused
-    from mx_strategies.report import clear_reports, recent_reports
+    from mx_strategies.observe.report import clear_reports, recent_reports
     from mx_strategies.settings import load_settings
-    from mx_strategies.sources import Candidate, probe
+    from mx_strategies.inspect.sources import Candidate, probe
     from sglang_support import builders as sb
     from sglang_support.loads import delivered_names, mx_load
 

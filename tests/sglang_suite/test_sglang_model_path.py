@@ -15,7 +15,7 @@ import torch
 
 from mx_strategies import activation
 from mx_strategies.releases import chain_finalizes
-from mx_strategies.report import clear_reports, recent_reports
+from mx_strategies.observe.report import clear_reports, recent_reports
 from sglang_support import builders as sb
 from sglang_support.loads import delivered_names, mx_load
 

@@ -1,4 +1,4 @@
-"""The question asked of SGLang 0.5.23's real classes (mx_strategies.module_reads): targets and MTP/NextN drafts.
+"""The question asked of SGLang 0.5.23's real classes (mx_strategies.select.module_reads): targets and MTP/NextN drafts.
 
 For each class the SGLang suite builds (DeepSeek-V3, Qwen3-Next, GLM-4.5, MiMo-V2-Flash; target and draft),
 the module's own answer (a dry run of its ``load_weights`` on data-less tensors) is compared with the
@@ -15,12 +15,12 @@ import pytest
 from helpers.state import differences, module_state
 from sglang_support import builders as sb
 
-from mx_strategies import kept, module_reads, mtp_table
+from mx_strategies.select import kept, module_reads, mtp_table
 from mx_strategies.engine import SGLANG, EngineView, declared_unused
-from mx_strategies.planning import row_layout_for
+from mx_strategies.plan.planning import row_layout_for
 from mx_strategies.settings import load_settings
-from mx_strategies.sources import Candidate, probe
-from mx_strategies.tensor_bytes import same_bytes
+from mx_strategies.inspect.sources import Candidate, probe
+from mx_strategies.stream.tensor_bytes import same_bytes
 
 ARCHS = ("deepseek_v3", "qwen3_next", "glm4_moe", "mimo_v2_flash")
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mx_strategies.report import clear_reports, recent_reports
+from mx_strategies.observe.report import clear_reports, recent_reports
 from sglang_support import builders as sb
 from sglang_support.loads import HTTP_OVERHEAD, Checkpoint, delivered_names, measured_load, mx_load
 

@@ -197,7 +197,7 @@ def test_the_module_answers_its_rank_share_and_its_structure_says_the_same(name,
             assert structure["local_experts"] == local, structure
         # The structure's share, applied to the checkpoint, less the NextN layer (the draft's: the table's
         # target row) is the module's answer.
-        from mx_strategies.rank_share import RankShare
+        from mx_strategies.select.rank_share import RankShare
 
         rebuilt = RankShare(tuple(structure["missing_layers"]),
                             {k: frozenset(v) for k, v in structure["local_experts"].items()})  # fmt: skip

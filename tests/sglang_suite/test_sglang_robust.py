@@ -21,7 +21,7 @@ import os
 
 import pytest
 
-from mx_strategies.report import recent_reports
+from mx_strategies.observe.report import recent_reports
 from sglang_support import builders as sb
 from sglang_support.loads import HTTP_OVERHEAD, Checkpoint, delivered_names, measured_load, mx_load
 
@@ -92,7 +92,7 @@ def test_qwen3_next_target_is_checked_for_completeness(runtime, cpu_backend, rob
     ckpt = Checkpoint(tmp_path, "qwen3_next", s3)
     monkeypatch.setenv("MX_MODEL_URI", ckpt.uri)
     target = sb.build_model(ckpt.config_only, draft=False)
-    from mx_strategies import completeness
+    from mx_strategies.stream import completeness
 
     outcomes = []
     real = completeness.check

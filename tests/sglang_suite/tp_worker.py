@@ -24,7 +24,7 @@ def main() -> None:
     from mx_cpu_shim import CpuAcceleratorBackend  # TEST ONLY: ModelExpress 0.7.0 has no cpu backend
 
     from mx_strategies import activation
-    from mx_strategies.report import recent_reports
+    from mx_strategies.observe.report import recent_reports
     from sglang_support import builders as sb
 
     adapter_module.accelerator_backend_for = lambda device: CpuAcceleratorBackend()

@@ -95,9 +95,9 @@ class Probe:
         """mx_strategies' load reports of this process, and the chain ModelExpress ran."""
         out: dict = {}
         try:
-            from mx_strategies.report import recent_reports
+            from mx_strategies.observe.report import recent_reports
         except ImportError as exc:
-            out["reports_error"] = f"mx_strategies.report: {exc}"
+            out["reports_error"] = f"mx_strategies.observe.report: {exc}"
         else:
             out["reports"] = recent_reports()
         try:

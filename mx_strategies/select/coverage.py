@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
-from .errors import listed
+from ..errors import listed
 
 # Above this many intervals for one write (a transposed, element-strided view), the write is not
 # expanded: its parameter is judged by the other writes only if they already cover it.

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from .coverage import Layout, Write, writes_in_place
-from .thread_pools import run_inline, submits_from_this_thread
+from ..thread_pools import run_inline, submits_from_this_thread
 from .twin import TwinFailed, make_twin
 
 # Torch calls that only look at a tensor's metadata: no use of its values.

@@ -30,7 +30,7 @@ import math
 import re
 from typing import Any, Optional
 
-from .errors import MxStrategiesError
+from ..errors import MxStrategiesError
 
 # Real headers, indexes and configs nest 3 to 6 levels; 64 leaves room and stays far from the recursion limit.
 MAX_DEPTH = 64

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from .engine import vllm_rules
+from ..engine import vllm_rules
 
 MISSING_LAYER_CLASSES = frozenset({"PPMissingLayer", "StageMissingLayer"})
 OTHER_STAGE = "another pipeline stage's layer (the module holds a PPMissingLayer there)"

@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from .coverage import Layout, Write, writes_in_place
-from .thread_pools import submits_from_this_thread
+from ..select.coverage import Layout, Write, writes_in_place
+from ..thread_pools import submits_from_this_thread
 
 
 @dataclass

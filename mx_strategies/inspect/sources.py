@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .checkpoint import INDEX_NAME, Checkpoint, ProbeLimits, inspect
-from .engine.vllm import is_speculative_draft
-from .errors import NoCheckpoint, NoStreamableSource, StoreError
-from .settings import RobustSettings
+from ..engine.vllm import is_speculative_draft
+from ..errors import NoCheckpoint, NoStreamableSource, StoreError
+from ..settings import RobustSettings
 from .storage import normalize_uri, open_store
 
 # The label of the candidate derived from the target's model_weights, e.g. "target model_weights + dspark".

@@ -28,8 +28,8 @@ from runai_model_streamer import SafetensorsStreamer
 from runai_model_streamer.file_streamer import FileChunks
 from runai_model_streamer.safetensors_streamer.safetensors_pytorch import SafetensorMetadata
 
-from .checkpoint import Shard, TensorInfo
-from .planning import LoadPlan
+from ..inspect.checkpoint import Shard, TensorInfo
+from ..plan.planning import LoadPlan
 
 
 def _metadata(info: TensorInfo, data_start: int) -> SafetensorMetadata:

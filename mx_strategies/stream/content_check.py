@@ -21,10 +21,10 @@ from typing import Iterable, Optional
 
 import torch
 
-from .checkpoint import Shard, TensorInfo
-from .errors import ContentMismatch
-from .settings import RobustSettings
-from .storage import ObjectInfo, Store, StoreError, open_store
+from ..inspect.checkpoint import Shard, TensorInfo
+from ..errors import ContentMismatch
+from ..settings import RobustSettings
+from ..inspect.storage import ObjectInfo, Store, StoreError, open_store
 from .tensor_bytes import sha256 as tensor_sha256
 
 OFF = "off"

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Optional
 
-from .errors import NoCheckpoint, StoreError
+from ..errors import NoCheckpoint, StoreError
 from .jsonread import JsonRejected, read_json
-from .settings import RobustSettings
+from ..settings import RobustSettings
 from .storage import ObjectInfo, Store, open_store
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -118,7 +118,7 @@ class ProbeLimits:
 
     @classmethod
     def current(cls) -> "ProbeLimits":
-        from .settings import current_settings
+        from ..settings import current_settings
 
         return cls.from_settings(current_settings())
 

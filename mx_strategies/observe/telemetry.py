@@ -40,7 +40,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from .errors import (
+from ..errors import (
     ContentMismatch,
     DraftPlanError,
     IncompleteDelivery,

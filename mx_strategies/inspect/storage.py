@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
-from .errors import StoreError
+from ..errors import StoreError
 
 S3_PREFIX = "s3://"
 GCS_PREFIX = "gs://"
@@ -135,7 +135,7 @@ def _depth(key: str) -> int:
 
 
 def _configured_max_entries() -> int:
-    from .settings import current_settings
+    from ..settings import current_settings
 
     return current_settings().max_discovery_entries
 

@@ -22,9 +22,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from .checkpoint import NEXTN_COUNT_KEYS
-from .errors import DraftPlanError
-from .settings import RobustSettings
+from ..inspect.checkpoint import NEXTN_COUNT_KEYS
+from ..errors import DraftPlanError
+from ..settings import RobustSettings
 
 LAYER_PREFIXES = ("model.layers.", "layers.", "model.language_model.layers.")
 SHARED_WEIGHT_PATTERN = re.compile(r"(^|\.)(embed_tokens\.weight|lm_head\.weight)$")

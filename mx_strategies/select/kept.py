@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 from . import mtp_table
 from .coverage import Layout
-from .engine import EngineView
+from ..engine import EngineView
 
 GAPS_SHOWN = 3  # parameters an error or a warning names, of those a load would leave in part
 # KV-cache quantization scales registered by attention layers: defaults when a checkpoint has none.

@@ -37,19 +37,19 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from . import mtp_table
-from .built_module import BuiltModule
-from .checkpoint import Checkpoint, Shard
-from .kept import GAPS_SHOWN
-from .draft import layer_layout, select_draft_tensors
-from .engine import EngineView
-from .errors import DraftPlanError, InconsistentCheckpoint, PartialParameters, listed
-from .coverage import Gap
-from .module_reads import Answer, ModuleReads, Unanswered, left_out_summary
-from .rank_share import RankShare
-from .settings import RobustSettings
-from .sources import Candidate, Resolution, resolve
-from .storage import normalize_uri
+from ..select import mtp_table
+from ..select.built_module import BuiltModule
+from ..inspect.checkpoint import Checkpoint, Shard
+from ..select.kept import GAPS_SHOWN
+from ..select.draft import layer_layout, select_draft_tensors
+from ..engine import EngineView
+from ..errors import DraftPlanError, InconsistentCheckpoint, PartialParameters, listed
+from ..select.coverage import Gap
+from ..select.module_reads import Answer, ModuleReads, Unanswered, left_out_summary
+from ..select.rank_share import RankShare
+from ..settings import RobustSettings
+from ..inspect.sources import Candidate, Resolution, resolve
+from ..inspect.storage import normalize_uri
 
 PROBLEMS_SHOWN = 5
 

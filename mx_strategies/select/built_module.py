@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from . import kept, module_reads, mtp_table, rank_share
-from .checkpoint import Checkpoint
-from .engine import SGLANG, EngineView, bypassed_features, declared_unused, held_names
+from ..inspect.checkpoint import Checkpoint
+from ..engine import SGLANG, EngineView, bypassed_features, declared_unused, held_names
 from .module_reads import Answer
 from .rank_share import RankShare
-from .releases import installed_release
-from .settings import RobustSettings
+from ..releases import installed_release
+from ..settings import RobustSettings
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import numpy as np
 
-from .errors import MxStrategiesError, RanksDisagree, listed
+from ..errors import MxStrategiesError, RanksDisagree, listed
 
 Plan = TypeVar("Plan")
 
@@ -111,7 +111,7 @@ def distributes(engine: Any, enabled: bool) -> tuple[bool, str]:
 
 def sees_same_files(settings) -> Callable[[tuple], Optional[str]]:
     """The per-rank check: this rank reaches every planned shard, and each is the file rank 0 inspected."""
-    from .checkpoint import source_changes
+    from ..inspect.checkpoint import source_changes
 
     def check(planned: tuple) -> Optional[str]:
         _, plan = planned

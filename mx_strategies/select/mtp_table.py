@@ -42,8 +42,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from .engine.sglang import SGLANG_MTP_METHODS
-from .releases import SGLANG, VLLM, installed_release
+from ..engine.sglang import SGLANG_MTP_METHODS
+from ..releases import SGLANG, VLLM, installed_release
 
 VLLM_VERSION_CHECKED = "0.32.0"
 DATE_CHECKED = "2026-11-30"

@@ -31,11 +31,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
-from .checkpoint import Checkpoint, storage_shape
+from ..inspect.checkpoint import Checkpoint, storage_shape
 from .kept import judged_parameters
 from .coverage import Gap, gaps as coverage_gaps
 from .dry_run import DryRunFailed, dry_run
-from .settings import RobustSettings
+from ..settings import RobustSettings
 
 SOURCES = ("dry_run", "table", "convention", "whole")
 
@@ -83,7 +83,7 @@ def class_name(model: Any) -> str:
 
 def _dtypes() -> Mapping[str, Any]:
     """Torch's dtype for each safetensors dtype string (the headers')."""
-    from .checkpoint import runai_dtypes
+    from ..inspect.checkpoint import runai_dtypes
 
     return runai_dtypes()
 

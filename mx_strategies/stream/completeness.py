@@ -13,7 +13,7 @@ duration of the call it wraps the model's ``load_weights`` (an instance
 attribute, removed afterwards) and keeps what each call returns.
 :func:`check` then compares it with the module's parameters and persistent
 buffers, less what the engine fills afterwards (an MTP draft's shared
-embedding and head, :func:`mx_strategies.mtp_table.filled_by_engine`) and
+embedding and head, :func:`mx_strategies.select.mtp_table.filled_by_engine`) and
 what no checkpoint carries (empty placeholders, KV-cache scales, which keep
 their defaults when a checkpoint has none, online-quantization and
 config-built parameters: the exemptions vLLM's own check makes for a
@@ -39,9 +39,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-from .coverage import Gap, Layout, Write, gaps as coverage_gaps
-from .errors import IncompleteModel, listed
-from .kept import GAPS_SHOWN, Required, required_tensors
+from ..select.coverage import Gap, Layout, Write, gaps as coverage_gaps
+from ..errors import IncompleteModel, listed
+from ..select.kept import GAPS_SHOWN, Required, required_tensors
 
 NAMES_SHOWN = 10
 _SENTINEL = object()

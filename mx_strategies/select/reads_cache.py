@@ -6,7 +6,7 @@ asks the same module the same question; the answer is kept in one JSON file
 per key. The key is a SHA-256 over everything the answer depends on:
 
 - the engine and its release, mx-strategies' release and the code that asks (a digest of
-  :mod:`.dry_run`, :mod:`.name_sampling`, :mod:`.module_reads`);
+  :data:`QUESTION_CODE`: the dry run, the sampler, the twin, the coverage, the question);
 - the module's class and every parameter and buffer it holds (name, shape,
   dtype): the config, the parallel layout and the quantization all show there;
 - the parallel layout and rank the load runs at, and the role;
@@ -29,18 +29,21 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
 FORMAT = 1
+# The modules of this stage whose code decides an answer (their files are digested into the key).
+QUESTION_CODE = ("built_module", "coverage", "dry_run", "kept", "module_reads", "name_sampling", "twin")
 
 
 def _code_digest() -> str:
-    """The code that computes an answer: a changed dry run, sampler or question is a new key."""
-    from . import coverage, dry_run, module_reads, name_sampling, twin
+    """The code that computes an answer: a changed dry run, sampler, twin or question is a new key.
 
+    Read as files beside this one (this stage's), not imported: the question imports this module."""
     digest = hashlib.sha256()
-    for module in (coverage, dry_run, module_reads, name_sampling, twin):
+    for name in QUESTION_CODE:
+        path = Path(__file__).with_name(f"{name}.py")
         try:
-            digest.update(Path(module.__file__).read_bytes())
+            digest.update(path.read_bytes())
         except OSError:
-            digest.update(module.__name__.encode())
+            digest.update(name.encode())
     return digest.hexdigest()[:16]
 
 

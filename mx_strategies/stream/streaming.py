@@ -30,11 +30,11 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 
-from .checkpoint import source_changes
+from ..inspect.checkpoint import source_changes
 from .content_check import ContentCheck
-from .errors import ContentMismatch, IncompleteDelivery, StreamBroken, StreamStartError
-from .planning import LoadPlan
-from .settings import RobustSettings, env_name
+from ..errors import ContentMismatch, IncompleteDelivery, StreamBroken, StreamStartError
+from ..plan.planning import LoadPlan
+from ..settings import RobustSettings, env_name
 
 # Our settings -> the runai variables they set for the duration of a load.
 STREAMER_ENV = {
@@ -92,7 +92,7 @@ def claim_backend(source: str, uris: list[str]) -> None:
 
 def _delivery_mismatch(info, tensor: torch.Tensor) -> Optional[str]:
     """How ``tensor`` differs from its header entry ``info`` (dtype, shape, bytes), or None."""
-    from .checkpoint import runai_dtypes, storage_shape
+    from ..inspect.checkpoint import runai_dtypes, storage_shape
 
     expected = runai_dtypes().get(info.dtype)
     shape = tuple(tensor.shape)

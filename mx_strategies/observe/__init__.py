@@ -1,0 +1,1 @@
+"""Observe the load: its report, progress while it streams, and telemetry."""

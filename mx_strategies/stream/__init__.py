@@ -1,0 +1,1 @@
+"""Stream what the plan says with runai-model-streamer, verified, and check what the model kept."""
