@@ -209,6 +209,9 @@ def test_the_answer_is_kept_and_a_restart_asks_nothing(tmp_path, vllm_cpu, monke
         other_rank = module_reads.ask_cached(target, checkpoint, settings, context[:5] + (1,) + context[6:])
     assert not first.cached and second.cached and calls == [1]  # only the other rank asked the module
     assert second.names == first.names and second.left_out == first.left_out and other_rank.names == first.names
+    # The whole answer is kept, not only its names: the source, the class, how many parameters were judged whole.
+    assert (second.source, second.module_class, second.judged) == (first.source, first.module_class, first.judged)
+    assert first.judged > 0 and not second.gaps
     assert len(list((tmp_path / "kept").glob("*.json"))) == 2
 
 

@@ -281,10 +281,11 @@ def ask_cached(
     if kept is not None:
         left_out = kept["left_out"]
         names = frozenset(n for n in tensors if n not in left_out)
-        return ModuleReads(names, kept["source"], left_out, kept["module_class"], time.perf_counter() - started, True)
+        return ModuleReads(names, kept["source"], left_out, kept["module_class"], time.perf_counter() - started, True,
+                           judged=kept["judged"])  # fmt: skip
     answer = ask(model, checkpoint, settings, **how)
     if isinstance(answer, ModuleReads) and not answer.gaps:  # a refused checkpoint is asked again next time
-        reads_cache.store(settings.reads_cache_dir, key, answer.source, answer.module_class, answer.left_out)
+        reads_cache.store(settings.reads_cache_dir, key, answer)
     return answer
 
 

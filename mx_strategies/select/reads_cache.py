@@ -16,7 +16,7 @@ per key. The key is a SHA-256 over everything the answer depends on:
 Nothing is ever invalidated in place: a change of any of these is a new
 key. A file that cannot be read or does not match is ignored (and
 rewritten); a cache that cannot be written is skipped with no error.
-Only what was left out is stored: the names read are the checkpoint's less those.
+The whole answer is kept but its names read, which are the checkpoint's less those left out.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def cache_key(model: Any, tensors: Mapping[str, Any], context: Iterable[Any]) ->
 
 
 def load(folder: Optional[Path], key: str) -> Optional[dict]:
-    """The kept answer for ``key`` (``source``, ``module_class``, ``left_out``), or None (no cache, no file,
-    or one that does not fit)."""
+    """The kept answer for ``key`` (the fields of :class:`.module_reads.ModuleReads` that :func:`store` keeps),
+    or None (no cache, no file, or one that does not fit)."""
     if folder is None:
         return None
     try:
@@ -84,22 +84,26 @@ def load(folder: Optional[Path], key: str) -> Optional[dict]:
             "source": str(data["source"]),
             "module_class": str(data.get("module_class", "")),
             "left_out": {str(k): str(v) for k, v in data["left_out"].items()},
+            "judged": int(data.get("judged", 0)),
         }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def store(folder: Optional[Path], key: str, source: str, module_class: str, left_out: Mapping[str, str]) -> Optional[Path]:
-    """Keep an answer under ``key`` (atomically); None when the cache is off or cannot be written."""
+def store(folder: Optional[Path], key: str, answer: Any) -> Optional[Path]:
+    """Keep ``answer`` (a :class:`.module_reads.ModuleReads` without gaps) under ``key``, atomically: the whole
+    answer but the names read (the checkpoint's less those left out) and the question's own time. None when the
+    cache is off or cannot be written."""
     if folder is None:
         return None
     path = Path(folder).expanduser() / f"{key}.json"
     data = {
         "format": FORMAT,
         "key": key,
-        "source": source,
-        "module_class": module_class,
-        "left_out": dict(sorted(left_out.items())),
+        "source": answer.source,
+        "module_class": answer.module_class,
+        "left_out": dict(sorted(answer.left_out.items())),
+        "judged": answer.judged,
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
