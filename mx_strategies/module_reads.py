@@ -181,9 +181,8 @@ def ask(
     judged = {n: run.layouts.get(n, layout) for n, layout in judged_parameters(model, replaced).items()}
     unit = None
     if run.sample is not None:
-        from .name_sampling import parse
-
-        unit = lambda name: (lambda ints: ints if len(ints) >= 2 else None)(parse(name)[1])  # noqa: E731
+        ints_of = run.sample.ints
+        unit = lambda name: (lambda ints: ints if len(ints) >= 2 else None)(ints_of(name))  # noqa: E731
     found = coverage_gaps(
         judged,
         run.writes,
@@ -200,21 +199,20 @@ def ask(
 
 def _unfed_gaps(run: "_Runs", missing: Mapping[str, str], judged: Mapping[str, Any]) -> list[Gap]:
     """Gaps for names a sampled checkpoint lacks in units no dry run was fed (:meth:`.name_sampling.Sample.missing_members`)."""
-    from .name_sampling import parse
-
+    ints_of = run.sample.ints
     gaps = []
     for name, example in sorted(missing.items()):
         params = sorted(run.written.get(example, ()))
         if not params:
             continue
         # The parameter the missing name would fill: its fed peer's, at the missing name's own layer.
-        layer, peer_layer = parse(name)[1][0], parse(example)[1][0]
+        layer, peer_layer = ints_of(name)[0], ints_of(example)[0]
         param = params[0].replace(f".{peer_layer}.", f".{layer}.", 1)
         layout = judged.get(param)
         if layout is None:
             continue  # not a parameter this rank keeps (another stage's layer, another rank's expert)
         size = next((w.view.numel for w in run.writes if w.names == frozenset((example,))), 0)
-        part = f"the part {example.rsplit('.', 2)[-2]} fills for unit {parse(name)[1]}"
+        part = f"the part {example.rsplit('.', 2)[-2]} fills for unit {ints_of(name)}"
         gaps.append(Gap(param, layout.shape, (part,), size, (), (name,)))
     return gaps
 
