@@ -88,10 +88,8 @@ class Sample:
         self.units: dict[tuple[int, ...], list[str]] = defaultdict(list)
         self._templates: dict[tuple[int, ...], list[str]] = defaultdict(list)
         self._sorted: Optional[list] = None
-        parsed = self.parsed
         units, templates = self.units, self._templates
-        for name in self.names:
-            template, ints = parsed[name]
+        for name, (template, ints) in zip(self.names, map(self.parsed.__getitem__, self.names)):
             units[ints].append(name)
             templates[ints].append(template)
 
@@ -112,15 +110,16 @@ class Sample:
     def first_round(self) -> list[str]:
         """Every name with fewer than two integers, and units until every key occurred once."""
         fed: list[str] = []
-        covered: set[Key] = set()
+        covered: dict[tuple[int, int], set[str]] = defaultdict(set)  # (position, value) -> templates seen there
         for ints, members in self._sorted_units():
             if len(ints) < 2:
                 fed += members
                 continue
             templates = set(self._templates[ints])
-            positions = tuple(enumerate(ints))
-            if any((t, p, v) not in covered for t in templates for p, v in positions):
-                covered.update((t, p, v) for t in templates for p, v in positions)
+            places = [covered[place] for place in enumerate(ints)]
+            if any(not templates <= seen for seen in places):
+                for seen in places:
+                    seen |= templates
                 fed += members
         return fed
 
