@@ -33,6 +33,7 @@ the table and never runs the real module.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import copy
 import enum
@@ -129,6 +130,10 @@ def _shared_uncached(obj: Any) -> bool:
 _PLAIN = frozenset({type(None), bool, int, float, str, bytes})
 
 
+# Exact container classes whose empty instances the walk copies without further checks.
+_EMPTY_READY = frozenset({dict, list, set, collections.OrderedDict})
+
+
 def _render(path: Any) -> str:
     """An attribute path as the walk carries it (a string, or ``(parent, format, key)`` built lazily), as text."""
     parts = []
@@ -183,6 +188,10 @@ class _Walker:
         found = self.memo.get(id(obj), self)
         if found is not self:
             return found
+        if type(obj) in _EMPTY_READY and not obj:  # an empty dict, list or set (most of a module's hook tables)
+            new = self.memo[id(obj)] = type(obj)()
+            self.keep.append(obj)
+            return new
         if isinstance(obj, types.FunctionType) and self._holds_the_module(obj):
             return self._closure(obj, path, depth)
         if _shared(obj):
