@@ -263,6 +263,12 @@ def render_question(result: dict) -> str:
         r = result[role]
         lines.append(f"| {role} | {r['seconds']} | {r['peak_python_mib']} | {r['twin_s']} | {r['twin_peak_python_mib']} | "
                      f"{r['source'] or r['reason']} | {r['names_read']} | {r['left_out']} | {r['judged']} | {r['gaps']} |")  # fmt: skip
+    budget = result["budget_s_at_10gbps"]
+    lines.append(
+        "budget at 10 GB/s (1% of the load, " + f"{budget} s): "
+        + "; ".join(f"{role} {result[role]['seconds']} s {'met' if result[role]['seconds'] <= budget else 'NOT met'}"
+                    for role in ("target", "draft"))
+    )  # fmt: skip
     lines.append(
         f"target: {100 * result['target_share_of_load']:.2f}% of a {result['load_s_at_2gbps']} s load at 2 GB/s "
         f"(budget 1%: {result['budget_s']} s), {100 * result['target_share_at_10gbps']:.2f}% of a "

@@ -265,3 +265,31 @@ def test_tensors_a_load_weights_derives_onto_its_modules_are_put_back():
     dry_run(model, {"norm": ((4,), torch.bfloat16)}, timeout_s=30)
     assert_untouched(model, before)
     assert "derived" not in model.__dict__
+
+
+def test_the_question_holds_the_garbage_collector_off_and_leaves_it_as_it_was():
+    """module_reads.ask runs with the cyclic collector off (a full collection over an engine's heap cost the
+    question up to a second, at random), and leaves it as it found it, also when the question raises."""
+    import gc
+
+    from mx_strategies.select.module_reads import _collector_paused
+
+    seen = []
+
+    def question(fail=False):
+        seen.append(gc.isenabled())
+        if fail:
+            raise RuntimeError("the question failed")
+
+    paused = _collector_paused(question)
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            paused()
+            assert gc.isenabled() is enabled
+            with pytest.raises(RuntimeError):
+                paused(fail=True)
+            assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
+    assert seen == [False] * 4

@@ -32,7 +32,6 @@ engines' tables or plans (:mod:`.module_reads` asks it).
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 

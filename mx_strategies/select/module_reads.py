@@ -27,6 +27,8 @@ parameters, parallel layout and checkpoint names asks nothing.
 
 from __future__ import annotations
 
+import functools
+import gc
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
@@ -115,6 +117,28 @@ def _overwritten(whole_writes: tuple, full: Mapping[str, bool]) -> dict[str, str
     return dropped
 
 
+def _collector_paused(function: Callable) -> Callable:
+    """``function`` run with Python's cyclic garbage collector held off (and restored as it was after).
+
+    The question allocates a few hundred thousand short-lived objects (names' parses, the twin); with an
+    engine's millions of objects alive, each full collection they trigger costs a large part of a second,
+    at random. What the question leaves for the collector is collected at the next collection after it.
+    """
+
+    @functools.wraps(function)
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
+
+    return paused
+
+
+@_collector_paused
 def ask(
     model: Any,
     checkpoint: Checkpoint,
@@ -141,18 +165,24 @@ def ask(
         return Unanswered(cls, "the module says it cannot be asked (supports_dry_run = False)", declined=True)
     tensors = checkpoint.tensors()
     left_out: dict[str, str] = {}
-    headers = {}
+    headers: Mapping[str, Any] = tensors  # name -> TensorInfo; a dry run is fed header(info) of the names it gets
+    if unused is not None:
+        headers = {}
+        for name, info in tensors.items():
+            if unused(name):
+                left_out[name] = DECLARED_UNUSED
+            else:
+                headers[name] = info
     dtypes = _dtypes()
-    for name, info in tensors.items():
-        if unused is not None and unused(name):
-            left_out[name] = DECLARED_UNUSED
-            continue
-        try:
-            headers[name] = (storage_shape(info.dtype, info.shape), dtypes[info.dtype])  # as runai will hand it out
-        except KeyError:
-            return Unanswered(cls, f"tensor {name} has dtype {info.dtype}, which torch cannot represent")
+    if not {info.dtype for info in headers.values()} <= dtypes.keys():
+        name, info = next((n, i) for n, i in headers.items() if i.dtype not in dtypes)
+        return Unanswered(cls, f"tensor {name} has dtype {info.dtype}, which torch cannot represent")
+
+    def header(info: Any) -> tuple:
+        return storage_shape(info.dtype, info.shape), dtypes[info.dtype]  # as runai will hand it out
+
     try:
-        run = _run(model, headers, settings, call)
+        run = _run(model, headers, header, settings, call)
     except DryRunFailed as exc:
         return Unanswered(cls, str(exc))
     for name in headers:
@@ -165,7 +195,7 @@ def ask(
         # embedding arrived) must still get them: a second dry run without them says which it is.
         try:
             fed = run.fed_names
-            dry_run(model, {n: h for n, h in headers.items() if n in fed and n not in copies},
+            dry_run(model, {n: header(h) for n, h in headers.items() if n in fed and n not in copies},
                     timeout_s=settings.dry_run_timeout_s, call=call)  # fmt: skip
         except DryRunFailed:
             copies = []
@@ -181,9 +211,8 @@ def ask(
     judged = {n: run.layouts.get(n, layout) for n, layout in judged_parameters(model, replaced).items()}
     unit = None
     if run.sample is not None:
-        from .name_sampling import parse
-
-        unit = lambda name: (lambda ints: ints if len(ints) >= 2 else None)(parse(name)[1])  # noqa: E731
+        ints_of = run.sample.ints
+        unit = lambda name: (lambda ints: ints if len(ints) >= 2 else None)(ints_of(name))  # noqa: E731
     found = coverage_gaps(
         judged,
         run.writes,
@@ -200,21 +229,20 @@ def ask(
 
 def _unfed_gaps(run: "_Runs", missing: Mapping[str, str], judged: Mapping[str, Any]) -> list[Gap]:
     """Gaps for names a sampled checkpoint lacks in units no dry run was fed (:meth:`.name_sampling.Sample.missing_members`)."""
-    from .name_sampling import parse
-
+    ints_of = run.sample.ints
     gaps = []
     for name, example in sorted(missing.items()):
         params = sorted(run.written.get(example, ()))
         if not params:
             continue
         # The parameter the missing name would fill: its fed peer's, at the missing name's own layer.
-        layer, peer_layer = parse(name)[1][0], parse(example)[1][0]
+        layer, peer_layer = ints_of(name)[0], ints_of(example)[0]
         param = params[0].replace(f".{peer_layer}.", f".{layer}.", 1)
         layout = judged.get(param)
         if layout is None:
             continue  # not a parameter this rank keeps (another stage's layer, another rank's expert)
         size = next((w.view.numel for w in run.writes if w.names == frozenset((example,))), 0)
-        part = f"the part {example.rsplit('.', 2)[-2]} fills for unit {parse(name)[1]}"
+        part = f"the part {example.rsplit('.', 2)[-2]} fills for unit {ints_of(name)}"
         gaps.append(Gap(param, layout.shape, (part,), size, (), (name,)))
     return gaps
 
@@ -233,22 +261,23 @@ class _Runs:
     sample: Any = None  # the name_sampling.Sample of a sampled run; None for an exact one
 
 
-def _run(model: Any, headers: dict, settings: RobustSettings, call: Optional[Callable]) -> _Runs:
-    """The dry run of ``headers``: all of them, or above ``MX_ROBUST_DRY_RUN_SAMPLE_ABOVE`` names, a sample."""
+def _run(model: Any, headers: Mapping, header: Callable, settings: RobustSettings, call: Optional[Callable]) -> _Runs:
+    """The dry run of ``headers`` (name -> TensorInfo, fed as ``header(info)``): all of them, or above
+    ``MX_ROBUST_DRY_RUN_SAMPLE_ABOVE`` names, a sample."""
     from . import name_sampling
 
     timeout = settings.dry_run_timeout_s
     if len(headers) <= settings.dry_run_sample_above:
-        run = dry_run(model, headers, timeout_s=timeout, call=call)
+        run = dry_run(model, {n: header(info) for n, info in headers.items()}, timeout_s=timeout, call=call)
         return _Runs(run.read, dict(run.written), dict(run.full), run.whole_writes, frozenset(headers), run.writes, run.layouts)
     started = time.perf_counter()
     sample = name_sampling.Sample(headers)
     first = sample.first_round()
-    runs = [dry_run(model, {n: headers[n] for n in first}, timeout_s=timeout, call=call)]
+    runs = [dry_run(model, {n: header(headers[n]) for n in first}, timeout_s=timeout, call=call)]
     second = sample.second_round(first, runs[0].read)
     if second:
         left = max(timeout - (time.perf_counter() - started), 0.001)
-        runs.append(dry_run(model, {n: headers[n] for n in second}, timeout_s=left, call=call))
+        runs.append(dry_run(model, {n: header(headers[n]) for n in second}, timeout_s=left, call=call))
     fed = frozenset(first) | frozenset(second)
     read = frozenset(sample.infer(fed, set().union(*(r.read for r in runs))))
     written: dict = {}
@@ -262,6 +291,7 @@ def _run(model: Any, headers: dict, settings: RobustSettings, call: Optional[Cal
     )  # fmt: skip
 
 
+@_collector_paused
 def ask_cached(
     model: Any,
     checkpoint: Checkpoint,

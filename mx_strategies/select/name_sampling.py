@@ -25,12 +25,13 @@ Pure functions over names; :mod:`.module_reads` runs the dry runs.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from typing import Iterable, Mapping, Optional
 
 Key = tuple[str, int, int]  # (template, position, value)
+Parsed = tuple[str, tuple[int, ...]]  # (template, integers)
 
 
-def parse(name: str) -> tuple[str, tuple[int, ...]]:
+def parse(name: str) -> Parsed:
     """``(template, integers)``: the name with each all-digit dot component replaced by ``#``, and those integers."""
     parts = name.split(".")
     ints = tuple(int(p) for p in parts if p.isdigit())
@@ -39,60 +40,135 @@ def parse(name: str) -> tuple[str, tuple[int, ...]]:
     return ".".join("#" if p.isdigit() else p for p in parts), ints
 
 
-class Sample:
-    """The names of one checkpoint, each parsed once into its template and integers, and the rounds over them."""
+def parse_all(names: Iterable[str]) -> dict[str, Parsed]:
+    """:func:`parse` of every name, each parsed once: ``name -> (template, integers)``.
 
-    def __init__(self, names: Iterable[str]):
+    The names of a unit share everything up to their last integer (an expert's
+    ``model.layers.5.mlp.experts.17`` before ``gate_proj.weight``): that head is parsed once and its
+    two trailing components, when neither is an integer, are appended to its template.
+    """
+    out: dict[str, Parsed] = {}
+    heads: dict[str, Parsed] = {}
+    for name in names:
+        parts = name.rsplit(".", 2)
+        if len(parts) == 3 and not parts[1].isdigit() and not parts[2].isdigit():
+            head = heads.get(parts[0])
+            if head is None:
+                head = heads[parts[0]] = parse(parts[0])
+            out[name] = (f"{head[0]}.{parts[1]}.{parts[2]}", head[1]) if head[1] else (name, ())
+        else:
+            out[name] = parse(name)
+    return out
+
+
+def keys_of(template: str, ints: tuple[int, ...]) -> tuple[Key, ...]:
+    """The (template, position, value) keys of a name parsed into ``template`` and ``ints``."""
+    return tuple((template, position, value) for position, value in enumerate(ints))
+
+
+def _by_place(keys: Iterable[Key]) -> dict[tuple[int, int], set[str]]:
+    """``(position, value) -> templates`` of ``keys``."""
+    out: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for template, position, value in keys:
+        out[(position, value)].add(template)
+    return out
+
+
+class Sample:
+    """The names of one checkpoint, each parsed once into its template and integers, and the rounds over them.
+
+    ``parsed``: the names already parsed (:func:`parse_all`), to parse them once per question. The work after
+    parsing is per unit (the names sharing one tuple of integers) and per template, not per name.
+    """
+
+    def __init__(self, names: Iterable[str], parsed: Optional[Mapping[str, Parsed]] = None):
         self.names = list(names)
-        self.keys: dict[str, tuple[Key, ...]] = {}
+        self.parsed = parsed if parsed is not None else parse_all(self.names)
+        # unit (integers) -> its members and, aligned, their templates
         self.units: dict[tuple[int, ...], list[str]] = defaultdict(list)
-        for name in self.names:
-            shape, ints = parse(name)
-            self.keys[name] = tuple((shape, position, value) for position, value in enumerate(ints))
-            self.units[ints].append(name)
+        self._templates: dict[tuple[int, ...], list[str]] = defaultdict(list)
+        self._sorted: Optional[list] = None
+        units, templates = self.units, self._templates
+        for name, (template, ints) in zip(self.names, map(self.parsed.__getitem__, self.names)):
+            units[ints].append(name)
+            templates[ints].append(template)
+
+    def keys(self, name: str) -> tuple[Key, ...]:
+        """The (template, position, value) keys of ``name``."""
+        return keys_of(*self.parsed[name])
+
+    def ints(self, name: str) -> tuple[int, ...]:
+        """The integers of ``name`` (its unit)."""
+        found = self.parsed.get(name)
+        return found[1] if found is not None else parse(name)[1]
+
+    def _sorted_units(self) -> list[tuple[tuple[int, ...], list[str]]]:
+        if self._sorted is None:
+            self._sorted = sorted(self.units.items())
+        return self._sorted
 
     def first_round(self) -> list[str]:
         """Every name with fewer than two integers, and units until every key occurred once."""
         fed: list[str] = []
-        covered: set[Key] = set()
-        for ints, members in sorted(self.units.items()):
+        covered: dict[tuple[int, int], set[str]] = defaultdict(set)  # (position, value) -> templates seen there
+        for ints, members in self._sorted_units():
             if len(ints) < 2:
                 fed += members
                 continue
-            keys = {key for name in members for key in self.keys[name]}
-            if not keys <= covered:
-                covered |= keys
+            templates = set(self._templates[ints])
+            places = [covered[place] for place in enumerate(ints)]
+            if any(not templates <= seen for seen in places):
+                for seen in places:
+                    seen |= templates
                 fed += members
         return fed
 
     def live(self, fed: Iterable[str], read: Iterable[str]) -> set[Key]:
         """The keys of the fed names the module read."""
         read = set(read)
-        return {key for name in fed if name in read for key in self.keys[name]}
+        parsed = self.parsed
+        return {key for name in fed if name in read for key in keys_of(*parsed[name])}
 
     def second_round(self, fed: Iterable[str], read: Iterable[str]) -> list[str]:
         """Units that pair each key never read so far with keys that were: the next names to feed."""
         fed = set(fed)
         alive = self.live(fed, read)
         templates_read = {shape for shape, _, _ in alive}
-        tried = {key for name in fed for key in self.keys[name]}
+        tried = {key for name in fed for key in self.keys(name)}
         doubtful = {key for key in tried if key not in alive and key[0] in templates_read}
         extra: list[str] = []
         if not doubtful:
             return extra
-        for ints, members in sorted(self.units.items()):
+        # (position, value) -> templates: where a key is doubtful, where one was read
+        doubt_at: dict[tuple[int, int], set[str]] = defaultdict(set)
+        for template, position, value in doubtful:
+            doubt_at[(position, value)].add(template)
+        alive_at = _by_place(alive)
+        empty: frozenset = frozenset()
+        for ints, members in self._sorted_units():
             if len(ints) < 2 or members[0] in fed:
                 continue
-            hits = set()
-            for name in members:
-                keys = self.keys[name]
-                for index, key in enumerate(keys):
-                    if key in doubtful and all(other in alive for other in keys[:index] + keys[index + 1 :]):
-                        hits.add(key)
+            places = tuple(enumerate(ints))
+            if not any(place in doubt_at for place in places):
+                continue  # a unit hits only where one of its places holds a doubtful key
+            templates = set(self._templates[ints])
+            hits = []
+            for index, place in enumerate(places):
+                candidates = doubt_at.get(place)
+                if not candidates:
+                    continue
+                candidates = candidates & templates  # its key doubtful, every other key of the template read
+                for other, elsewhere in enumerate(places):
+                    if other != index and candidates:
+                        candidates = candidates & alive_at.get(elsewhere, empty)
+                hits += [(place, template) for template in candidates]
             if hits:
-                doubtful -= hits
+                for place, template in hits:
+                    doubt_at[place].discard(template)
+                    if not doubt_at[place]:
+                        del doubt_at[place]
                 extra += members
-                if not doubtful:
+                if not doubt_at:
                     break
         return extra
 
@@ -107,15 +183,24 @@ class Sample:
         fed = set(fed)
         by_family: dict[str, dict[str, str]] = defaultdict(dict)  # family -> template -> a fed name of it
         for name in stacked:
-            template, ints = parse(name)
+            template, ints = self.parsed.get(name) or parse(name)
             if len(ints) >= 2:
                 by_family[template.rsplit("#", 1)[0]].setdefault(template, name)
         missing: dict[str, str] = {}
+        if not by_family:
+            return missing
+        family_of: dict[str, str] = {}
         for ints, members in self.units.items():
             if len(ints) < 2 or members[0] in fed:
                 continue
-            templates = {parse(name)[0] for name in members}
-            for family in {t.rsplit("#", 1)[0] for t in templates}:
+            templates = set(self._templates[ints])
+            families = set()
+            for t in templates:
+                family = family_of.get(t)
+                if family is None:
+                    family = family_of[t] = t.rsplit("#", 1)[0]
+                families.add(family)
+            for family in families:
                 for template, example in by_family.get(family, {}).items():
                     if template not in templates:
                         values = iter(ints)
@@ -129,11 +214,22 @@ class Sample:
         read = set(read)
         alive = self.live(fed, read)
         out = {n for n in fed if n in read}
-        for name in self.names:
-            keys = self.keys[name]
-            if name not in fed and len(keys) >= 2 and all(key in alive for key in keys):
-                out.add(name)
+        alive_at = _by_place(alive)  # a unit's names read: their templates alive at every one of its places
+        empty: frozenset = frozenset()
+        for ints, members in self.units.items():
+            if len(ints) < 2:
+                continue
+            ok = None
+            for place in enumerate(ints):
+                there = alive_at.get(place, empty)
+                ok = set(there) if ok is None else ok & there
+                if not ok:
+                    break
+            if not ok:
+                continue
+            templates = self._templates[ints]
+            out.update(name for name, template in zip(members, templates) if template in ok and name not in fed)
         return out
 
 
-__all__ = ["Sample", "parse"]
+__all__ = ["Sample", "keys_of", "parse", "parse_all"]

@@ -33,6 +33,7 @@ the table and never runs the real module.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import copy
 import enum
@@ -93,6 +94,21 @@ class Twin:
 
 
 def _shared(obj: Any) -> bool:
+    kind = type(obj)
+    found = _SHARED_BY_TYPE.get(kind)
+    if found is None:
+        found = _shared_uncached(obj)
+        if obj.__class__ is kind and not any(c.__name__ == "FakeScriptObject" for c in kind.__mro__):
+            _SHARED_BY_TYPE[kind] = found  # the answer depends on the class alone (torch's opaque objects aside)
+    return found
+
+
+# Whether instances of a class are shared (:func:`_shared` depends on the class alone). Classes are never freed
+# while instances of them are walked; a class made and dropped again (a test's) stays here, at a few bytes.
+_SHARED_BY_TYPE: dict[type, bool] = {}
+
+
+def _shared_uncached(obj: Any) -> bool:
     if isinstance(obj, _ATOMIC):
         return True
     import torch
@@ -108,6 +124,23 @@ def _shared(obj: Any) -> bool:
         if module.startswith(_ENGINE_SHARED_MODULES):
             return True
     return False
+
+
+# Exact classes the walk returns as they are before anything else (the commonest values in a module's state).
+_PLAIN = frozenset({type(None), bool, int, float, str, bytes})
+
+
+# Exact container classes whose empty instances the walk copies without further checks.
+_EMPTY_READY = frozenset({dict, list, set, collections.OrderedDict})
+
+
+def _render(path: Any) -> str:
+    """An attribute path as the walk carries it (a string, or ``(parent, format, key)`` built lazily), as text."""
+    parts = []
+    while isinstance(path, tuple):
+        path, form, key = path
+        parts.append(form.format(key))
+    return str(path) + "".join(reversed(parts))
 
 
 def _state_is_dict(kind: type) -> bool:
@@ -149,16 +182,22 @@ class _Walker:
                     self.keep.append(tensor)
         self.pending = [(id(t), t) for t in self.keep]
 
-    def copy(self, obj: Any, path: str, depth: int = 0) -> Any:
+    def copy(self, obj: Any, path: Any, depth: int = 0) -> Any:
+        if type(obj) in _PLAIN:
+            return obj
         found = self.memo.get(id(obj), self)
         if found is not self:
             return found
+        if type(obj) in _EMPTY_READY and not obj:  # an empty dict, list or set (most of a module's hook tables)
+            new = self.memo[id(obj)] = type(obj)()
+            self.keep.append(obj)
+            return new
         if isinstance(obj, types.FunctionType) and self._holds_the_module(obj):
             return self._closure(obj, path, depth)
         if _shared(obj):
             return obj
         if depth > MAX_DEPTH:
-            raise TwinFailed(f"{path}: nested deeper than {MAX_DEPTH} levels")
+            raise TwinFailed(f"{_render(path)}: nested deeper than {MAX_DEPTH} levels")
         torch = self.torch
         self.keep.append(obj)
         if isinstance(obj, torch.Tensor):
@@ -175,28 +214,28 @@ class _Walker:
         if kind in (list, set, frozenset, tuple) or kind.__name__ in ("OrderedDict", "defaultdict", "dict") and isinstance(obj, dict):
             return self._container(obj, path, depth)
         if isinstance(obj, types.MethodType):
-            new = types.MethodType(obj.__func__, self.copy(obj.__self__, f"{path}.__self__", depth + 1))
+            new = types.MethodType(obj.__func__, self.copy(obj.__self__, (path, ".__self__", ""), depth + 1))
             self.memo[id(obj)] = new
             return new
         if isinstance(obj, functools.partial):
             new = functools.partial(
-                self.copy(obj.func, f"{path}.func", depth + 1),
-                *self.copy(obj.args, f"{path}.args", depth + 1),
-                **self.copy(obj.keywords, f"{path}.keywords", depth + 1),
+                self.copy(obj.func, (path, ".func", ""), depth + 1),
+                *self.copy(obj.args, (path, ".args", ""), depth + 1),
+                **self.copy(obj.keywords, (path, ".keywords", ""), depth + 1),
             )
             self.memo[id(obj)] = new
             return new
         if isinstance(obj, torch.nn.Module) or (_state_is_dict(kind) and hasattr(obj, "__dict__")):
             new = self._blank(obj, path)
             self.memo[id(obj)] = new
-            new.__dict__.update({k: self.copy(v, f"{path}.{k}", depth + 1) for k, v in vars(obj).items()})
+            new.__dict__.update(self._values(vars(obj), path, depth + 1))
             return new
         try:  # anything else: the copy protocol, through the same memo (so what it reaches is the twin's)
             return copy.deepcopy(obj, self.memo)
         except Exception as exc:  # noqa: BLE001 - the object cannot be copied: say which, the caller falls back
-            raise TwinFailed(f"{path}: a {kind.__module__}.{kind.__qualname__} cannot be copied ({exc})") from None
+            raise TwinFailed(f"{_render(path)}: a {kind.__module__}.{kind.__qualname__} cannot be copied ({exc})") from None
 
-    def _blank(self, obj: Any, path: str) -> Any:
+    def _blank(self, obj: Any, path: Any) -> Any:
         """An empty instance of ``obj``'s class, made without running its ``__init__``.
 
         A module through ``object.__new__`` (vLLM's ``SupportsQuant.__new__`` reads the engine's config);
@@ -208,7 +247,7 @@ class _Walker:
                 return make(kind)
             except Exception:  # noqa: BLE001 - the next maker, else say which object could not be copied
                 continue
-        raise TwinFailed(f"{path}: a {kind.__module__}.{kind.__qualname__} cannot be copied (no way to make one)")
+        raise TwinFailed(f"{_render(path)}: a {kind.__module__}.{kind.__qualname__} cannot be copied (no way to make one)")
 
     def _holds_the_module(self, func: Any) -> bool:
         """Whether a function holds, in its closure or its default arguments, a module, a tensor or a module's
@@ -229,7 +268,7 @@ class _Walker:
                 return True
         return False
 
-    def _closure(self, func: Any, path: str, depth: int) -> Any:
+    def _closure(self, func: Any, path: Any, depth: int) -> Any:
         """A function holding the module (a wrapper around its own method): its cells and defaults copied."""
         cells = tuple(types.CellType() for _ in func.__closure__ or ())
         new = types.FunctionType(func.__code__, func.__globals__, func.__name__, None, cells or None)
@@ -241,35 +280,45 @@ class _Walker:
                 contents = cell.cell_contents
             except ValueError:  # an empty cell (a name bound later)
                 continue
-            mine.cell_contents = self.copy(contents, f"{path}.<closure {func.__code__.co_freevars[index]}>", depth + 1)
+            mine.cell_contents = self.copy(contents, (path, ".<closure {}>", func.__code__.co_freevars[index]), depth + 1)
         if func.__defaults__:
-            new.__defaults__ = self.copy(func.__defaults__, f"{path}.<defaults>", depth + 1)
+            new.__defaults__ = self.copy(func.__defaults__, (path, ".<defaults>", ""), depth + 1)
         if func.__kwdefaults__:
-            new.__kwdefaults__ = self.copy(func.__kwdefaults__, f"{path}.<kwdefaults>", depth + 1)
+            new.__kwdefaults__ = self.copy(func.__kwdefaults__, (path, ".<kwdefaults>", ""), depth + 1)
         return new
 
-    def _container(self, obj: Any, path: str, depth: int) -> Any:
+    def _container(self, obj: Any, path: Any, depth: int) -> Any:
         kind = type(obj)
         if isinstance(obj, dict):
             new = kind(obj.default_factory) if kind.__name__ == "defaultdict" else kind()
             self.memo[id(obj)] = new
-            for key, value in obj.items():
-                new[self.copy(key, path, depth + 1)] = self.copy(value, f"{path}.{key}", depth + 1)
+            if obj:
+                new.update(self._values(obj, path, depth + 1))
             return new
         if kind is list:
             new = []
             self.memo[id(obj)] = new
-            new.extend(self.copy(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(obj))
+            new.extend(self.copy(v, (path, "[{}]", i), depth + 1) for i, v in enumerate(obj))
             return new
-        items = [self.copy(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(obj)]
+        items = [self.copy(v, (path, "[{}]", i), depth + 1) for i, v in enumerate(obj)]
         new = kind(items)
         self.memo[id(obj)] = new
         return new
 
-    def _attributes(self, real: Any, twin: Any, path: str, depth: int) -> None:
+    def _values(self, mapping: Any, path: Any, depth: int) -> dict:
+        """Each key and value of ``mapping`` the twin's (plain values as they are, without a call)."""
+        plain, copy = _PLAIN, self.copy
+        return {
+            (key if type(key) in plain else copy(key, path, depth)): (
+                value if type(value) in plain else copy(value, (path, ".{}", key), depth)
+            )
+            for key, value in mapping.items()
+        }
+
+    def _attributes(self, real: Any, twin: Any, path: Any, depth: int) -> None:
         attributes = getattr(real, "__dict__", None)
         if attributes:
-            twin.__dict__.update({k: self.copy(v, f"{path}.{k}", depth + 1) for k, v in attributes.items()})
+            twin.__dict__.update(self._values(attributes, path, depth + 1))
 
 
 def make_twin(model: Any) -> Twin:
