@@ -134,9 +134,12 @@ def generate_checkpoint(path: str, size: int) -> None:
     shards = target_shards + [mtp]
     shards.insert(EMPTY_SHARD_POSITION, {})
     write_shards(path, shards, index=True)
+    # Qwen3.5's naming (mtp.*, as Qwen3-Next's). The stand-in models here are not asked (they hold every tensor),
+    # so robust plans with the table, which keeps a row for Qwen3.5's draft (its class is not built on these CPUs)
+    # and none for Qwen3-Next's (its module answers).
     config = {
-        "architectures": ["Qwen3NextForCausalLM"],
-        "model_type": "qwen3_next",
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "model_type": "qwen3_5_text",
         "num_hidden_layers": layout.layers,
         "mtp_num_hidden_layers": 1,
         "hidden_size": hidden,

@@ -8,8 +8,9 @@ DeepSeek-V3's released checkpoint written down as names (163 shards,
 ``benchmarks.rank_shares``). What plain ModelExpress streams comes from
 ``mx_strategies.testing.plain_modelexpress`` (each release's rule, checked
 against its own code by tests/test_plain_modelexpress.py), what robust streams
-from ``planning.plan_for``, the function a load plans with (a target leaves
-the MTP layer to the draft; a draft streams its own tensors).
+from ``planning.plan_for``, the function a load plans with (a draft streams its
+own tensors; a target's module leaves the MTP layer to the draft, which is
+applied here by the layer's names: no module is built for a names-only checkpoint).
 
 Plain ModelExpress streams whole files (header included); robust's figure is
 the tensor data it plans (its header reads are a few MB on DeepSeek-V3).
@@ -43,8 +44,16 @@ def _compare(name: str, checkpoint, config: dict, draft_class: str) -> dict:
     shards, sizes = _shard_map(checkpoint)
     target_view = EngineView(False, None, (), 1, 1, dict(config), {})
     draft_view = EngineView(True, "mtp", (), 1, 1, dict(config), {})
+    from mx_strategies.plan.planning import narrow_to_rank
+    from mx_strategies.select.rank_share import RankShare
+
+    # What the target's module answers (its load_weights skips the MTP layers: tests/test_module_reads.py).
+    n = config["num_hidden_layers"]
+    mtp = ("mtp.",) if "num_nextn_predict_layers" not in config else tuple(
+        f"model.layers.{n + i}." for i in range(config["num_nextn_predict_layers"]))
+    target_plan = narrow_to_rank(plan_for(checkpoint, BuiltModule(target_view), settings, source_is_target=True), RankShare(mtp, {}))
     robust = {
-        "target": plan_for(checkpoint, BuiltModule(target_view), settings, source_is_target=True).bytes,
+        "target": target_plan.bytes,
         "draft": plan_for(checkpoint, BuiltModule(draft_view), settings, source_is_target=True).bytes,
     }
     rows = []

@@ -37,7 +37,7 @@ from test_mtp_architectures import (  # noqa: E402,F401 - fixtures and helpers o
     vllm_cpu,
 )
 
-from mx_strategies.select import mtp_table# noqa: E402
+from mx_strategies.select import mtp_table  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
 

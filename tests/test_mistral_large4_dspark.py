@@ -57,10 +57,9 @@ from test_mtp_architectures import (  # noqa: E402
     vllm_cpu,  # noqa: F401 - the module's fixture
 )
 
-from mx_strategies.select import mtp_table# noqa: E402
+from mx_strategies.select import mtp_table  # noqa: E402
 from mx_strategies.engine import engine_view  # noqa: E402
 from mx_strategies.plan.planning import points_at_target, row_layout_for  # noqa: E402
-from mx_strategies.select.built_module import BuiltModule
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
 from mx_strategies.testing.synthetic import write_shards  # noqa: E402

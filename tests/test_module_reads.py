@@ -1,10 +1,13 @@
 """The question asked of the module vLLM built (mx_strategies.select.module_reads), on vLLM's real classes.
 
 - The sweep: on every MTP draft class of the matrix that builds here (tests/test_mtp_architectures.py's
-  BUILT, vLLM 0.32 and 0.33) and on the real targets, the module's own answer (a dry run of its
-  ``load_weights``) equals the table's selection, apart from the copies the engine replaces after
-  loading; and the dry run leaves the module exactly as it was (the same parameter and buffer objects,
-  storage and bytes; vLLM's ``static_forward_context`` unchanged).
+  BUILT, vLLM 0.32, 0.33 and 0.34) and on the real targets, the module's own answer (a dry run of its
+  ``load_weights``) is what the class reads of the checkpoint written as its own ``load_weights`` names it
+  (tests/mtp_arch/checkpoints.py), apart from the copies the engine replaces after loading; where a table
+  row remains for the class (an engine rule: Step-3.5's) or for a class not built here that names its
+  tensors as this one does (DeepSeek-V3.2's, as DeepSeek-V3's), the answer equals that row's selection too;
+  and the dry run leaves the module exactly as it was (the same parameter and buffer objects, storage and
+  bytes; vLLM's ``static_forward_context`` unchanged).
 - DeepSeek-V4 DSpark (method ``dspark``): vLLM's real ``SpeculativeConfig`` points the draft at the
   target's checkpoint; through ModelExpress's real chain it streams exactly ``mtp.{0..n-1}.*`` and
   ``context_wkv_proj.*``. Its class cannot be built on a CPU (``cpu/dspark.py`` raises), so the
@@ -49,7 +52,7 @@ from test_mtp_architectures import (  # noqa: E402
 )
 
 from helpers.state import differences, module_state  # noqa: E402
-from mx_strategies.select import kept, module_reads, mtp_table# noqa: E402
+from mx_strategies.select import kept, module_reads, mtp_table  # noqa: E402
 from mx_strategies.engine import declared_unused, engine_view, vllm_rules  # noqa: E402
 from mx_strategies.plan.planning import points_at_target, row_layout_for  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
@@ -130,30 +133,54 @@ def ask_draft(arch: str, root, pp: int):
 # The one place a whole checkpoint leaves a kept parameter at init values: vLLM 0.33's Transformers-backend MTP
 # drafts at pipeline parallel > 1. There the proposer keeps the draft's own embedding ("will be loaded separately
 # from the target model", v1/spec_decode/llm_base_proposer.py:1424-1509), and the class's load_weights never
-# reads one (TABLE_STREAMS_UNREAD below): served, it would hold its init values. robust refuses that load.
+# reads one: served, it would hold its init values. robust refuses that load.
 EXPECTED_GAPS = {
     ("deepseek_v3-transformers", 2): {"model.embed_tokens.weight"},
     ("glm4_moe-transformers", 2): {"model.embed_tokens.weight"},
 }
 
 
-# Where the sweep found the table wrong, and the module's answer better (kept here, not hidden): at pipeline
-# parallel > 1 the table streams the top-level embedding of vLLM 0.33's Transformers-backend MTP drafts
-# (the proposer cannot share the target's there), but their load_weights never reads it: bytes for nothing.
-TABLE_STREAMS_UNREAD = {
-    ("deepseek_v3-transformers", 2): {"model.embed_tokens.weight"},
-    ("glm4_moe-transformers", 2): {"model.embed_tokens.weight"},
-}
+# Rows of classes not built here whose naming is a built class's (the same load_weights routing): compared with
+# that class's answer. DeepseekV32MTPModel routes names as DeepSeekMTP (vllm/models/deepseek_v32/nvidia/mtp.py:365)
+# and is DeepSeekMTP itself on a CPU, whose sparse attention the CPU refuses.
+SAME_NAMING = {"deepseek_v3": ("DeepseekV32MTPModel",)}
+
+
+# A draft parameter the engine may fill from one of several checkpoint copies (or replace with the target's).
+COPY = re.compile(r"(^|\.)(embed_tokens|word_embeddings|embeddings|lm_head|shared_head\.head)(\.|$)")
+
+
+def the_classes_own_reads(ckpt, engine, answer, pp: int) -> None:
+    """The module's answer is what the class reads of the checkpoint written from its own naming
+    (``ckpt.draft_tensors``: checkpoint name -> the draft parameter it fills): every tensor that fills one of
+    its layers' parameters; besides those, only copies of the embedding or a head, and at pipeline parallel 1
+    none the proposer replaces (no target tensor, no per-layer copy: ``ckpt.extra``)."""
+    gaps = {gap.param for gap in answer.gaps}  # EXPECTED_GAPS: parameters its load_weights never fills
+    core = {n for n, param in ckpt.draft_tensors.items() if param not in gaps and not COPY.search(param)}
+    assert core <= set(answer.names), sorted(core - set(answer.names))
+    beyond = set(answer.names) - core
+    assert all(COPY.search(n) or COPY.search(ckpt.draft_tensors.get(n, "")) for n in beyond), sorted(beyond)
+    if pp == 1:
+        assert not beyond & ckpt.extra, sorted(beyond & ckpt.extra)
 
 
 @pytest.mark.parametrize("pp", [1, 2])
 @pytest.mark.parametrize("arch", SWEEP)
-def test_the_modules_answer_is_the_tables_apart_from_what_the_engine_replaces(arch, pp, tmp_path, vllm_cpu):  # noqa: F811
+def test_the_modules_answer_is_what_the_class_reads_and_any_rows(arch, pp, tmp_path, vllm_cpu):  # noqa: F811
     built, ckpt, checkpoint, engine, answer = ask_draft(arch, tmp_path, pp)
     assert isinstance(answer, module_reads.ModuleReads), answer
     assert answer.source == "dry_run" and answer.module_class.endswith(BUILT[arch][0])
+    the_classes_own_reads(ckpt, engine, answer, pp)
     row = mtp_table.match(engine.architectures, engine.model_type, "mtp")
-    assert row is not None and row.key == BUILT[arch][1]
+    assert (row.key if row is not None else None) == BUILT[arch][1]
+    rows = [row] if row is not None else []
+    rows += [mtp_table.match((same,), engine.model_type, "mtp") for same in SAME_NAMING.get(arch, ())]
+    for row in rows:
+        assert row is not None
+        assert_the_rows_selection_is_the_answer(arch, pp, row, built, ckpt, checkpoint, engine, answer)
+
+
+def assert_the_rows_selection_is_the_answer(arch, pp, row, built, ckpt, checkpoint, engine, answer) -> None:
     selection = mtp_table.select(
         row, checkpoint.tensors(), row_layout_for(row, checkpoint, engine), shares_target_weights=engine.shares_target_weights,
         load_checks_parameters=engine.mtp_load_checks,  # the installed vLLM's answer (engine.vllm_rules)
@@ -163,9 +190,7 @@ def test_the_modules_answer_is_the_tables_apart_from_what_the_engine_replaces(ar
     replaced = {n for n, why in answer.left_out.items() if why == module_reads.REPLACED}
     # The engine's replacements the table keeps at PP>1 (heads, which the proposer shares at any PP): copies only.
     assert replaced <= set(selection.names) | set(selection.skipped), sorted(replaced)
-    unread = TABLE_STREAMS_UNREAD.get((arch, pp), set())
-    assert unread <= table and not unread & set(answer.names) and answer.left_out.get(next(iter(unread), "")) in (None, module_reads.NOT_READ)
-    assert set(answer.names) == table - replaced - unread, (sorted(set(answer.names) - table), sorted(table - set(answer.names)))
+    assert set(answer.names) == table - replaced, (sorted(set(answer.names) - table), sorted(table - set(answer.names)))
     if pp == 1:
         assert not replaced & table  # at pipeline parallel 1 the table leaves every replaced copy out too
         assert not set(answer.names) & ckpt.extra  # no target tensor, no per-layer copy the proposer replaces
@@ -187,9 +212,7 @@ def test_a_real_targets_answer_is_the_checkpoint_less_its_mtp_layers(arch, tmp_p
     assert isinstance(answer, module_reads.ModuleReads) and answer.source == "dry_run"
     assert answer.judged == len(list(target.parameters())) and answer.gaps == ()
     assert set(answer.names) == set(tensors) and set(answer.left_out) == set(mtp)
-    row = mtp_table.match_target(config.hf_config)
-    layout = mtp_table.row_layout(row, ("config", config.hf_config))
-    assert mtp_table.draft_only(row, layout, checkpoint.tensors()) == set(answer.left_out)  # the table agrees
+    assert mtp_table.match_target(config.hf_config) is None  # no row: the module alone says what it leaves out
 
 
 def test_the_answer_is_kept_and_a_restart_asks_nothing(tmp_path, vllm_cpu, monkeypatch):  # noqa: F811
@@ -492,8 +515,14 @@ def test_doctor_asks_the_modules_vllm_builds_on_the_meta_device(tmp_path, vllm_c
     assert modules["target"]["module_class"].endswith("DeepseekV3ForCausalLM")
     assert modules["target"]["tensors"] == len(tensors) and modules["target"]["left_out"] == len(mtp)
     assert modules["draft"]["selection_source"] == "dry_run" and modules["draft"]["module_class"].endswith("DeepSeekMTP")
-    draft_plan = report["draft"]  # the table's plan (no module): the module's answer agrees
-    assert modules["draft"]["tensors"] == draft_plan["tensors"]
+    # Doctor's own plan (no module): no row for DeepSeek-V3's draft (its class builds here), so the generic
+    # nextn convention, which also streams the MTP layer's embedding and head copies the proposer replaces; the
+    # module leaves those out and reads the rest.
+    draft_plan = report["draft"]
+    assert draft_plan["architecture"] is None and draft_plan["convention"] == "nextn_layers"
+    copies = {n for n in draft_plan["names"] if COPY.search(n)}
+    assert copies == {"model.layers.2.embed_tokens.weight", "model.layers.2.shared_head.head.weight"}
+    assert modules["draft"]["tensors"] == draft_plan["tensors"] - len(copies)
     assert "modules" not in diagnose(folder).as_dict()  # only on request
     assert cli_main(["doctor", folder, "--ask-module"]) == 0
     printed = capsys.readouterr().out

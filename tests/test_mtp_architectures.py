@@ -43,7 +43,7 @@ from modelexpress.load_strategy import LoadResult, LoadStrategyChain  # noqa: E4
 from mtp_arch import builders  # noqa: E402
 from mtp_arch.checkpoints import draft_checkpoint, persistent_buffers, split, write_checkpoint  # noqa: E402
 
-from mx_strategies.select import mtp_table# noqa: E402
+from mx_strategies.select import mtp_table  # noqa: E402
 from mx_strategies.engine import vllm_rules  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.robust import RobustModelStreamerStrategy  # noqa: E402
@@ -51,27 +51,28 @@ from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
 
 REINIT = "Re-initializing vLLM model after failed strategy"
 
-# Target config -> (the vLLM draft class, the table row it must match).
+# Target config -> (the vLLM draft class, the table row it matches: None for every class that builds here, whose
+# module answers, but Step-3.5's, whose row is an engine rule: the heads its proposer keeps, the embedding it demands).
 BUILT = {
-    "deepseek_v3": ("DeepSeekMTP", "deepseek_mtp"),
-    "glm4_moe": ("Glm4MoeMTP", "glm4_moe_mtp"),
-    "glm4_moe_lite": ("Glm4MoeLiteMTP", "glm4_moe_lite_mtp"),
-    "glm_ocr": ("GlmOcrMTP", "glm_ocr_mtp"),
-    "pangu_ultra_moe": ("OpenPanguMTP", "pangu_ultra_moe_mtp"),
-    "bailing_hybrid": ("BailingMoeV25MTPModel", "bailing_hybrid_mtp"),
-    "bailing_moe_v3": ("BailingMoeV3MTPModel", "bailing_hybrid_v3_mtp"),
-    "hy_v3": ("HYV3MTP", "hy_v3_mtp"),
+    "deepseek_v3": ("DeepSeekMTP", None),
+    "glm4_moe": ("Glm4MoeMTP", None),
+    "glm4_moe_lite": ("Glm4MoeLiteMTP", None),
+    "glm_ocr": ("GlmOcrMTP", None),
+    "pangu_ultra_moe": ("OpenPanguMTP", None),
+    "bailing_hybrid": ("BailingMoeV25MTPModel", None),
+    "bailing_moe_v3": ("BailingMoeV3MTPModel", None),
+    "hy_v3": ("HYV3MTP", None),
     "step3p5": ("Step3p5MTP", "step3p5_mtp"),
-    "longcat_flash": ("LongCatFlashMTP", "longcat_flash_mtp"),
-    "mimo": ("MiMoMTP", "mimo_mtp"),
-    "mimo_v2_flash": ("MiMoV2MTP", "mimo_v2_mtp"),
-    "ernie4_5_moe": ("ErnieMTP", "ernie_mtp"),
-    "nemotron_h": ("NemotronHMTP", "nemotron_h_mtp"),
-    "qwen3_next": ("Qwen3NextMTP", "qwen3_next_mtp"),
-    "exaone_moe": ("ExaoneMoeMTP", "exaone_moe_mtp"),
-    "exaone4_5": ("Exaone4_5_MTP", "exaone4_5_mtp"),
-    "hy_v4": ("HYV4MTP", "hy_v4_mtp"),  # the modular classes that build on a CPU (vllm/models/<family>/)
-    "inkling": ("InklingMTP", "inkling_mtp"),
+    "longcat_flash": ("LongCatFlashMTP", None),
+    "mimo": ("MiMoMTP", None),
+    "mimo_v2_flash": ("MiMoV2MTP", None),
+    "ernie4_5_moe": ("ErnieMTP", None),
+    "nemotron_h": ("NemotronHMTP", None),
+    "qwen3_next": ("Qwen3NextMTP", None),
+    "exaone_moe": ("ExaoneMoeMTP", None),
+    "exaone4_5": ("Exaone4_5_MTP", None),
+    "hy_v4": ("HYV4MTP", None),  # modular classes that build on a CPU (vllm/models/<family>/)
+    "inkling": ("InklingMTP", None),
 }
 NOT_BUILT = {
     "qwen3_5": (
@@ -189,15 +190,15 @@ def assert_kept_parameters_hold_checkpoint_bytes(arch, built, ckpt, row):
 
 # vLLM 0.33's own MTP classes that build on a CPU (the Transformers backend's, Nemotron Parse 3.5's).
 BUILT_033 = {
-    "deepseek_v3-transformers": ("TransformersMoEForMTP", "transformers_mtp_deepseek_v3"),  # layer 61, as transformers
-    "glm4_moe-transformers": ("TransformersMoEForMTP", "transformers_mtp_glm4_moe"),  # layer 46 (GLM-4.5-Air)
-    "nemotron_parse3_5": ("ParseAuxMTPModel", "nemotron_parse3_5_mtp"),
+    "deepseek_v3-transformers": ("TransformersMoEForMTP", None),  # layer 61, as transformers
+    "glm4_moe-transformers": ("TransformersMoEForMTP", None),  # layer 46 (GLM-4.5-Air)
+    "nemotron_parse3_5": ("ParseAuxMTPModel", None),
 }
 BUILT.update(BUILT_033)
 # vLLM 0.34's own MTP classes that build on a CPU (Nemotron-3.5-Transcribe's: a nemo_speechlm target whose llm_config
 # is the NemotronH target's, its MTP attention layer read from llm.mtp.*; the MoE layer does not build on a CPU).
 BUILT_034 = {
-    "nemotron3_5_transcribe": ("Nemotron3_5TranscribeMTP", "nemotron3_5_transcribe_mtp"),
+    "nemotron3_5_transcribe": ("Nemotron3_5TranscribeMTP", None),
 }
 BUILT.update(BUILT_034)
 
@@ -235,7 +236,7 @@ def test_real_draft_class_loads_every_kept_parameter(arch, sources, tmp_path, ro
     row = mtp_table.match(
         built.draft_model_config.hf_config.architectures, built.draft_model_config.hf_config.model_type, "mtp"
     )
-    assert row is not None and row.key == row_key
+    assert (row.key if row is not None else None) == row_key  # no row: the module alone answers
 
     # No reinit: the chain returned the module vLLM built, loaded once.
     assert loaded is built.module
@@ -249,7 +250,7 @@ def test_real_draft_class_loads_every_kept_parameter(arch, sources, tmp_path, ro
     # Bytes: what was streamed is what the module keeps (Step-3.5's load_weights also demands the
     # embedding the proposer later replaces, where the installed vLLM checks MTP loads: 0.32, 0.33).
     needed = dict(kept)
-    if row.embed_required and vllm_rules.mtp_load_demands_every_parameter():
+    if row is not None and row.embed_required and vllm_rules.mtp_load_demands_every_parameter():
         embed = dict(built.module.named_parameters())["model.embed_tokens.weight"]
         assert same_bytes(embed.data, ckpt.truth["model.embed_tokens.weight"])
         needed["model.embed_tokens.weight"] = embed
@@ -328,7 +329,7 @@ def test_deepseek_v4_selection_is_what_vllms_own_class_reads(layers, pp):
 
     row = mtp_table.match(("DeepSeekV4MTPModel",), "deepseek_mtp", "mtp")
     assert row is not None and row.key == "deepseek_v4_mtp"
-    assert mtp_table.match(("DeepSeekMTPModel",), "deepseek_mtp", "mtp").key == "deepseek_mtp"
+    assert mtp_table.match(("DeepSeekMTPModel",), "deepseek_mtp", "mtp") is None  # V3's builds: its module answers
     assert mtp_table.match_target({"model_type": "deepseek_v4"}).key == "deepseek_v4_mtp"
     config = {"num_hidden_layers": 2, "num_nextn_predict_layers": layers}
     vllm_self = SimpleNamespace(config=SimpleNamespace(**config), model=SimpleNamespace(mtp_start_layer_idx=2))
@@ -395,7 +396,7 @@ def test_declared_unused_needs_the_models_own_method():
 
 
 # Rows for vLLM 0.32's modular MTP classes (vllm/models/<family>/), on names their load_weights reads,
-# read from the class and simulated on it (2026-12-01). Built here: HY-V4 and Inkling (BUILT); the rest not (NOT_BUILT_CLASSES).
+# read from the class and simulated on it (2026-12-01). None of them builds here (NOT_BUILT_CLASSES).
 # row: (config, own, copies of the embedding/head the proposer replaces at PP=1, skipped, ignored)
 NAMES_ONLY = {
     "kimi_k3_mtp": (
@@ -416,26 +417,6 @@ NAMES_ONLY = {
         {"model.embed_tokens.weight", "lm_head.weight"},
         set(),
         {"model.norm.weight", "model.layers.0.self_attn.q_proj.weight", "model.mtp.layers.1.enorm.weight"},
-    ),
-    "hy_v4_mtp": (
-        {"num_hidden_layers": 2, "num_nextn_predict_layers": 1},
-        {"model.mtp_layers.0.enorm.weight", "model.mtp_layers.0.hnorm.weight", "model.mtp_layers.0.eh_proj.weight",
-         "model.mtp_layers.0.final_layernorm.weight", "model.mtp_layers.0.self_attn.q_a_proj.weight",
-         "model.mtp_layers.0.mlp.experts.0.gate_proj.weight"},
-        {"model.embed_tokens.weight", "lm_head.weight"},
-        {"model.mtp_layers.0.embed_tokens.weight", "model.mtp_layers.0.shared_head.head.weight",
-         "model.mtp_layers.0.shared_head.norm.weight"},
-        {"model.mtp_layers.1.enorm.weight", "model.layers.1.mlp.gate.weight", "model.norm.weight"},
-    ),
-    "inkling_mtp": (
-        {"num_hidden_layers": 2},
-        {"model.mtp.layers.0.hidden_norm.weight", "model.mtp.layers.0.input_proj.weight",
-         "model.mtp.layers.0.transformer_block.attn.wq_du.weight", "model.mtp.chain_norm.weight",
-         "model.llm.embed_norm.weight"},
-        set(),
-        set(),
-        {"model.llm.embed.weight", "model.llm.unembed.weight", "model.llm.layers.0.attn.wq_du.weight",
-         "model.visual.blocks.0.weight"},
     ),
     "qwen4_exp_mtp": (
         {"text_config": {"num_hidden_layers": 2, "mtp_num_hidden_layers": 1}},
@@ -474,8 +455,6 @@ NOT_BUILT_CLASSES = {
     "kimi_k3_mtp": "the CUDA class is used on CPU too; its __init__ creates torch.cuda.Stream (nvidia/mtp.py:103)",
     "minimax_m3_mtp": "vllm.models.minimax_m3 imports torchvision (nvidia/model.py:78), absent here",
 }
-# Built here too (BUILT: dense HY-V4 layers, bf16 Inkling), and also checked on their load_weights names.
-NAMES_ALSO_BUILT = {"hy_v4_mtp", "inkling_mtp"}
 
 
 @pytest.mark.parametrize("pp", [1, 2])
@@ -483,7 +462,7 @@ NAMES_ALSO_BUILT = {"hy_v4_mtp", "inkling_mtp"}
 def test_modular_mtp_rows_select_what_their_load_weights_reads(key, pp):
     (row,) = [r for r in mtp_table.TABLE if r.key == key]
     assert mtp_table.match(row.draft_architectures, None, "mtp") is row
-    assert key in NOT_BUILT_CLASSES or (key in NAMES_ALSO_BUILT and key in {r for _, r in BUILT.values()})
+    assert key in NOT_BUILT_CLASSES and key not in {r for _, r in BUILT.values()}
     assert_selects_on_names(row, NAMES_ONLY[key], KEPT_AT_PP1.get(key, set()), pp)
 
 
@@ -522,32 +501,6 @@ NAMES_ONLY_033 = {
         {"lm_head.weight", "model.norm.weight", "model.layers.3.mlp.down_proj.weight", "model.layers.5.enorm.weight",
          "model.language_model.layers.4.enorm.weight", "vision_model.blocks.0.attn.qkv.weight"},
     ),
-    "nemotron_parse3_5_mtp": (
-        {},
-        {"decoder.extra_heads.0.weight", "decoder.extra_heads.0.bias", "decoder.extra_proj.0.weight",
-         "decoder.extra_proj.0.bias"},
-        {"decoder.embed_tokens.weight"},
-        set(),
-        {"lm_head.weight", "decoder.layers.0.self_attn.q_proj.weight", "decoder.layer_norm.weight",
-         "encoder.model_encoder.blocks.0.attn.qkv.weight", "decoder.extra_heads.1.weight"},
-    ),
-    "transformers_mtp_glm4_moe": (
-        {"num_hidden_layers": 46, "num_nextn_predict_layers": 1},
-        {"model.layers.46.enorm.weight", "model.layers.46.eh_proj.weight", "model.layers.46.shared_head.norm.weight",
-         "model.layers.46.self_attn.q_proj.bias", "model.layers.46.mlp.experts.0.gate_proj.weight",
-         "model.layers.46.mlp.gate.e_score_correction_bias"},
-        {"model.embed_tokens.weight"},  # read at PP>1 only (transformers/mtp.py:90)
-        {"model.layers.46.embed_tokens.weight", "model.layers.46.shared_head.head.weight"},
-        {"lm_head.weight", "model.norm.weight", "model.layers.45.mlp.gate.weight", "model.layers.47.enorm.weight"},
-    ),
-    "transformers_mtp_deepseek_v3": (
-        {"num_hidden_layers": 61, "num_nextn_predict_layers": 1},
-        {"model.layers.61.enorm.weight", "model.layers.61.hnorm.weight", "model.layers.61.eh_proj.weight",
-         "model.layers.61.self_attn.kv_a_proj_with_mqa.weight", "model.layers.61.mlp.experts.3.down_proj.weight"},
-        {"model.embed_tokens.weight"},
-        {"model.layers.61.embed_tokens.weight", "model.layers.61.shared_head.head.weight"},
-        {"lm_head.weight", "model.norm.weight", "model.layers.60.mlp.gate.weight"},
-    ),
 }  # fmt: skip
 # embed_required: streamed, then replaced, where the installed vLLM checks MTP loads (0.33; not 0.34)
 KEPT_AT_PP1_033 = {"step5_mtp": {"model.layers.4.embed_tokens.weight"}}
@@ -555,40 +508,18 @@ NOT_BUILT_033 = {
     "step5_mtp": "vllm.models.step5 imports nvidia/vl.py -> model_executor/models/step3p7.py:13 -> step3_vl.py:42 -> "
     "transformers_utils/processors/step3_vl.py:9, which imports torchvision, absent here (its __init__ also "
     "needs a sparse_config section, model.py:1855, and dense MTP layers, nvidia/mtp.py:300)",
-}  # the other 0.33 rows are built here too (BUILT_033) and also checked on names
+}
 
 
 @pytest.mark.parametrize("pp", [1, 2])
 @pytest.mark.parametrize("key", sorted(NAMES_ONLY_033))
 def test_vllm_033_rows_select_what_their_load_weights_reads(key, pp):
     (row,) = [r for r in mtp_table.TABLE if r.key == key]
-    assert key in NOT_BUILT_033 or key in {r for _, r in BUILT_033.values()}
+    assert key in NOT_BUILT_033
     model_type = row.model_types[0] if row.model_types else None
     assert mtp_table.match(row.draft_architectures, model_type, "mtp", vllm=(0, 33)) is row
     assert mtp_table.match(row.draft_architectures, model_type, "mtp", vllm=(0, 32)) is not row  # not a 0.32 class
     assert_selects_on_names(row, NAMES_ONLY_033[key], KEPT_AT_PP1_033.get(key, set()), pp)
-
-
-@pytest.mark.parametrize("pp", [1, 2])
-@pytest.mark.parametrize("vllm", [(0, 32), (0, 33)])
-def test_nemotron_h_rule_follows_the_installed_vllm(vllm, pp):
-    """vLLM 0.33's NemotronHMTP reads mtp.* only (nemotron_h_mtp.py:419, 456): the embedding and head copies
-    0.32 read at pipeline parallel > 1 are not streamed on 0.33 at any size."""
-    row = mtp_table.match(("NemotronHMTPModel",), "nemotron_h_mtp", "mtp", vllm=vllm)
-    assert row is not None and row.key == "nemotron_h_mtp" and row.describes(vllm)
-    own = {"mtp.layers.0.mixer.q_proj.weight", "mtp.layers.1.mixer.experts.0.up_proj.weight", "mtp.layers.0.norm.weight"}
-    copies = {"backbone.embeddings.weight", "lm_head.weight"}
-    target = {"backbone.layers.0.mixer.in_proj.weight", "backbone.norm_f.weight"}
-    selection = mtp_table.select(row, own | copies | target, mtp_table.row_layout(row), shares_target_weights=pp == 1)
-    assert selection.own == own
-    assert selection.shared == (copies if (pp == 2 and vllm < (0, 33)) else set())
-    if vllm >= (0, 33) and mtp_table.installed_vllm() >= (0, 33):
-        from vllm.model_executor.models.nemotron_h_mtp import NemotronHMTP
-
-        reads = lambda name: not NemotronHMTP.is_unused_checkpoint_weight(None, name)  # noqa: E731
-        assert {n for n in own | copies | target if reads(n)} == own  # the class's own word
-    # The installed vLLM picks its own release's row.
-    assert mtp_table.match(("NemotronHMTPModel",), None, "mtp").describes(mtp_table.installed_vllm())
 
 
 # Rows for the draft classes vLLM 0.34.0 added (since=(0, 34)), on names their load_weights reads: read from the
@@ -606,28 +537,9 @@ MISTRAL_DSPARK = [f"mtp_dspark.backbone.layers.{i}.{leaf}" for i in range(2) for
     "mtp_dspark.autoregressive_head.joint_proj.weight", "mtp_dspark.autoregressive_head.joint_proj.bias"]
 MISTRAL_TARGET = ["tok_embeddings.weight", "norm.weight", "output.weight", "lerope.alpha",
                   "layers.0.attention.wq.weight", "layers.1.feed_forward.w1.weight", "layers.1.experts.0.w1.weight"]
-NEMOTRON_TRANSCRIBE_MTP = {
-    "llm.mtp.layers.0.mixer.q_proj.weight", "llm.mtp.layers.0.mixer.k_proj.weight",
-    "llm.mtp.layers.0.mixer.o_proj.weight",
-    "llm.mtp.layers.0.norm.weight", "llm.mtp.layers.0.enorm.weight", "llm.mtp.layers.0.hnorm.weight",
-    "llm.mtp.layers.0.eh_proj.weight", "llm.mtp.layers.0.final_layernorm.weight",
-    "llm.mtp.layers.1.mixer.experts.down_projs", "llm.mtp.layers.1.mixer.gate.weight",
-}  # fmt: skip
-NEMOTRON_TRANSCRIBE_TARGET = {
-    "llm.model.embed_tokens.weight", "llm.lm_head.weight", "llm.model.norm.weight",
-    "llm.model.layers.0.mixer.in_proj.weight", "perception.encoder.layers.0.weight", "ctc_timestamp.proj.weight",
-    "mtp.layers.0.enorm.weight", "language_model.mtp.layers.0.enorm.weight",  # _mtp_weights keeps llm.mtp.* only
-}  # fmt: skip
 NAMES_ONLY_034 = {
     "mistral_large4_dspark": ({"num_hidden_layers": 2, "n_predict": 4}, set(MISTRAL_DSPARK), set(), set(),
                               set(MISTRAL_TARGET)),
-    "nemotron3_5_transcribe_mtp": (
-        {"num_hidden_layers": 2, "num_nextn_predict_layers": 1, "n_predict": 1},
-        NEMOTRON_TRANSCRIBE_MTP,
-        set(),
-        {"llm.mtp.layers.0.mixer.o_proj._extra_state"},
-        NEMOTRON_TRANSCRIBE_TARGET,
-    ),
     # A checkpoint of its own (<target>/dspark): nothing out of the target's checkpoint, whatever its names.
     "minimax_m3_dspark": (
         {},
@@ -645,15 +557,13 @@ NOT_BUILT_034 = {
     "minimax_m3_dspark": "its __init__ imports vllm.models.minimax_m3.nvidia.model (common/dspark.py:78), which "
     "imports torchvision, absent here",
 }
-# The other 0.34 rows build on a CPU and are built in the matrix too (BUILT_034), and also checked on names.
-BUILDS_HERE_034 = {row for _, row in BUILT_034.values()}
 
 
 @pytest.mark.parametrize("pp", [1, 2])
 @pytest.mark.parametrize("key", sorted(NAMES_ONLY_034))
 def test_vllm_034_rows_select_what_their_load_weights_reads(key, pp):
     (row,) = [r for r in mtp_table.TABLE if r.key == key]
-    assert key in NOT_BUILT_034 or key in BUILDS_HERE_034
+    assert key in NOT_BUILT_034
     model_type = row.model_types[0] if row.model_types else None
     method = row.methods[0]
     assert mtp_table.match(row.draft_architectures, model_type, method, vllm=(0, 34)) is row
@@ -665,27 +575,20 @@ def test_vllm_034_rows_select_what_their_load_weights_reads(key, pp):
         assert row.layout == "own" and not mtp_table.draft_roots(row, mtp_table.row_layout(row))
 
 
-@pytest.mark.parametrize(
-    "config, key, draft",
-    [
-        ({"architectures": ["MistralLarge4ForCausalLM"], "model_type": "mistral_large_4"}, "mistral_large4_dspark",
-         set(MISTRAL_DSPARK)),
-        ({"architectures": ["Nemotron3_5TranscribeForConditionalGeneration"], "model_type": "nemo_speechlm"},
-         "nemotron3_5_transcribe_mtp", NEMOTRON_TRANSCRIBE_MTP | {"llm.mtp.layers.0.mixer.o_proj._extra_state"}),
-    ],
-    ids=["mistral_large4", "nemotron3_5_transcribe"],
-)  # fmt: skip
-def test_vllm_034_targets_leave_their_drafts_tensors_to_the_draft(config, key, draft):
-    """Mistral Large 4's load_weights skips every mtp_* name (nvidia/model.py:388), Nemotron-3.5-Transcribe's
-    llm.mtp.* (nemotron3_5_transcribe.py:592): the target's plan leaves exactly the draft's tensors out."""
+def test_vllm_034_mistral_large4_target_leaves_its_drafts_tensors_to_the_draft():
+    """Mistral Large 4's load_weights skips every mtp_* name (nvidia/model.py:388): the target's plan leaves
+    exactly the draft's tensors out. (Nemotron-3.5-Transcribe's target has no row: its module answers, and
+    without one the target streams llm.mtp.* too, which its load_weights skips, nemotron3_5_transcribe.py:592.)"""
+    config = {"architectures": ["MistralLarge4ForCausalLM"], "model_type": "mistral_large_4"}
     row = mtp_table.match_target(config, vllm=(0, 34))
-    assert row is not None and row.key == key
+    assert row is not None and row.key == "mistral_large4_dspark"
     assert mtp_table.match_target(config, vllm=(0, 33)) is None
-    target = set(MISTRAL_TARGET) if key == "mistral_large4_dspark" else NEMOTRON_TRANSCRIBE_TARGET
+    transcribe = {"architectures": ["Nemotron3_5TranscribeForConditionalGeneration"], "model_type": "nemo_speechlm"}
+    assert mtp_table.match_target(transcribe, vllm=(0, 34)) is None
+    target, draft = set(MISTRAL_TARGET), set(MISTRAL_DSPARK)
     layout = mtp_table.row_layout(row, ("config", {"num_hidden_layers": 2, "num_nextn_predict_layers": 1}))
     assert mtp_table.draft_only(row, layout, target | draft) == draft
-    if key == "mistral_large4_dspark":
-        assert draft == {n for n in target | draft if n.startswith("mtp_")}  # the target's own rule
+    assert draft == {n for n in target | draft if n.startswith("mtp_")}  # the target's own rule
 
 
 def test_minimax_m3_mtp_row_is_vllm_034s_rule_too():
@@ -697,7 +600,7 @@ def test_minimax_m3_mtp_row_is_vllm_034s_rule_too():
 @pytest.mark.skipif(builders.VLLM_VERSION < (0, 34), reason="the classes exist in vLLM >= 0.34 only")
 def test_vllm_034_rows_agree_with_the_classes_own_code(monkeypatch, tmp_path):
     """Mistral Large 4 DSpark's load_weights on a stand-in self (its package refuses a CPU, so it is imported
-    past its __init__), Nemotron-3.5-Transcribe's _mtp_weights, and where MiniMax-M3's DSpark draft lives."""
+    past its __init__), and where MiniMax-M3's DSpark draft lives."""
     import sys
     import types
 
@@ -730,17 +633,6 @@ def test_vllm_034_rows_agree_with_the_classes_own_code(monkeypatch, tmp_path):
     dspark.MistralLarge4DSparkForCausalLM.load_weights(standin, weights())
     assert sorted(read) == sorted(NAMES_ONLY_034["mistral_large4_dspark"][1])
 
-    from vllm.model_executor.models.nemotron3_5_transcribe import Nemotron3_5TranscribeMTP, _mtp_weights
-
-    config, own, _, skipped, ignored = NAMES_ONLY_034["nemotron3_5_transcribe_mtp"]
-    names = sorted(own | skipped | ignored)
-    packed = lambda name: torch.zeros(2, 1, 1) if name.endswith("down_projs") else torch.zeros(1)  # noqa: E731
-    fed = {name for name, _ in _mtp_weights((name, packed(name)) for name in names)}
-    unpacked = {f"mtp.layers.1.mixer.experts.{e}.down_proj.weight" for e in range(2)}
-    assert fed == {n.removeprefix("llm.") for n in own if not n.endswith("down_projs")} | unpacked
-    mtp = torch.nn.Module.__new__(Nemotron3_5TranscribeMTP)  # is_unused_checkpoint_weight reads no attribute
-    assert all(not mtp.is_unused_checkpoint_weight(n) for n in own)
-
     from vllm.v1.worker.gpu.spec_decode.dspark.config import DSparkSpeculatorConfig
 
     (tmp_path / "dspark").mkdir()
@@ -754,14 +646,9 @@ def test_vllm_034_rows_agree_with_the_classes_own_code(monkeypatch, tmp_path):
 # -- the issue's cases, on the table alone ------------------------------------------------------
 
 
-def test_longcat_final_norm_and_step3p5_embedding_are_selected():
-    longcat = mtp_table.match(("LongCatFlashMTPModel",), None, "mtp")
-    names = {"model.mtp.norm.weight", "model.mtp.layers.0.eh_proj.weight", "model.mtp.embed_tokens.weight",
-             "model.layers.0.mlp.down_proj.weight", "lm_head.weight", "model.embed_tokens.weight"}
-    selection = mtp_table.select(longcat, names, mtp_table.row_layout(longcat), shares_target_weights=True)
-    assert selection.own == {"model.mtp.norm.weight", "model.mtp.layers.0.eh_proj.weight"}
-    assert "model.mtp.embed_tokens.weight" in selection.skipped
-
+def test_step3p5_embedding_is_selected():
+    """Step-3.5's rule: its load_weights demands the embedding the proposer replaces, where vLLM checks MTP loads.
+    (LongCat-Flash's final norm, the issue's other case, is its module's answer now: the matrix loads it.)"""
     step = mtp_table.match(("Step3p5MTP",), "step3p5_mtp", "mtp")
     names = {"model.embed_tokens.weight", "model.layers.2.eh_proj.weight", "model.layers.2.shared_head.output.weight",
              "model.layers.1.mlp.down_proj.weight", "lm_head.weight"}
@@ -774,8 +661,11 @@ def test_longcat_final_norm_and_step3p5_embedding_are_selected():
     assert unchecked.names == {"model.layers.2.eh_proj.weight", "model.layers.2.shared_head.output.weight"}
 
 
-def test_deepseek_skips_embedding_and_head_copies_only_at_pipeline_parallel_1():
-    row = mtp_table.match(("DeepSeekMTPModel",), "deepseek_mtp", "mtp")
+def test_deepseek_v32_skips_embedding_and_head_copies_only_at_pipeline_parallel_1():
+    """DeepSeek-V3.2's draft (not built here; DeepSeek-V3's naming, test_module_reads.py compares the row with
+    DeepSeekMTP's answer)."""
+    row = mtp_table.match(("DeepseekV32MTPModel",), "deepseek_mtp", "mtp")
+    assert row is not None and row.key == "deepseek_v32_mtp"
     names = {"model.layers.61.enorm.weight", "model.layers.61.embed_tokens.weight",
              "model.layers.61.shared_head.head.weight", "model.layers.61.shared_head.norm.weight",
              "model.embed_tokens.weight", "lm_head.weight", "model.layers.60.mlp.gate.weight"}
@@ -997,10 +887,12 @@ def load_target(monkeypatch, folder, target, target_vc, target_config):
 def test_target_leaves_the_mtp_layers_to_the_draft_and_each_byte_crosses_once(
     arch, source, tmp_path, robust, monkeypatch, vllm_cpu
 ):
-    """vLLM's real DeepseekV3ForCausalLM / Qwen3NextForCausalLM: the target streams every tensor but the MTP
-    layer (model.layers.{N}.* / mtp.*), every target parameter holds the checkpoint's bytes, and the
-    draft then streams its own; together they read no tensor twice. Whether the target's module answered
-    (its own load_weights, dry run) or the table did."""
+    """vLLM's real DeepseekV3ForCausalLM / Qwen3NextForCausalLM: the target's module (its own load_weights, dry
+    run) answers every tensor but the MTP layer (model.layers.{N}.* / mtp.*), every target parameter holds the
+    checkpoint's bytes, and the draft then streams its own; together they read no tensor twice. Where the module
+    is not asked (MX_ROBUST_SELECTION_SOURCES=table,convention), no row names these targets' MTP layers (their
+    classes build here): the target streams the whole checkpoint, its load_weights skipping the MTP layer, and
+    every parameter still holds the checkpoint's bytes."""
     if source == "table":
         monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
     folder, built, ckpt, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint(arch, tmp_path)
@@ -1008,23 +900,25 @@ def test_target_leaves_the_mtp_layers_to_the_draft_and_each_byte_crosses_once(
     assert loaded is target and report["outcome"] == "loaded"
     wrong = [n for n, p in target.named_parameters() if not same_bytes(p.data, truth[n])]
     assert not wrong, wrong
+    if source == "table":  # no row: the whole checkpoint (the fallback streams more, never less)
+        assert mtp_table.match_target(config.hf_config) is None
+        assert sorted(seen["names"]) == sorted({**tensors, **mtp})
+        assert report["selection_source"] == "whole" and report["left_to_draft"] == 0
+        assert report["bytes_streamed"] == report["checkpoint_bytes"]
+        return
     assert sorted(seen["names"]) == sorted(tensors)  # the target's tensors, exactly
     assert report["selection_source"] == source
     assert report["bytes_streamed"] == sum(nbytes(t) for t in tensors.values())
-    if source == "table":
-        assert report["left_to_draft"] == len(mtp) and report["architecture"] == BUILT[arch][1]
-        assert report["left_to_draft_bytes"] == sum(nbytes(t) for t in mtp.values())
-    else:  # the module's answer: it does not read the MTP layer (its load_weights skips it)
-        assert report["left_out"] == len(mtp) and report["module_class"].endswith(target.__class__.__name__)
-        assert report["left_out_bytes"] == sum(nbytes(t) for t in mtp.values())
+    # The module's answer: it does not read the MTP layer (its load_weights skips it).
+    assert report["left_out"] == len(mtp) and report["module_class"].endswith(target.__class__.__name__)
+    assert report["left_out_bytes"] == sum(nbytes(t) for t in mtp.values())
 
     draft_seen = observe(built.module)
     clear_reports()
     ctx = build_vllm_load_context(built.vllm_config, built.draft_model_config)
     ctx.p2p_enabled = False
     assert LoadStrategyChain.run(built.module, ctx) is built.module
-    assert_kept_parameters_hold_checkpoint_bytes(arch, built, ckpt, None if arch != "deepseek_v3" else mtp_table.match(
-        built.draft_model_config.hf_config.architectures, None, "mtp"))
+    assert_kept_parameters_hold_checkpoint_bytes(arch, built, ckpt, None)
     assert not set(draft_seen["names"]) & set(seen["names"])  # no tensor read twice
     assert draft_seen["bytes"] + seen["bytes"] <= report["checkpoint_bytes"]
 
@@ -1040,10 +934,13 @@ def test_target_selection_all_streams_the_whole_checkpoint(tmp_path, robust, mon
 def test_a_target_selection_that_drops_a_kept_layer_is_caught(tmp_path, robust, monkeypatch, vllm_cpu):
     """Were the table to call a target layer the draft's: the built model holds parameters under it, so the
     layer stays in the plan; and without that structural check (patched away) the completeness check
-    refuses the load, naming the parameters, mutated=True. (The table's guard: the module is not asked.)"""
+    refuses the load, naming the parameters, mutated=True. (The table's guard: the module is not asked.
+    DeepSeek-V3's target has no row, its module answers: DeepSeek-V3.2's row, the same naming, stands in.)"""
     from mx_strategies.select import built_module
 
     monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    (v32,) = [row for row in mtp_table.TABLE if row.key == "deepseek_v32_mtp"]
+    monkeypatch.setattr(mtp_table, "match_target", lambda config, **kwargs: v32)
 
     real_roots = mtp_table.draft_roots
     monkeypatch.setattr(mtp_table, "draft_roots", lambda row, layout: real_roots(row, layout) + ("model.layers.1.",))

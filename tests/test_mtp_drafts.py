@@ -110,10 +110,14 @@ def test_target_load_leaves_the_drafts_own_layers_to_the_draft(tmp_path, style, 
     model.layers.{N}.*, its per-layer embedding and head copies included), which the target's
     load_weights skips and the draft streams itself; MX_ROBUST_TARGET_SELECTION=all streams everything.
     The table's rule: this stand-in model holds every tensor (its load_weights would read the MTP layers too),
-    so the module is not asked here; vLLM's real targets answer for themselves in test_mtp_architectures.py."""
+    so the module is not asked here; vLLM's real targets answer for themselves in test_mtp_architectures.py.
+    The config names a target of the same naming whose draft class is not built here (Qwen3.5, DeepSeek-V3.2),
+    as only those keep a row; Qwen3-Next's and DeepSeek-V3's are asked."""
     monkeypatch.setenv("MX_ROBUST_TARGET_SELECTION", selection)
     monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
     ck = checkpoint(tmp_path, style)
+    with open(os.path.join(ck.path, "config.json"), "w") as handle:
+        json.dump(dict(ck.config, model_type="qwen3_5_text" if style == "qwen" else "deepseek_v32"), handle)
     uri = on_s3(ck, s3, monkeypatch)
     cache = config_only_copy(ck.path, str(tmp_path / "cache"))
 

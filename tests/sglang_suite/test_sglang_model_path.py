@@ -55,7 +55,7 @@ def test_the_draft_streams_its_own_tensors_from_the_servers_model_path(served, m
         mx_load(draft)
     (report,) = [r for r in recent_reports() if r["role"] == "draft"]
     assert report["outcome"] == "loaded" and report["source_label"] == "model" and report["source"] == full
-    assert report["architecture"] == "sglang_deepseek_nextn"
+    assert report["architecture"] is None  # no table row: the module answers
     own = {n for n in tensors if n.startswith("model.layers.2.")}
     assert set(fed) == own - {"model.layers.2.embed_tokens.weight", "model.layers.2.shared_head.head.weight"}
     assert report["bytes_streamed"] == sum(tensors[n].numel() * tensors[n].element_size() for n in fed)

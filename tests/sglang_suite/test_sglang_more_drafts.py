@@ -36,7 +36,9 @@ from sglang_support import builders as sb
 from sglang_support.loads import HTTP_OVERHEAD, Checkpoint, delivered_names, measured_load, mx_load
 
 GLM, MIMO = "glm4_moe", "mimo_v2_flash"
-ROW = {GLM: "sglang_glm4_moe_nextn", MIMO: "sglang_mimo_v2_mtp"}
+# The table row each class matches: GLM's NextN builds here, so none (its module answers); MiMo-V2's is an engine
+# rule (one MTP layer per draft runner, SGLang's draft_model_idx).
+ROW = {GLM: None, MIMO: "sglang_mimo_v2_mtp"}
 MTP_LAYERS = sb.TINY[MIMO]["num_nextn_predict_layers"]  # 3
 SHARED = {"model.embed_tokens.weight", "lm_head.weight"}  # the target's, at run time
 

@@ -30,7 +30,9 @@ experts), ``ep2-dist`` (the same with ``MX_MS_DISTRIBUTED=1``: the host streams 
 ``ep2-redundant`` (``--ep-num-redundant-experts 2``: experts no longer sit in the slots of their ids; the dry
 run still answers each rank's exact experts, the structure reads them all).
 Each rank loads twice: with the dry run (the default sources), and with ``MX_ROBUST_SELECTION_SOURCES=
-table,convention``, where the table's plan is narrowed by the module's structure (``rank_share``).
+table,convention``, where the whole checkpoint (no table row for DeepSeek's classes, which build here) is
+narrowed by the module's structure (``rank_share``): the NextN layer then streams too, and SGLang's target
+drops it itself (deepseek_weight_loader.py:301).
 """
 
 from __future__ import annotations
@@ -158,6 +160,16 @@ def structure_share(name: str, ckpt, rank: int) -> set[str]:
     return target_names(ckpt) if name == "ep2-redundant" else expected_share(name, ckpt, rank)
 
 
+def nextn_names(ckpt) -> set[str]:
+    """The NextN layer: the draft's. Without the module, no table row leaves it out of a target's plan."""
+    return set(ckpt.tensors) - target_names(ckpt)
+
+
+def fallback_share(name: str, ckpt, rank: int) -> set[str]:
+    """What a rank streams without its module's answer: the whole checkpoint narrowed by the structure."""
+    return structure_share(name, ckpt, rank) | nextn_names(ckpt)
+
+
 def only_report(load: dict) -> dict:
     loaded = [r for r in load["reports"] if r["outcome"] == "loaded"]
     assert len(loaded) == 1, load["reports"]
@@ -195,8 +207,8 @@ def test_the_module_answers_its_rank_share_and_its_structure_says_the_same(name,
             mine = list(range(4 * rank, 4 * rank + 4))
             local = {} if name == "ep2-redundant" else {f"model.layers.{i}.mlp.experts.": mine for i in (1, 2)}
             assert structure["local_experts"] == local, structure
-        # The structure's share, applied to the checkpoint, less the NextN layer (the draft's: the table's
-        # target row) is the module's answer.
+        # The structure's share, applied to the checkpoint's target layers (the NextN layer is the draft's), is
+        # the module's answer.
         from mx_strategies.select.rank_share import RankShare
 
         rebuilt = RankShare(tuple(structure["missing_layers"]),
@@ -217,7 +229,7 @@ def test_each_rank_streams_exactly_its_share_bit_identical_to_sglangs_loader(nam
         assert load["sources"] == sources
         assert load["robust"] == "loaded", (name, rank, load["robust"])
         assert load["same"] is True, (name, rank, load["same"])
-        share = (expected_share if index == 0 else structure_share)(name, ckpt, rank)
+        share = (expected_share if index == 0 else fallback_share)(name, ckpt, rank)
         report = only_report(load)
         reports.append(report)
         assert report["source"] == ckpt.uri and report["role"] == "target"
@@ -228,19 +240,18 @@ def test_each_rank_streams_exactly_its_share_bit_identical_to_sglangs_loader(nam
         whole = target_names(ckpt)
         if index == 0:
             assert report["selection_source"] == "dry_run" and report["not_held"] == 0
-        else:  # the table's target row, narrowed by the module's structure
-            assert report["selection_source"] == "table"
-            assert report["left_to_draft"] == len(set(ckpt.tensors) - whole)
+        else:  # the whole checkpoint (no table row), narrowed by the module's structure
+            assert report["selection_source"] == "whole" and not report["left_to_draft"]
             assert report["not_held"] == len(whole - share)
             assert report["not_held_bytes"] == ckpt.nbytes(whole - share)
         if distributed:
-            union = expert_share(ckpt, 0) | expert_share(ckpt, 1)
-            assert union == whole
+            union = (expert_share(ckpt, 0) | expert_share(ckpt, 1)) | (nextn_names(ckpt) if index else set())
+            assert union == whole | (nextn_names(ckpt) if index else set())
             assert report["bytes_carried"] == ckpt.nbytes(union)
             assert report["host_ranks"] == [0, 1]
             assert report["bytes_from_peers"] == report["bytes_carried"] - report["bytes_from_storage"]
-            assert [list(r)[2:] for r in report["ranks"]] == [
-                [len(expert_share(ckpt, r)), ckpt.nbytes(expert_share(ckpt, r))] for r in (0, 1)]  # fmt: skip
+            mine = [expert_share(ckpt, r) | (nextn_names(ckpt) if index else set()) for r in (0, 1)]
+            assert [list(r)[2:] for r in report["ranks"]] == [[len(m), ckpt.nbytes(m)] for m in mine]
         else:
             assert report["bytes_carried"] in (None, report["bytes_streamed"])
             # S3 served this rank its share (plus the probe's header reads), not the whole checkpoint.
@@ -249,7 +260,7 @@ def test_each_rank_streams_exactly_its_share_bit_identical_to_sglangs_loader(nam
             assert share_bytes <= served <= limit, (name, rank, served, share_bytes, limit)
     if distributed:
         # runai split the host's union between the two ranks: storage served it once.
-        union = target_names(ckpt)
+        union = target_names(ckpt) | (nextn_names(ckpt) if index else set())
         assert sum(r["bytes_from_storage"] for r in reports) == ckpt.nbytes(union)
         assert all(r["bytes_from_storage"] > 0 for r in reports)
         total = sum(run["served"][r][index] for r in (0, 1))
@@ -258,7 +269,8 @@ def test_each_rank_streams_exactly_its_share_bit_identical_to_sglangs_loader(nam
         assert ckpt.nbytes(union) <= total <= limit, (total, limit)
     else:
         # Together the ranks read the checkpoint's target tensors once (PP) or the dense ones twice (EP).
-        shares = [(expected_share if index == 0 else structure_share)(name, ckpt, r) for r in (0, 1)]
+        shares = [(expected_share if index == 0 else fallback_share)(name, ckpt, r) for r in (0, 1)]
         assert sum(r["bytes_streamed"] for r in reports) == sum(ckpt.nbytes(s) for s in shares)
+        shares = [s - nextn_names(ckpt) for s in shares]  # both stages stream the NextN layer without the module
         if name == "pp2":
             assert shares[0] | shares[1] == target_names(ckpt) and not shares[0] & shares[1]
