@@ -72,7 +72,9 @@ def test_a_target_load_asks_its_module_once_and_reports_what_its_plan_says(
     assert loaded is target and report["outcome"] == "loaded"
     assert counted["made"] == ["DeepseekV3ForCausalLM"]
     assert counted["asked"] == ["DeepseekV3ForCausalLM"]
-    assert counted["match_target"] == 1  # the engine's config names the row; the checkpoint's is not needed
+    # DeepSeek-V3's target has no row (its module answers): looked up once by the engine's config, once by the
+    # checkpoint's config.json, and not again.
+    assert counted["match_target"] == 2
     (description,) = counted["described"]
     assert report["selection_source"] == "dry_run" and report["left_out"] == len(mtp)
     assert {key: report[key] for key in description.report_fields} == dict(description.report_fields)
@@ -87,7 +89,8 @@ def test_a_draft_load_asks_its_module_once_and_matches_its_row_once(tmp_path, ro
     (report,) = reports
     assert counted["made"] == ["DeepSeekMTP"] and counted["asked"] == ["DeepSeekMTP"]
     assert counted["match"] == 1
-    assert report["selection_source"] == "dry_run" and report["architecture"] == "deepseek_mtp"
+    # DeepSeekMTP builds here: its module answers, and the table has no row for it (nothing to name).
+    assert report["selection_source"] == "dry_run" and report["architecture"] is None
     (description,) = counted["described"]
     assert {key: report[key] for key in description.report_fields} == dict(description.report_fields)
     assert sorted(description.report_fields) == sorted(
@@ -98,11 +101,13 @@ def test_a_draft_load_asks_its_module_once_and_matches_its_row_once(tmp_path, ro
 
 
 def test_without_a_module_nothing_is_asked_and_the_row_still_decides():
-    """doctor's case: the engine alone. No question, the row matched once at construction, the engine fills a
-    draft's shared embedding and head at pipeline parallel 1 as the row says."""
-    engine = EngineView(True, "mtp", (), 1, 1, {}, {}, architectures=("DeepSeekMTPModel",), model_type="deepseek_mtp")
+    """doctor's case: the engine alone (a Qwen3.5 draft, whose class cannot be built on a CPU: its table row
+    decides). No question, the row matched once at construction, and the engine fills the draft's shared
+    embedding and head at pipeline parallel 1, as the row says."""
+    engine = EngineView(True, "mtp", (), 1, 1, {}, {}, architectures=("Qwen3_5MTP",), model_type="qwen3_5_mtp")
     module = BuiltModule(engine)
     assert module.question is None and module.reads(object()) is None
-    assert module.draft_row is not None and module.draft_row.key == "deepseek_mtp"
+    assert module.draft_row is not None and module.draft_row.key == "qwen3_5_mtp"
     assert module.row() is module.draft_row
-    assert module.filled_by_engine("model.embed_tokens.weight") and not module.filled_by_engine("model.layers.61.eh_proj.weight")
+    assert module.filled_by_engine("model.embed_tokens.weight") and module.filled_by_engine("lm_head.weight")
+    assert not module.filled_by_engine("mtp.fc.weight")

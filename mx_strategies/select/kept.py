@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from . import mtp_table
 from .coverage import Layout
@@ -125,13 +125,17 @@ def required_names(model: Any) -> dict[str, str]:
     return {r.name: r.kind for r in required_tensors(model)}
 
 
-def engine_fills(engine: EngineView, row: Optional["mtp_table.MtpArchitecture"] = None) -> Callable[[str], bool]:
+_MATCH = object()  # engine_fills' default: match the draft's row here
+
+
+def engine_fills(engine: EngineView, row: Any = _MATCH) -> Callable[[str], bool]:
     """The parameters the engine writes after this load: none for a target; a draft's shared embedding and head.
 
-    ``row``: the draft's table row where the caller matched it already (:class:`.built_module.BuiltModule`)."""
+    ``row``: the draft's table row (or None: no row) where the caller matched it already
+    (:class:`.built_module.BuiltModule`); left out, it is matched here."""
     if not engine.is_draft:
         return lambda name: False
-    if row is None:
+    if row is _MATCH:
         row = mtp_table.match(engine.architectures, engine.model_type, engine.speculative_method, engine=engine.engine)
     return mtp_table.filled_by_engine(
         row, shares_target_weights=engine.shares_target_weights, heads_replaced=engine.heads_replaced
