@@ -146,17 +146,19 @@ CHECKPOINTS = {
     "qwen_mtp": lambda path: mtp_checkpoint(path, style="qwen", empty_shards=(1,)),
     "deepseek_mtp": lambda path: mtp_checkpoint(path, style="deepseek", empty_shards=(1,)),
     "deepseek_two_heads": lambda path: mtp_checkpoint(path, style="deepseek", num_nextn_layers=2),
-    # DeepSeek-V3.2's draft class is not built on these CPUs: its table row decides without a module.
-    "deepseek_v32_mtp": lambda path: _retargeted(path, "deepseek_v32", empty_shards=(1,)),
+    # DeepSeek-V3's draft class builds here (its module answers; the table has no row): without a module its
+    # target loads the whole checkpoint.
+    "deepseek_v3_no_row": lambda path: _retargeted(path, "deepseek_v3", ["DeepseekV3ForCausalLM"], empty_shards=(1,)),
 }
-# Targets a table row names the draft of (the others' classes build here: without a module they load whole).
-ROW_TARGETS = {"deepseek_v32_mtp"}
+# Targets a table row names the draft of: the synthetic checkpoints name Qwen3.5 and DeepSeek-V3.2, whose draft
+# classes are not built on these CPUs (their rows decide without a module).
+ROW_TARGETS = {"qwen_mtp", "deepseek_mtp", "deepseek_two_heads"}
 
 
-def _retargeted(path: str, model_type: str, **fields):
+def _retargeted(path: str, model_type: str, architectures: list[str], **fields):
     """A DeepSeek-style MTP checkpoint whose config.json names another target of the same naming."""
     built = mtp_checkpoint(path, style="deepseek", **fields)
-    config = dict(built.config, model_type=model_type)
+    config = dict(built.config, model_type=model_type, architectures=architectures)
     with open(os.path.join(path, "config.json"), "w") as handle:
         json.dump(config, handle)
     return built
@@ -175,7 +177,7 @@ def test_doctor_and_the_strategy_agree(monkeypatch, tmp_path, case, skip_empty):
     """doctor builds no module: it plans with the table and the conventions. The strategy agrees when it does
     too (these stand-in models hold every tensor, so asked, they would claim the draft's layers; real modules
     answer in test_mtp_architectures.py and test_module_reads.py). Only a target with a table row leaves its
-    draft's layers out without a module (DeepSeek-V3.2's); the others stream the whole checkpoint."""
+    draft's layers out without a module (Qwen3.5's, DeepSeek-V3.2's); DeepSeek-V3's streams the whole checkpoint."""
     monkeypatch.setenv("MX_ROBUST_SKIP_EMPTY_SHARDS", skip_empty)
     monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
     path, tensors, draft_names = _loadable(CHECKPOINTS[case](str(tmp_path / "ckpt")))

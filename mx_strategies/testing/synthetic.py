@@ -145,10 +145,13 @@ def mtp_checkpoint(
         shards.insert(position, {})
 
     names = write_shards(path, shards, index=index)
+    # The stand-in models these checkpoints are loaded into decline robust's question (they hold every tensor),
+    # so the table decides for them: the configs name targets whose MTP drafts keep a table row (their classes
+    # are not built on a CPU), with the same naming as Qwen3-Next's (mtp.*) and DeepSeek-V3's (model.layers.{N}.*).
     if style == "qwen":
         config = {
-            "architectures": ["Qwen3NextForCausalLM"],
-            "model_type": "qwen3_next",
+            "architectures": ["Qwen3_5ForCausalLM"],
+            "model_type": "qwen3_5_text",
             "num_hidden_layers": num_hidden_layers,
             "mtp_num_hidden_layers": num_nextn_layers,
             "hidden_size": hidden,
@@ -156,8 +159,8 @@ def mtp_checkpoint(
         }
     else:
         config = {
-            "architectures": ["DeepseekV3ForCausalLM"],
-            "model_type": "deepseek_v3",
+            "architectures": ["DeepseekV32ForCausalLM"],
+            "model_type": "deepseek_v32",
             "num_hidden_layers": num_hidden_layers,
             "num_nextn_predict_layers": num_nextn_layers,
             "hidden_size": hidden,

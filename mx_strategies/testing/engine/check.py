@@ -304,7 +304,8 @@ class EngineCheck:
         tp = f", tensor parallel {self.tensor_parallel_size} (distributed)" if self.tensor_parallel_size > 1 else ""
         return (
             f"PASS: {self.arch} on {self.device}{tp}: robust from {self.uri} = vLLM's default loader, bit for bit "
-            f"(target {target['tensors']} tensors, draft {draft['tensors']} own tensors, {draft['convention']}, "
+            f"(target {target['tensors']} tensors, draft {draft['tensors']} own tensors, "
+            f"{draft['convention'] or draft.get('selection_source')}, "
             f"{share:.1f}% of the checkpoint bytes), same greedy tokens, spec decoding ran{served}"
         )
 

@@ -128,7 +128,9 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
 # An MTP layer's own copy of the embedding or the head (DeepSeek-V3: model.layers.{N}.embed_tokens,
 # model.layers.{N}.shared_head.head).
 SHARED_COPY = re.compile(r"\.(embed_tokens|shared_head\.head)\.weight$")
-DRAFT_CONVENTION = {"deepseek_v3": "nextn_layers", "qwen3_next": "mtp"}
+# The naming convention a draft's load report names: none for these drafts, whose modules (DeepSeekMTP,
+# Qwen3NextMTP) answer what they read and have no table row (a row, or the generic conventions, name one).
+DRAFT_CONVENTION = {"deepseek_v3": None, "qwen3_next": None}
 # Where the empty shards go in the final shard list: one first (the position
 # that used to drop every later file in runai <= 0.16), one in the middle.
 EMPTY_SHARD_POSITIONS = (0, 2)
