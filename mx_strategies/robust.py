@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import ClassVar, Iterator, Optional
 
@@ -27,11 +27,13 @@ from .select.built_module import BuiltModule
 from .engine import SGLANG, EngineView, engine_view
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .plan.distributed import RankShares, agreed_plan, agreed_shares, distributes, sees_same_files
+from .plan import read_ahead
 from .plan.planning import LoadPlan, PlanDescription, carrier_plan, plan_load, plan_resolved, share_universe
 from .releases import chain_finalizes
 from .observe.report import METADATA_KEY, LoadFailure, LoadReport, Rejected, record
 from .settings import RobustSettings, load_settings
-from .inspect.sources import Candidate, Resolution, candidates
+from .inspect.sources import Candidate, Resolution, candidates, resolve
+from .stream.read_ahead import ReadAhead
 from .stream.streaming import VerifiedStream
 
 logger = logging.getLogger("modelexpress.strategy_robust_model_streamer")
@@ -153,36 +155,42 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             message = f"{engine.role} load not started: {'; '.join(module.bypassed)}"
             logger.warning(f"[Worker {rank}] {self.name} {message}")
             raise StrategyFailed(message, mutated=False)
-        try:
-            if distributed:
-                resolution, plan = agreed_plan(
-                    ctx.adapter, rank, lambda: plan_load(cands, module, settings), sees_same_files(settings)
+        with ExitStack() as early:  # a read-ahead lives from before the question to the end of the stream
+            ahead: Optional[ReadAhead] = None
+            try:
+                if distributed:
+                    resolution, plan = agreed_plan(
+                        ctx.adapter, rank, lambda: plan_load(cands, module, settings), sees_same_files(settings)
+                    )
+                    plan, shares = self._take_shares(
+                        ctx.adapter, rank, resolution, plan, lambda: plan_resolved(resolution, module, settings), settings
+                    )
+                else:
+                    resolution = resolve(cands, settings)
+                    ahead = early.enter_context(self._read_ahead(resolution, module, settings))
+                    if ahead.failed:
+                        logger.info(f"[Worker {rank}] {engine.role}: runai did not read ahead while the module was "
+                                    f"asked ({ahead.failed}); streaming after its answer")  # fmt: skip
+                    plan = plan_resolved(resolution, module, settings)  # the question, while runai reads ahead
+            except MxStrategiesError as exc:
+                logger.warning(f"[Worker {rank}] {self.name} {engine.role} load not started: {exc}")
+                raise StrategyFailed(str(exc), mutated=False) from exc
+            logger.info(f"[Worker {rank}] {engine.role} source: {resolution.trail()}")
+            for problem in resolution.checkpoint.problems:
+                logger.info(f"[Worker {rank}] {problem.kind}: {problem.message}")
+            described = plan.describe()
+            for level, line in described.lines:
+                logger.log(level, f"[Worker {rank}] {line}")
+            carrier = None
+            if shares is not None and shares.shares_differ:
+                carrier = carrier_plan(plan, resolution.checkpoint, settings, shares.carried)
+                logger.info(
+                    f"[Worker {rank}] {engine.role}: the ranks of this host ({list(shares.host_ranks)}) read different "
+                    f"shares; streaming their union once ({len(carrier.expected)} tensors, {carrier.bytes} bytes) "
+                    f"and feeding this rank's model its own {len(plan.expected)} ({plan.bytes} bytes)"
                 )
-                plan, shares = self._take_shares(
-                    ctx.adapter, rank, resolution, plan, lambda: plan_resolved(resolution, module, settings), settings
-                )
-            else:
-                resolution, plan = plan_load(cands, module, settings)
-        except MxStrategiesError as exc:
-            logger.warning(f"[Worker {rank}] {self.name} {engine.role} load not started: {exc}")
-            raise StrategyFailed(str(exc), mutated=False) from exc
-        logger.info(f"[Worker {rank}] {engine.role} source: {resolution.trail()}")
-        for problem in resolution.checkpoint.problems:
-            logger.info(f"[Worker {rank}] {problem.kind}: {problem.message}")
-        described = plan.describe()
-        for level, line in described.lines:
-            logger.log(level, f"[Worker {rank}] {line}")
-        carrier = None
-        if shares is not None and shares.shares_differ:
-            carrier = carrier_plan(plan, resolution.checkpoint, settings, shares.carried)
-            logger.info(
-                f"[Worker {rank}] {engine.role}: the ranks of this host ({list(shares.host_ranks)}) read different "
-                f"shares; streaming their union once ({len(carrier.expected)} tensors, {carrier.bytes} bytes) "
-                f"and feeding this rank's model its own {len(plan.expected)} ({plan.bytes} bytes)"
-            )
-        planned = time.perf_counter()
-
-        result, stream = self._stream(result, ctx, plan, settings, module, distributed, carrier)
+            planned = time.perf_counter()
+            result, stream = self._stream(result, ctx, plan, settings, module, distributed, carrier, ahead)
         self._streamed = _Streamed(resolution, described, stream, shares, engine, started, planned, time.perf_counter())
         if not chain_finalizes():
             # ModelExpress 0.7: the strategy finishes its own load; 0.8's chain calls finalize() for that.
@@ -266,6 +274,13 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         register_tensors(result, ctx)
 
     @staticmethod
+    def _read_ahead(resolution: Resolution, module: BuiltModule, settings: RobustSettings) -> ReadAhead:
+        """runai reading the head of the foreseen load while the module is asked (:mod:`.plan.read_ahead`)."""
+        foreseen = read_ahead.foreseen(resolution, module, settings) if settings.read_ahead_bytes else None
+        head = read_ahead.head(foreseen, settings.read_ahead_bytes) if foreseen is not None else None
+        return ReadAhead(head, settings, loader_extra_config=module.engine.loader_extra_config)
+
+    @staticmethod
     def _take_shares(adapter, rank: int, resolution: Resolution, rank0_plan: LoadPlan, own_plan, settings):
         """This rank's own plan of rank 0's checkpoint, and every rank's share (:func:`.distributed.agreed_shares`).
 
@@ -316,6 +331,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             timings=timings,
             bytes_from_storage=stream.bytes_from_storage,
             bytes_carried=None if shares is None else stream.bytes_carried,
+            read_ahead_bytes=stream.read_ahead_bytes,
+            read_ahead_discarded_bytes=stream.bytes_discarded,
             host_ranks=() if shares is None else shares.host_ranks,
             ranks=() if shares is None else tuple((r.rank, r.host, r.tensors, r.bytes) for r in shares.ranks),
         )
@@ -329,6 +346,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         module: BuiltModule,
         distributed: bool,
         carrier: Optional[LoadPlan] = None,
+        ahead: Optional[ReadAhead] = None,
     ) -> tuple[LoadResult, VerifiedStream]:
         rank, engine = ctx.global_rank, module.engine
         stream = VerifiedStream(
@@ -340,6 +358,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             on_warning=lambda message: logger.warning(f"[Worker {rank}] {message}"),
             progress=progress.for_load(plan, settings, ctx, engine.role),
             carrier=carrier,
+            read_ahead=ahead,
         )
         filled_by_engine = module.filled_by_engine
         judged = kept.judged_parameters(result.model, filled_by_engine) if result.model is not None else {}

@@ -249,6 +249,22 @@ class RobustSettings(BaseSettings):
             "spread over the shards; the same ones on every load of a checkpoint."
         ),
     )
+    read_ahead_bytes: int = Field(
+        default=16 << 30,
+        ge=0,
+        le=1 << 44,
+        validation_alias="MX_ROBUST_READ_AHEAD_BYTES",
+        description=(
+            "How many bytes runai may read while the built module is asked what "
+            "it reads (a second or more on the largest checkpoints): the head of "
+            "the load the engine's rules foresee (its table row or conventions, "
+            "as doctor plans). Nothing read ahead reaches the model before the "
+            "module's answer admits it; what the answer leaves out is dropped "
+            "and counted in the report. runai's RUNAI_STREAMER_MEMORY_LIMIT "
+            "bounds what is held meanwhile. 0: no read-ahead. Loads of one rank "
+            "only (not MX_MS_DISTRIBUTED)."
+        ),
+    )
     delivery_order: Literal["arrival", "plan"] = Field(
         default="arrival",
         validation_alias="MX_ROBUST_DELIVERY_ORDER",

@@ -787,7 +787,7 @@ def test_shard_changed_after_inspection_is_refused_unmutated(kind, tmp_path, req
     folder = tmp_path / "ckpt"
     reference = write_base(folder)
     uri = place(kind, folder, request)
-    original = robust_module.plan_load
+    original = robust_module.plan_resolved  # what a load of one rank plans after the chain, as runai reads ahead
 
     def plan_then_rewrite(*args, **kwargs):
         planned = original(*args, **kwargs)
@@ -797,7 +797,7 @@ def test_shard_changed_after_inspection_is_refused_unmutated(kind, tmp_path, req
             s3.client().upload_file(str(folder / SHARD2), s3.bucket, f"ckpt/{SHARD2}")
         return planned
 
-    monkeypatch.setattr(robust_module, "plan_load", plan_then_rewrite)
+    monkeypatch.setattr(robust_module, "plan_resolved", plan_then_rewrite)
     monkeypatch.setenv("MX_MODEL_URI", uri)
     assert_refused(run_chain(reference), "changed since they were inspected (before streaming)", f"{uri}/{SHARD2}")
 

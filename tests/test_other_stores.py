@@ -300,14 +300,14 @@ def test_gcs_flipped_bytes_pass_runai_and_are_caught_by_verify_all(gcs):
 
 def test_a_second_kind_of_store_in_one_process_is_refused_before_streaming(tmp_path, monkeypatch):
     """runai keeps the first object-store plugin of a process; the strategy refuses, not hangs."""
-    from mx_strategies.stream import streaming
+    from mx_strategies.stream import runai_env
 
     with FakeGcs() as server:
         for key, value in server.env.items():
             monkeypatch.setenv(key, value)
         ckpt = write_checkpoint(str(tmp_path), shards_with_empty(2, empty=()))
         uri = server.upload(str(tmp_path), "gcs-second", "model")
-        monkeypatch.setattr(streaming, "_bound_backend", "s3")  # as after an s3:// load in this process
+        monkeypatch.setattr(runai_env, "_bound_backend", "s3")  # as after an s3:// load in this process
         report = run_load(ckpt.files, uri)
         assert_refused(report, mutated=False, says=(uri, "did not start", "(s3://)", "gs://"))
         assert server.proxy.requests["streamer"] == 0  # runai was never asked

@@ -50,8 +50,9 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "built_module", "coverage", "draft", "dry_run", "kept", "module_reads", "mtp_table", "name_sampling",
         "rank_share", "reads_cache", "twin",
     ]  # fmt: skip
-    assert below("plan") == ["distributed", "planning"]
-    assert below("stream") == ["completeness", "content_check", "runai_plan", "streaming", "tensor_bytes", "write_watch"]
+    assert below("plan") == ["distributed", "planning", "read_ahead"]
+    assert below("stream") == ["completeness", "content_check", "read_ahead", "runai_env", "runai_plan", "streaming",
+                               "tensor_bytes", "write_watch"]
     assert below("observe") == ["progress", "report", "telemetry"]
     assert below("engine") == ["sglang", "view", "vllm", "vllm_rules"]
     assert below("patches") == ["_versions", "sglang_adapter_state", "sglang_parallel_getters"]

@@ -74,6 +74,10 @@ class LoadReport:
     # The tensor bytes that reached this rank: bytes_streamed, plus the tensors of the other ranks of its host when
     # their shares differ (the host streams their union once; each rank feeds its model its own). None: as streamed.
     bytes_carried: Optional[int] = None
+    # Read by runai while the module was asked (the foreseen load's head, mx_strategies.plan.read_ahead), and of
+    # those the bytes the answered plan did not hold: dropped, never delivered.
+    read_ahead_bytes: int = 0
+    read_ahead_discarded_bytes: int = 0
     host_ranks: tuple[int, ...] = ()  # the ranks of this rank's host that streamed together (distributed)
     # Who reads what, in a distributed load: every rank's (rank, host, tensors, bytes), the same on every rank.
     ranks: tuple[tuple[int, str, int, int], ...] = ()
@@ -114,6 +118,8 @@ class LoadReport:
             if self.left_to_draft
             else ""
         )
+        if self.read_ahead_discarded_bytes:
+            distributed += f", {self.read_ahead_discarded_bytes} bytes read ahead and dropped (not in the module's answer)"
         selection = ""
         if self.selection_source != "whole":
             selection = f", selection_source={self.selection_source}" + (" (kept answer)" if self.selection_cached else "")

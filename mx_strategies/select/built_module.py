@@ -21,6 +21,7 @@ the table and the conventions answer for it.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -101,6 +102,13 @@ class BuiltModule:
         if checkpoint.uri not in self._answers:
             self._answers[checkpoint.uri] = self.question(checkpoint)
         return self._answers[checkpoint.uri]
+
+    def unasked(self) -> "BuiltModule":
+        """The same module with its reads unknown: what planning foresees before the question
+        (:mod:`..plan.read_ahead`), as doctor plans. Its row and declarations are this one's."""
+        foresight = copy.copy(self)  # not dataclasses.replace: the row stays matched once per load
+        foresight.question, foresight._answers = None, {}
+        return foresight
 
     def row(self, checkpoint: Optional[Checkpoint] = None) -> Optional[mtp_table.MtpArchitecture]:
         """The :mod:`.mtp_table` row of this load: a draft's own, or the row of a target's MTP draft (the

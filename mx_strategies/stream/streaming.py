@@ -21,11 +21,9 @@ arrivals back up to ``MX_ROBUST_PLAN_ORDER_HOLD_BYTES``.
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
@@ -34,35 +32,11 @@ from ..inspect.checkpoint import source_changes
 from .content_check import ContentCheck
 from ..errors import ContentMismatch, IncompleteDelivery, StreamBroken, StreamStartError
 from ..plan.planning import LoadPlan
-from ..settings import RobustSettings, env_name
+from ..settings import RobustSettings
+from .read_ahead import ReadAhead
+from .runai_env import claim_backend, streamer_environment, streamer_variables
 
-# Our settings -> the runai variables they set for the duration of a load.
-STREAMER_ENV = {
-    "streamer_concurrency": "RUNAI_STREAMER_CONCURRENCY",
-    "streamer_memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
-    "streamer_chunk_bytesize": "RUNAI_STREAMER_CHUNK_BYTESIZE",
-    "streamer_s3_max_retries": "RUNAI_STREAMER_S3_MAX_RETRIES",
-    "streamer_s3_retry_timeout_s": "RUNAI_STREAMER_S3_TIMEOUT",
-}
-# vLLM's model_loader_extra_config keys for runai -> the variables vLLM sets from them.
-LOADER_EXTRA_CONFIG_ENV = {
-    "concurrency": "RUNAI_STREAMER_CONCURRENCY",
-    "memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
-}
 MISSING_NAMES_SHOWN = 10
-# Held-back bytes when runai cannot say how big its ring is.
-
-
-# runai-model-streamer (0.17.0) loads the object-store plugin (S3, GCS or Azure) of
-# the first object-store URI it streams and keeps it until the process exits;
-# every later object-store load uses it whatever its scheme. A gs:// load after
-# an s3:// one then fails, an s3:// load after a gs:// one retries for minutes.
-_bound_backend: Optional[str] = None
-
-
-def _backend_of(uris: list[str]) -> Optional[str]:
-    schemes = {uri.split("://", 1)[0] for uri in uris if "://" in uri}
-    return next(iter(schemes)) if len(schemes) == 1 else ("+".join(sorted(schemes)) or None)
 
 
 def _quietly(future) -> Optional[str]:
@@ -71,23 +45,6 @@ def _quietly(future) -> Optional[str]:
         return future.result()
     except Exception:  # noqa: BLE001 - the start's own error is raised instead
         return None
-
-
-def claim_backend(source: str, uris: list[str]) -> None:
-    """Refuse a load runai would send to another store's plugin (StreamStartError)."""
-    global _bound_backend
-    wanted = _backend_of(uris)
-    if wanted is None:
-        return  # local files: no plugin
-    if _bound_backend is None:
-        _bound_backend = wanted
-        return
-    if wanted != _bound_backend:
-        raise StreamStartError(
-            f"streaming {source} did not start: runai-model-streamer keeps the object-store plugin of the "
-            f"first load in a process ({_bound_backend}://) and would read these {wanted}:// files with it; "
-            f"load {wanted}:// checkpoints in a process of their own"
-        )
 
 
 def _delivery_mismatch(info, tensor: torch.Tensor) -> Optional[str]:
@@ -213,62 +170,6 @@ class InOrder:
         return name, tensor
 
 
-def streamer_variables(
-    settings: RobustSettings,
-    loader_extra_config: Optional[Mapping[str, Any]] = None,
-    on_warning: Optional[Callable[[str], None]] = None,
-    *,
-    distributed: bool = False,
-) -> dict[str, str]:
-    """The runai variables a load sets: vLLM's ``model_loader_extra_config`` keys, then ours.
-
-    vLLM's runai loader (which ModelExpress's parent strategy uses) turns
-    ``concurrency`` and ``memory_limit`` into runai's variables; we honour
-    them the same way. Where one of our settings names the same variable,
-    ours wins, and ``on_warning`` is told. A distributed load sets
-    ``RUNAI_STREAMER_DIST=1``: runai's default distributes over nccl only, so
-    a gloo engine (vLLM on CPUs) would silently read everything on every rank.
-    """
-    variables: dict[str, str] = {"RUNAI_STREAMER_DIST": "1"} if distributed else {}
-    extra = loader_extra_config or {}
-    for key, var in LOADER_EXTRA_CONFIG_ENV.items():
-        if extra.get(key) is not None:
-            variables[var] = str(extra[key])
-    for field, var in STREAMER_ENV.items():
-        value = getattr(settings, field)
-        if value is None:
-            continue
-        if var in variables and variables[var] != str(value) and on_warning is not None:
-            on_warning(
-                f"{env_name(field)}={value} overrides model_loader_extra_config "
-                f"{_extra_key(var)}={variables[var]} ({var})"
-            )
-        variables[var] = str(value)
-    return variables
-
-
-def _extra_key(var: str) -> str:
-    return next(key for key, name in LOADER_EXTRA_CONFIG_ENV.items() if name == var)
-
-
-@contextmanager
-def streamer_environment(variables: Mapping[str, str]) -> Iterator[None]:
-    """Set runai's variables for the duration of a load, restoring them afterwards."""
-    # runai sets its process group size once and leaves it in the environment (runai_plan._no_rank_discovery).
-    saved = {"RUNAI_STREAMER_PROCESS_GROUP_SIZE": os.environ.get("RUNAI_STREAMER_PROCESS_GROUP_SIZE")}
-    try:
-        for var, value in variables.items():
-            saved[var] = os.environ.get(var)
-            os.environ[var] = value
-        yield
-    finally:
-        for var, old in saved.items():
-            if old is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = old
-
-
 class VerifiedStream:
     """A runai streaming session for one plan, owning the streamer.
 
@@ -289,10 +190,18 @@ class VerifiedStream:
         on_warning: Optional[Callable[[str], None]] = None,
         progress: Any = None,  # a progress.ProgressLog, told of every tensor (None: no progress lines)
         carrier: Optional[LoadPlan] = None,
+        read_ahead: Optional["ReadAhead"] = None,
     ) -> None:
         """``carrier``: what runai streams when it is more than ``plan`` (the union of the shares of
-        this host's ranks, :func:`.distributed.agreed_shares`); only ``plan``'s tensors reach the model."""
+        this host's ranks, :func:`.distributed.agreed_shares`); only ``plan``'s tensors reach the model.
+        ``read_ahead``: a stream of the load's foreseen head, started before ``plan`` was answered
+        (:mod:`.read_ahead`): what of it ``plan`` holds is delivered first, the rest dropped, and
+        ``plan``'s other tensors streamed after it."""
+        if read_ahead is not None and (carrier is not None or distributed):
+            raise ValueError("a read-ahead serves a load of one rank, streamed on its own")
         self.plan = plan
+        self._ahead = read_ahead if read_ahead is not None and read_ahead.live else None
+        self.bytes_discarded = 0  # read ahead, then not in the answered plan: never delivered
         self.carrier = carrier if carrier is not None else plan
         self._own = None if carrier is None or plan.names is None else plan.names
         self.bytes_passed_on = 0  # carried for the host's other ranks, not fed to this rank's model
@@ -308,6 +217,7 @@ class VerifiedStream:
         self._warned_unordered = False
         self._env = None
         self._streamer = None
+        self._started = False
         self._from_storage: Optional[int] = 0  # nothing planned: nothing read
         self._iter = None
         self._first = None
@@ -326,8 +236,9 @@ class VerifiedStream:
         twice and leak the first runai streamer, whose late responses break
         the next load in the process.
         """
-        if self._streamer is not None:
+        if self._started:
             raise RuntimeError("VerifiedStream is already started")
+        self._started = True
         claim_backend(self.carrier.source, self.carrier.uris)
         # The identity re-check "before streaming" runs while runai starts and fetches the first
         # tensor (one round trip less on an object store); nothing reaches the model before it passed.
@@ -358,20 +269,47 @@ class VerifiedStream:
 
         self._env = streamer_environment(self.variables)
         self._env.__enter__()
-        self._streamer = PlannedStreamer().__enter__()
-        if self.carrier.shards:
+        if self._ahead is not None and self.carrier.shards:
+            self._from_storage = self._ahead.bytes
+            self._iter = self._after_read_ahead()
+            self._first = next(self._iter, None)
+        elif self.carrier.shards:
+            self._streamer = PlannedStreamer().__enter__()
             # The probe's headers, not a second read of them (runai_plan).
             self._streamer.stream_plan(self.carrier, device=self.device, is_distributed=self.distributed)
             self._from_storage = self._streamer.bytes_from_storage()
             self._iter = self._streamer.get_tensors()
             self._first = next(self._iter, None)
-            if self.settings.delivery_order == "plan":
-                # The setting alone bounds what is held: runai's ring does not bound how far a complete
-                # delivery runs ahead, since a read that stalls (a busy host) lets the other buffers refill.
-                self._in_order = InOrder(self.ledger.expected, self.settings.plan_order_hold_bytes)
+        if self.carrier.shards and self.settings.delivery_order == "plan":
+            # The setting alone bounds what is held: runai's ring does not bound how far a complete
+            # delivery runs ahead, since a read that stalls (a busy host) lets the other buffers refill.
+            self._in_order = InOrder(self.ledger.expected, self.settings.plan_order_hold_bytes)
+
+    def _after_read_ahead(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The read-ahead's tensors the plan holds (the others dropped, never delivered), then the plan's rest."""
+        from ..plan.read_ahead import rest
+        from .runai_plan import PlannedStreamer
+
+        ahead = self._ahead
+        wanted = frozenset(self.plan.expected)
+        for name, tensor in ahead.take():
+            if name in wanted:
+                yield name, tensor
+            else:
+                self.bytes_discarded += tensor.numel() * tensor.element_size()
+        ahead.close()  # its buffers go before the rest's are taken
+        remaining = rest(self.plan, frozenset(ahead.plan.expected))
+        if remaining is None:
+            return
+        self._streamer = PlannedStreamer().__enter__()
+        self._streamer.stream_plan(remaining, device=self.device)
+        self._from_storage += remaining.bytes
+        yield from self._streamer.get_tensors()
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
+            if self._ahead is not None:
+                self._ahead.close()
             if self._streamer is not None:
                 self._streamer.__exit__(exc_type, exc, tb)
                 self._streamer = None
@@ -442,6 +380,11 @@ class VerifiedStream:
         if self.delivered_at is None or self.verified_at is None:
             return 0.0
         return self.verified_at - self.delivered_at
+
+    @property
+    def read_ahead_bytes(self) -> int:
+        """The bytes runai read ahead, before the plan was answered (0: no read-ahead)."""
+        return 0 if self._ahead is None else self._ahead.bytes
 
     @property
     def held_peak_bytes(self) -> int:

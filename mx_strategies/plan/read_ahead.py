@@ -1,0 +1,66 @@
+"""What may stream while the module is asked: the head of the load the engine's rules foresee.
+
+Asking the built module what it reads (:mod:`..select.module_reads`) takes a
+second or more on the largest checkpoints (DeepSeek-V3's 92k names), which
+at a node's 10 GB/s is 10 GB not read. So the load does not wait for it:
+before the question, planning foresees the load from what needs no question
+(:func:`foreseen`: the module's declarations, its rank's share, the table row
+or the conventions, exactly as doctor plans), and runai starts reading the
+first bytes of that plan (:func:`head`, up to ``MX_ROBUST_READ_AHEAD_BYTES``).
+
+Nothing read ahead reaches the model before the answer: the stream admits a
+tensor read ahead only if the answered plan holds it, drops the others
+(their bytes are counted), and streams what the answered plan holds beyond
+the head afterwards (:func:`rest`). A refused plan closes the read-ahead
+with the model untouched. The foresight decides only what is read early,
+never what is delivered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from ..errors import MxStrategiesError
+from ..inspect.sources import Resolution
+from ..select.built_module import BuiltModule
+from ..settings import RobustSettings
+from .planning import LoadPlan, plan_resolved
+
+
+def foreseen(resolution: Resolution, module: BuiltModule, settings: RobustSettings) -> Optional[LoadPlan]:
+    """The plan of this load as it stands before the module is asked; None where it cannot be foreseen."""
+    try:
+        return plan_resolved(resolution, module.unasked(), settings)
+    except MxStrategiesError:
+        return None  # the answered plan says why, or does without
+
+
+def head(plan: LoadPlan, limit_bytes: int) -> Optional[LoadPlan]:
+    """The first tensors of ``plan`` in its order (shards in load order, tensors by offset), at most
+    ``limit_bytes`` of them (at least one tensor, where the first alone is larger); None: nothing."""
+    if limit_bytes <= 0 or not plan.shards:
+        return None
+    names, taken = [], 0
+    for shard in plan.shards:
+        for name, info in shard.tensors.items():
+            if plan.names is not None and name not in plan.names:
+                continue
+            if names and taken + info.nbytes > limit_bytes:
+                return _of(plan, frozenset(names))
+            names.append(name)
+            taken += info.nbytes
+    return _of(plan, frozenset(names)) if names else None
+
+
+def rest(plan: LoadPlan, streamed: frozenset[str]) -> Optional[LoadPlan]:
+    """What ``plan`` holds beyond the names ``streamed`` already; None: nothing."""
+    names = frozenset(n for n in plan.expected if n not in streamed)
+    return _of(plan, names) if names else None
+
+
+def _of(plan: LoadPlan, names: frozenset[str]) -> LoadPlan:
+    return replace(plan, names=names, shards=tuple(s for s in plan.shards if any(n in names for n in s.tensors)))
+
+
+__all__ = ["foreseen", "head", "rest"]
