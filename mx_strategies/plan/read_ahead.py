@@ -24,6 +24,7 @@ from typing import Optional
 from ..errors import MxStrategiesError
 from ..inspect.sources import Resolution
 from ..select.built_module import BuiltModule
+from ..select.draft import EMBEDDING_OR_HEAD_PATTERN
 from ..settings import RobustSettings
 from .planning import LoadPlan, plan_resolved
 
@@ -38,13 +39,20 @@ def foreseen(resolution: Resolution, module: BuiltModule, settings: RobustSettin
 
 def head(plan: LoadPlan, limit_bytes: int) -> Optional[LoadPlan]:
     """The first tensors of ``plan`` in its order (shards in load order, tensors by offset), at most
-    ``limit_bytes`` of them (at least one tensor, where the first alone is larger); None: nothing."""
+    ``limit_bytes`` of them (at least one tensor, where the first alone is larger); None: nothing.
+
+    A draft's embeddings and heads, and its weights shared with the target (``plan.shared``), are not read
+    ahead: whether the module reads them or the engine fills them from the target's (vLLM's shared
+    embedding, a replaced head) is the answer's to say, and they are the largest tensors of a draft's plan
+    (1.85 GB each on DeepSeek-V3)."""
     if limit_bytes <= 0 or not plan.shards:
         return None
-    names, taken = [], 0
+    names, taken, uncertain = [], 0, plan.shared
     for shard in plan.shards:
         for name, info in shard.tensors.items():
-            if plan.names is not None and name not in plan.names:
+            if (plan.names is not None and name not in plan.names) or name in uncertain or (
+                plan.role == "draft" and EMBEDDING_OR_HEAD_PATTERN.search(name)
+            ):
                 continue
             if names and taken + info.nbytes > limit_bytes:
                 return _of(plan, frozenset(names))

@@ -28,6 +28,9 @@ from ..settings import RobustSettings
 
 LAYER_PREFIXES = ("model.layers.", "layers.", "model.language_model.layers.")
 SHARED_WEIGHT_PATTERN = re.compile(r"(^|\.)(embed_tokens\.weight|lm_head\.weight)$")
+# A draft's embedding or output head, at any depth (DeepSeek's per-layer embed_tokens and shared_head.head):
+# the engine may fill it from the target's, which only the module's answer says.
+EMBEDDING_OR_HEAD_PATTERN = re.compile(r"(^|\.)(embed_tokens|lm_head|head)\.weight$")
 
 
 @dataclass(frozen=True)
