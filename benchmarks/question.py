@@ -23,11 +23,15 @@ import io
 import json
 import os
 import pstats
+import shutil
+import statistics
 import sys
 import tempfile
 import time
 import tracemalloc
+from contextlib import contextmanager
 from types import SimpleNamespace
+from typing import Iterator
 
 CHECKPOINT_BYTES = 689e9
 LOAD_GBPS = 2.0
@@ -162,6 +166,126 @@ def measure(model, checkpoint, settings, vllm_config, unused=None, replaced=lamb
     }
 
 
+OVERLAP_SHARDS = 8
+OVERLAP_SHARD_BYTES = 256 << 20  # 2 GiB of real safetensors in all
+STORAGE_BPS = 500_000_000  # the storage-bound run's cap on this process's disk reads
+REPEATS = 5
+BLKIO = "/sys/fs/cgroup/blkio"  # cgroup v1's block-I/O controller
+
+
+@contextmanager
+def storage_bound(path: str, bytes_per_s: int) -> Iterator[bool]:
+    """This process's disk reads capped at ``bytes_per_s`` (cgroup v1 ``blkio.throttle``, as root), so a stream is
+    bound by storage, as a node's is by its network, not by this machine's two CPUs and its memory; every thread
+    moves back when it ends. Yields False (nothing changed) where the machine does not allow it."""
+    device = os.stat(path).st_dev
+    group = os.path.join(BLKIO, f"mx-benchmark-{os.getpid()}")
+    try:
+        os.makedirs(group, exist_ok=True)
+        with open(os.path.join(group, "blkio.throttle.read_bps_device"), "w") as handle:
+            handle.write(f"{os.major(device)}:{os.minor(device)} {bytes_per_s}")
+        with open(os.path.join(group, "cgroup.procs"), "w") as handle:
+            handle.write(str(os.getpid()))
+    except OSError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        with open(os.path.join(BLKIO, "cgroup.procs"), "w") as handle:
+            handle.write(str(os.getpid()))
+        os.rmdir(group)
+
+
+def overlap(folder: str, ask) -> dict:
+    """What the question adds to a load: a real checkpoint (OVERLAP_SHARDS shards of real safetensors, local
+    files) streamed by :class:`VerifiedStream` alone; after the question (robust before the read-ahead); and
+    with runai reading ahead (:class:`ReadAhead`, three quarters of the load, then the rest after it; and the
+    whole load) while the question runs. Interleaved, medians of REPEATS.
+
+    Twice: from the page cache as this machine has it, where the stream and the question share two CPUs and
+    the question's freed memory makes runai's later buffers fault their pages in anew (system time); and
+    storage-bound (:func:`storage_bound`, the files dropped from the page cache before each run), as a node
+    reading at its network's rate is."""
+    import torch
+    from safetensors.torch import save_file
+
+    from mx_strategies.inspect.sources import Candidate, resolve
+    from mx_strategies.plan.planning import LoadPlan, loaded_shards
+    from mx_strategies.plan.read_ahead import head
+    from mx_strategies.settings import load_settings
+    from mx_strategies.stream.read_ahead import ReadAhead
+    from mx_strategies.stream.streaming import VerifiedStream
+
+    data = os.path.join(folder, "bytes")
+    os.makedirs(data)
+    per_tensor = OVERLAP_SHARD_BYTES // 16 // 4
+    paths = [os.path.join(data, f"model-{shard + 1:05d}-of-{OVERLAP_SHARDS:05d}.safetensors") for shard in range(OVERLAP_SHARDS)]
+    for shard, path in enumerate(paths):
+        save_file({f"model.layers.{shard}.w{j}": torch.full((per_tensor,), float(j)) for j in range(16)}, path)
+    settings = load_settings()
+    checkpoint = resolve([Candidate("explicit", data)], settings).checkpoint
+    plan = LoadPlan(checkpoint.uri, tuple(loaded_shards(checkpoint, settings)), None)
+    budgets = {"three quarters": plan.bytes * 3 // 4, "whole": plan.bytes}
+
+    def uncached() -> None:
+        for path in paths:
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def stream(ahead=None) -> None:
+        with VerifiedStream(plan, settings, read_ahead=ahead) as verified:
+            for _ in verified.tensors():
+                pass
+
+    def read_ahead_then_stream(budget: int):
+        def run() -> None:
+            with ReadAhead(head(plan, budget), settings) as ahead:
+                ask()
+                stream(ahead)
+
+        return run
+
+    def measure(before) -> dict:
+        def timed(step) -> float:
+            before()
+            started = time.perf_counter()
+            step()
+            return time.perf_counter() - started
+
+        alone, asked, after, ahead = [], [], [], {name: [] for name in budgets}
+        for _ in range(REPEATS):
+            alone.append(timed(stream))
+            asked.append(timed(ask))
+            after.append(timed(lambda: (ask(), stream())))
+            for name, budget in budgets.items():
+                ahead[name].append(timed(read_ahead_then_stream(budget)))
+        alone_s, question_s, after_s = (statistics.median(t) for t in (alone, asked, after))
+        return {
+            "stream_s": round(alone_s, 3),
+            "rate_gbps": round(plan.bytes / alone_s / 1e9, 2),
+            "question_s": round(question_s, 3),
+            "question_then_stream_s": round(after_s, 3),
+            "added_before_s": round(after_s - alone_s, 3),
+            "read_ahead": {
+                name: {"bytes": budgets[name], "s": round(statistics.median(t), 3),
+                       "added_s": round(statistics.median(t) - alone_s, 3)}
+                for name, t in ahead.items()
+            },  # fmt: skip
+        }
+
+    try:
+        stream()  # the page cache, warm for the first runs
+        runs = {"page cache": measure(lambda: None)}
+        with storage_bound(data, STORAGE_BPS) as bound:
+            if bound:
+                runs[f"storage-bound ({STORAGE_BPS / 1e9:g} GB/s cap)"] = measure(uncached)
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    return {"bytes": plan.bytes, "repeats": REPEATS, "runs": runs}
+
+
 def run_question(workdir: str) -> dict:
     """The measurements of the module docstring, as one dict (``question`` in the benchmark's JSON)."""
     from mx_strategies.select import module_reads
@@ -192,12 +316,20 @@ def run_question(workdir: str) -> dict:
             again = time.perf_counter()
             answer = module_reads.ask_cached(built.target, checkpoint, kept_settings, context)
             restart_s = time.perf_counter() - again
+        del os.environ["MX_ROBUST_READS_CACHE_DIR"]
+
+        def ask() -> None:
+            with set_current_vllm_config(built.vllm_config):
+                module_reads.ask(built.target, checkpoint, settings, unused=declared_unused(built.target))
+
+        streamed = overlap(folder, ask)
     finally:
         built.context.__exit__(None, None, None)
     load_s = CHECKPOINT_BYTES / (LOAD_GBPS * 1e9)
     node_s = CHECKPOINT_BYTES / (NODE_GBPS * 1e9)
     watch = watch_overhead()
     return {
+        "overlap": streamed,
         "load_s_at_10gbps": round(node_s, 1),
         "target_share_at_10gbps": round(target["seconds"] / node_s, 5),
         "budget_s_at_10gbps": round(TARGET_SHARE * node_s, 2),
@@ -275,6 +407,15 @@ def render_question(result: dict) -> str:
         f"{result['load_s_at_10gbps']} s load at 10 GB/s (budget 1%: {result['budget_s_at_10gbps']} s); "
         f"a restart: {result['restart_s']} s (kept answer: {result['restart_cached']})"
     )
+    o = result["overlap"]
+    for name, run in o["runs"].items():
+        lines.append(
+            f"the question in a load, {name}: {o['bytes'] / 2**30:.1f} GiB of safetensors streamed in {run['stream_s']} s "
+            f"({run['rate_gbps']} GB/s), the question alone {run['question_s']} s (medians of {o['repeats']}); streamed "
+            f"after the question {run['question_then_stream_s']} s (+{run['added_before_s']} s); with runai reading ahead "
+            "while it runs: " + "; ".join(f"{k} ({r['bytes'] / 2**30:.1f} GiB) {r['s']} s (+{r['added_s']} s)"
+                                          for k, r in run["read_ahead"].items())
+        )  # fmt: skip
     w = result["watch"]
     lines.append(
         f"write watch: {w['tensors']} tensors loaded in {w['plain_s']} s plain, {w['watched_s']} s watched: "

@@ -26,6 +26,7 @@ from mx_strategies.inspect.checkpoint import Shard, TensorInfo, inspect
 from mx_strategies.cli.doctor import diagnose
 from mx_strategies.engine import EngineView
 from mx_strategies.errors import DraftPlanError, InconsistentCheckpoint
+from mx_strategies.plan import read_ahead
 from mx_strategies.plan.planning import LoadPlan, is_target_source, loaded_shards, narrow_to_model, plan_for, plan_load
 from mx_strategies.select.built_module import BuiltModule
 from mx_strategies.settings import load_settings
@@ -260,3 +261,33 @@ def test_a_draft_the_model_says_loads_nothing_is_refused_before_streaming(tmp_pa
     with pytest.raises(DraftPlanError, match="the model says it loads none of the .* tensors selected for it") as failure:
         plan_load([Candidate("MX_MODEL_URI", folder)], BuiltModule(engine, unused=lambda name: True), settings)
     assert failure.value.mutated is False
+
+
+# -- what may stream before the module answers (plan.read_ahead) ---------------------------------
+
+
+def test_the_head_is_the_plans_first_tensors_within_the_budget_and_the_rest_follows():
+    shards = (_shard("a", "x.0", "x.1", "x.2"), _shard("b", "x.3", "x.4"))  # 4 bytes each
+    plan = LoadPlan("s3://b", shards, None)
+    first = read_ahead.head(plan, 12)
+    assert first.expected == ["x.0", "x.1", "x.2"] and first.shard_keys == ["a"] and first.bytes == 12
+    assert read_ahead.head(plan, 13).expected == ["x.0", "x.1", "x.2"]  # a tensor is never split
+    assert read_ahead.head(plan, 1).expected == ["x.0"]  # a budget smaller than the first still reads it
+    assert read_ahead.head(plan, 1 << 40).expected == plan.expected
+    assert read_ahead.head(plan, 0) is None and read_ahead.head(LoadPlan("s3://b", (), None), 8) is None
+    rest = read_ahead.rest(plan, frozenset(first.expected))
+    assert rest.expected == ["x.3", "x.4"] and rest.shard_keys == ["b"]
+    assert read_ahead.rest(plan, frozenset(plan.expected)) is None
+    # Only the plan's own names, in its order.
+    narrowed = LoadPlan("s3://b", shards, frozenset({"x.1", "x.4"}))
+    assert read_ahead.head(narrowed, 1 << 40).expected == ["x.1", "x.4"]
+
+
+def test_a_drafts_head_leaves_its_embeddings_heads_and_shared_weights_to_the_answer():
+    names = ("model.layers.2.embed_tokens.weight", "model.layers.2.enorm.weight", "model.layers.2.shared_head.head.weight",
+             "model.layers.2.eh_proj.weight", "lm_head.weight", "model.norm.weight")  # fmt: skip
+    plan = LoadPlan("s3://b", (_shard("a", *names),), frozenset(names), role="draft", shared=frozenset({"model.norm.weight"}))
+    assert read_ahead.head(plan, 1 << 40).expected == ["model.layers.2.enorm.weight", "model.layers.2.eh_proj.weight"]
+    # A target's embedding and head are its own: read ahead.
+    target = LoadPlan("s3://b", (_shard("a", *names),), None)
+    assert read_ahead.head(target, 1 << 40).expected == list(names)
