@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
-from mx_strategies.select.name_sampling import Key, Sample
+from mx_strategies.select.name_sampling import Key, Sample, parse, parse_all
 
 
 def expert_names(layers, experts, leave_out=()):
@@ -186,3 +186,16 @@ def test_the_sampler_answers_as_the_reference_on_random_names():
         assert new.infer(fed, read) == old.infer(fed, read)
         stacked = [n for n in fed if rng.random() < 0.5]
         assert new.missing_members(fed, stacked) == old.missing_members(fed, stacked)
+
+
+def test_only_ascii_digit_components_are_indices():
+    """A header's names are any strings: "²" is a digit to str.isdigit() and not to int()."""
+    assert parse("model.layers.².mlp.weight") == ("model.layers.².mlp.weight", ())
+    assert parse("model.layers.٣.mlp.weight") == ("model.layers.٣.mlp.weight", ())
+    assert parse("model.layers.3.mlp.experts.17.w") == ("model.layers.#.mlp.experts.#.w", (3, 17))
+    names = ["model.layers.².mlp.gate.weight", "model.layers.1.mlp.².weight", "model.layers.1.mlp.up.weight"]
+    assert parse_all(names) == {
+        "model.layers.².mlp.gate.weight": ("model.layers.².mlp.gate.weight", ()),
+        "model.layers.1.mlp.².weight": ("model.layers.#.mlp.².weight", (1,)),
+        "model.layers.1.mlp.up.weight": ("model.layers.#.mlp.up.weight", (1,)),
+    }

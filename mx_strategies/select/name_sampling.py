@@ -31,13 +31,19 @@ Key = tuple[str, int, int]  # (template, position, value)
 Parsed = tuple[str, tuple[int, ...]]  # (template, integers)
 
 
+def _index(part: str) -> bool:
+    """An all-digit component, ASCII only: ``"²".isdigit()`` is true and ``int("²")`` raises; a checkpoint's names
+    are any strings its header holds."""
+    return part.isdigit() and part.isascii()
+
+
 def parse(name: str) -> Parsed:
     """``(template, integers)``: the name with each all-digit dot component replaced by ``#``, and those integers."""
     parts = name.split(".")
-    ints = tuple(int(p) for p in parts if p.isdigit())
+    ints = tuple(int(p) for p in parts if _index(p))
     if not ints:
         return name, ints
-    return ".".join("#" if p.isdigit() else p for p in parts), ints
+    return ".".join("#" if _index(p) else p for p in parts), ints
 
 
 def parse_all(names: Iterable[str]) -> dict[str, Parsed]:
@@ -51,7 +57,7 @@ def parse_all(names: Iterable[str]) -> dict[str, Parsed]:
     heads: dict[str, Parsed] = {}
     for name in names:
         parts = name.rsplit(".", 2)
-        if len(parts) == 3 and not parts[1].isdigit() and not parts[2].isdigit():
+        if len(parts) == 3 and not _index(parts[1]) and not _index(parts[2]):
             head = heads.get(parts[0])
             if head is None:
                 head = heads[parts[0]] = parse(parts[0])
