@@ -46,6 +46,7 @@ from test_mtp_architectures import (  # noqa: E402
     BUILT_034,
     REINIT,
     CpuVllmAdapter,
+    load_target,
     observe,
     target_and_draft_checkpoint,
     vllm_cpu,  # noqa: F401 - the module's fixture
@@ -610,3 +611,20 @@ def test_a_sampled_dry_run_refuses_a_unit_it_was_not_fed_that_lacks_a_stacked_me
     assert gap.describe().startswith(
         f"[3, 32:64, :] of {gap.param} [4, 64, 64] (2048 element(s)) would keep init values; the checkpoint lacks {missing}"
     ), gap.describe()
+
+
+def test_a_name_with_non_ascii_digits_is_a_name_like_any_other(tmp_path, robust, monkeypatch, vllm_cpu):  # noqa: F811
+    """A header's names are any strings: ``model.layers.².extra.bias`` ("²" is a digit to str.isdigit, not to
+    int) used to raise ValueError out of the question's sampler (above MX_ROBUST_DRY_RUN_SAMPLE_ABOVE names),
+    and ModelExpress rebuilt the model for its next strategy. vLLM's real DeepseekV3ForCausalLM is asked, skips
+    it (its load_weights skips a bias it has no parameter for), and loads every parameter with the checkpoint's
+    bytes."""
+    folder, _, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint("deepseek_v3", tmp_path)
+    odd = "model.layers.².extra.bias"
+    monkeypatch.setenv("MX_ROBUST_DRY_RUN_SAMPLE_ABOVE", "1")  # the sampler parses every name
+    write_checkpoint(folder, {**tensors, **mtp, odd: torch.ones(4)}, shards=3)
+    loaded, seen, report = load_target(monkeypatch, folder, target, vc, config)
+    assert loaded is target and report["outcome"] == "loaded" and report["selection_source"] == "dry_run"
+    assert sorted(seen["names"]) == sorted(tensors)
+    assert report["left_out"] == len(mtp) + 1
+    assert all(same_bytes(p.data, truth[n]) for n, p in target.named_parameters())
