@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from typing import Optional
 
 import pytest
@@ -30,10 +31,12 @@ from helpers.engine import (
 
 from mx_strategies.inspect.checkpoint import inspect
 from mx_strategies.errors import IncompleteDelivery, InconsistentCheckpoint
+from mx_strategies.plan import read_ahead
 from mx_strategies.plan.planning import LoadPlan, loaded_shards, plan_for
 from mx_strategies.select.built_module import BuiltModule
 from mx_strategies.settings import load_settings
 from mx_strategies.inspect.storage import LocalStore
+from mx_strategies.stream.read_ahead import ReadAhead
 from mx_strategies.stream.streaming import InOrder, VerifiedStream, streamer_variables
 from mx_strategies.stream.tensor_bytes import same_bytes
 
@@ -62,6 +65,62 @@ def test_verified_stream_reports_a_tensor_that_never_came(monkeypatch, plan_orde
         f"incomplete load from {ckpt.path}: 1 of {len(ckpt.reference)} expected tensors missing: {DROPPED}"
     )
     assert delivered == [n for n in ckpt.order if n != DROPPED]
+
+
+def test_a_read_ahead_delivers_only_what_the_answered_plan_holds_then_the_rest(plan_order, tmp_path):
+    """runai reads the first two shards ahead, DROPPED among them; the answered plan leaves DROPPED out. The
+    model gets exactly the plan's tensors, each once, equal to safetensors' own; DROPPED's bytes are counted."""
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(4))
+    settings = load_settings()
+    whole = target_plan(ckpt.path, settings)
+    first_two = frozenset(n for shard in whole.shards[:2] for n in shard.tensors)
+    assert DROPPED in first_two
+    answered = replace(whole, names=frozenset(n for n in whole.expected if n != DROPPED))
+    head = read_ahead.head(replace(whole, names=first_two), 1 << 30)
+    assert set(head.expected) == first_two
+
+    delivered = []
+    with ReadAhead(head, settings) as ahead:
+        assert ahead.live
+        with VerifiedStream(answered, settings, read_ahead=ahead) as stream:
+            for name, tensor in stream.tensors():
+                delivered.append(name)
+                assert same_bytes(tensor, ckpt.reference[name]), name
+        assert not ahead.live
+    assert sorted(delivered) == sorted(answered.expected)
+    dropped = ckpt.reference[DROPPED]
+    assert stream.bytes_discarded == dropped.numel() * dropped.element_size()
+    assert stream.read_ahead_bytes == head.bytes
+    rest = sum(ckpt.reference[n].numel() * ckpt.reference[n].element_size() for n in answered.expected if n not in first_two)
+    assert stream.bytes_from_storage == head.bytes + rest  # the head read once, the rest after it
+    assert delivered == answered.expected  # plan order (the fixture): the head's, then the rest's
+
+
+def test_a_read_ahead_that_cannot_start_leaves_the_load_as_it_was(monkeypatch, caplog, tmp_path):
+    """runai refuses the read-ahead's start (here: a RuntimeError of its own, once); the load is told at INFO
+    and streams after the answer, every tensor once."""
+    from mx_strategies.stream import runai_plan
+
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(4))
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
+    real, calls = runai_plan.PlannedStreamer.stream_plan, []
+
+    def stream_plan(self, plan, **kwargs):
+        calls.append(len(plan.expected))
+        if len(calls) == 1:
+            raise RuntimeError("no reader threads left")
+        return real(self, plan, **kwargs)
+
+    monkeypatch.setattr(runai_plan.PlannedStreamer, "stream_plan", stream_plan)
+    with caplog.at_level(logging.INFO):
+        attempt = direct_load(model_config(), ckpt.reference)
+    assert attempt.error is None
+    assert_loaded(attempt.model, ckpt)
+    assert calls == [len(ckpt.reference), len(ckpt.reference)]  # the read-ahead's start, then the stream's own
+    assert (
+        "[Worker 0] target: runai did not read ahead while the module was asked (RuntimeError: no reader threads "
+        "left); streaming after its answer"
+    ) in robust_messages(caplog)
 
 
 def test_plan_order_holds_when_one_read_stalls_past_runais_ring(monkeypatch, plan_order, tmp_path):
