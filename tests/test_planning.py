@@ -291,3 +291,22 @@ def test_a_drafts_head_leaves_its_embeddings_heads_and_shared_weights_to_the_ans
     # A target's embedding and head are its own: read ahead.
     target = LoadPlan("s3://b", (_shard("a", *names),), None)
     assert read_ahead.head(target, 1 << 40).expected == list(names)
+
+
+def test_a_layer_the_module_does_not_hold_is_not_read_ahead():
+    """A target holds layers 0-1 (``held``: its parameter names); layer 2 is its MTP draft's. Layers are matched
+    by container and index, so a module naming its tree otherwise still matches; a module that numbers no
+    ``layers`` (a stand-in's flat buffers) says nothing."""
+    names = ("model.embed_tokens.weight", "model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.experts.3.w",
+             "model.layers.2.eh_proj.weight", "model.layers.2.mlp.experts.3.w", "lm_head.weight")  # fmt: skip
+    plan = LoadPlan("s3://b", (_shard("a", *names),), None)
+    held = frozenset({"model.embed_tokens.weight", "model.layers.0.mlp.gate_up_proj.weight",
+                      "model.layers.1.mlp.experts.w13_weight", "lm_head.weight"})  # fmt: skip
+    expected = ["model.embed_tokens.weight", "model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.experts.3.w",
+                "lm_head.weight"]  # fmt: skip
+    assert read_ahead.head(plan, 1 << 40, held).expected == expected
+    renamed = frozenset("language_model." + name for name in held)
+    assert read_ahead.head(plan, 1 << 40, renamed).expected == expected
+    assert read_ahead.head(plan, 1 << 40, frozenset({"w0", "w1"})).expected == list(names)
+    assert read_ahead.head(plan, 1 << 40, None).expected == list(names)
+    assert read_ahead.layer_of("model.layers.².w") is None and read_ahead.layer_of("lm_head.weight") is None

@@ -19,7 +19,7 @@ never what is delivered.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
+from typing import Callable, Optional
 
 from ..errors import MxStrategiesError
 from ..inspect.sources import Resolution
@@ -37,20 +37,51 @@ def foreseen(resolution: Resolution, module: BuiltModule, settings: RobustSettin
         return None  # the answered plan says why, or does without
 
 
-def head(plan: LoadPlan, limit_bytes: int) -> Optional[LoadPlan]:
+def layer_of(name: str) -> Optional[tuple[str, int]]:
+    """The layer a name sits in, as (container, index): ``model.layers.3.mlp...`` -> ``("layers", 3)``; None
+    for a name outside any numbered container (an embedding, a head, a final norm)."""
+    parts = name.split(".")
+    for position in range(1, len(parts)):
+        part = parts[position]
+        if part.isdigit() and part.isascii():
+            return parts[position - 1], int(part)
+    return None
+
+
+def holds_layer(held: Optional[frozenset[str]]) -> Callable[[str], bool]:
+    """Whether the built module holds the layer a checkpoint name sits in, by its own parameter and buffer
+    names (``held``): a target holds no parameter under its MTP draft's layers, a pipeline stage none under
+    another stage's. Layers are compared by container and index (``layers``, 3), not by the whole path, so a
+    module that names its tree otherwise than its checkpoint still matches; a container the module does not
+    number at all (or no names: ``held`` None) says nothing, and every name passes."""
+    if not held:
+        return lambda name: True
+    layers = {layer for name in held if (layer := layer_of(name)) is not None}
+    containers = {container for container, _ in layers}
+
+    def holds(name: str) -> bool:
+        layer = layer_of(name)
+        return layer is None or layer[0] not in containers or layer in layers
+
+    return holds
+
+
+def head(plan: LoadPlan, limit_bytes: int, held: Optional[frozenset[str]] = None) -> Optional[LoadPlan]:
     """The first tensors of ``plan`` in its order (shards in load order, tensors by offset), at most
     ``limit_bytes`` of them (at least one tensor, where the first alone is larger); None: nothing.
 
     A draft's embeddings and heads, and its weights shared with the target (``plan.shared``), are not read
     ahead: whether the module reads them or the engine fills them from the target's (vLLM's shared
     embedding, a replaced head) is the answer's to say, and they are the largest tensors of a draft's plan
-    (1.85 GB each on DeepSeek-V3)."""
+    (1.85 GB each on DeepSeek-V3). Nor is a tensor of a layer the module does not hold (``held``: its
+    parameter and buffer names, :func:`holds_layer`): a target's MTP draft's layers where no table row
+    leaves them to the draft, another pipeline stage's."""
     if limit_bytes <= 0 or not plan.shards:
         return None
-    names, taken, uncertain = [], 0, plan.shared
+    names, taken, uncertain, holds = [], 0, plan.shared, holds_layer(held)
     for shard in plan.shards:
         for name, info in shard.tensors.items():
-            if (plan.names is not None and name not in plan.names) or name in uncertain or (
+            if (plan.names is not None and name not in plan.names) or name in uncertain or not holds(name) or (
                 plan.role == "draft" and EMBEDDING_OR_HEAD_PATTERN.search(name)
             ):
                 continue
@@ -71,4 +102,4 @@ def _of(plan: LoadPlan, names: frozenset[str]) -> LoadPlan:
     return replace(plan, names=names, shards=tuple(s for s in plan.shards if any(n in names for n in s.tensors)))
 
 
-__all__ = ["foreseen", "head", "rest"]
+__all__ = ["foreseen", "head", "holds_layer", "layer_of", "rest"]
