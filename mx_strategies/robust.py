@@ -277,7 +277,10 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
     def _read_ahead(resolution: Resolution, module: BuiltModule, settings: RobustSettings) -> ReadAhead:
         """runai reading the head of the foreseen load while the module is asked (:mod:`.plan.read_ahead`)."""
         foreseen = read_ahead.foreseen(resolution, module, settings) if settings.read_ahead_bytes else None
-        head = read_ahead.head(foreseen, settings.read_ahead_bytes, module.held) if foreseen is not None else None
+        head = None
+        if foreseen is not None:
+            uncertain = read_ahead.uncertain_names(resolution, module, settings)
+            head = read_ahead.head(foreseen, settings.read_ahead_bytes, module.held, uncertain=uncertain)
         return ReadAhead(head, settings, loader_extra_config=module.engine.loader_extra_config)
 
     @staticmethod

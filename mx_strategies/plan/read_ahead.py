@@ -18,15 +18,19 @@ never what is delivered.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Callable, Optional
 
-from ..errors import MxStrategiesError
+from ..errors import DraftPlanError, MxStrategiesError
 from ..inspect.sources import Resolution
 from ..select.built_module import BuiltModule
-from ..select.draft import EMBEDDING_OR_HEAD_PATTERN
+from ..select.draft import EMBEDDING_OR_HEAD_PATTERN, layer_layout, select_draft_tensors
 from ..settings import RobustSettings
 from .planning import LoadPlan, plan_resolved
+
+
+_PER_EXPERT = re.compile(r"\.experts\.\d+\.")
 
 
 def foreseen(resolution: Resolution, module: BuiltModule, settings: RobustSettings) -> Optional[LoadPlan]:
@@ -66,7 +70,13 @@ def holds_layer(held: Optional[frozenset[str]]) -> Callable[[str], bool]:
     return holds
 
 
-def head(plan: LoadPlan, limit_bytes: int, held: Optional[frozenset[str]] = None) -> Optional[LoadPlan]:
+def head(
+    plan: LoadPlan,
+    limit_bytes: int,
+    held: Optional[frozenset[str]] = None,
+    *,
+    uncertain: Callable[[str], bool] = lambda name: False,
+) -> Optional[LoadPlan]:
     """The first tensors of ``plan`` in its order (shards in load order, tensors by offset), at most
     ``limit_bytes`` of them (at least one tensor, where the first alone is larger); None: nothing.
 
@@ -75,21 +85,47 @@ def head(plan: LoadPlan, limit_bytes: int, held: Optional[frozenset[str]] = None
     embedding, a replaced head) is the answer's to say, and they are the largest tensors of a draft's plan
     (1.85 GB each on DeepSeek-V3). Nor is a tensor of a layer the module does not hold (``held``: its
     parameter and buffer names, :func:`holds_layer`): a target's MTP draft's layers where no table row
-    leaves them to the draft, another pipeline stage's."""
+    leaves them to the draft, another pipeline stage's. ``uncertain``: what else the caller cannot foresee
+    (:func:`uncertain_names`)."""
     if limit_bytes <= 0 or not plan.shards:
         return None
-    names, taken, uncertain, holds = [], 0, plan.shared, holds_layer(held)
+    names, taken, shared, holds = [], 0, plan.shared, holds_layer(held)
     for shard in plan.shards:
         for name, info in shard.tensors.items():
-            if (plan.names is not None and name not in plan.names) or name in uncertain or not holds(name) or (
+            if (plan.names is not None and name not in plan.names) or name in shared or not holds(name) or (
                 plan.role == "draft" and EMBEDDING_OR_HEAD_PATTERN.search(name)
-            ):
+            ) or uncertain(name):
                 continue
             if names and taken + info.nbytes > limit_bytes:
                 return _of(plan, frozenset(names))
             names.append(name)
             taken += info.nbytes
     return _of(plan, frozenset(names)) if names else None
+
+
+def uncertain_names(resolution: Resolution, module: BuiltModule, settings: RobustSettings) -> Callable[[str], bool]:
+    """The names of the chosen checkpoint whose reading only the module's answer can tell:
+
+    - for a target, what the generic MTP conventions (:mod:`..select.draft`) take for its draft's own
+      tensors (Qwen3-Next's ``mtp.*``, DeepSeek's NextN layers): a target with no table row would
+      otherwise foresee them as its own;
+    - per-expert tensors (``<...>.experts.<id>.``) where the engine runs more than one tensor-parallel rank
+      and the module's structure maps no experts to ranks (SGLang's redundant expert slots, EPLB without
+      the engine's rule): the rank may hold only some of them.
+    """
+    checks: list[Callable[[str], bool]] = []
+    engine, checkpoint = module.engine, resolution.checkpoint
+    if not engine.is_draft:
+        layout = layer_layout(checkpoint.config, engine.hf_config)
+        try:
+            selection = select_draft_tensors(set(checkpoint.tensors()), settings, layout, share_with_target=True)
+            drafts = frozenset(selection.names) - frozenset(selection.shared)
+            checks.append(drafts.__contains__)
+        except DraftPlanError:
+            pass  # no MTP tensors by any convention: nothing of a draft's to leave out
+    if engine.tensor_parallel_size > 1 and not (module.share is not None and module.share.local_experts):
+        checks.append(lambda name: _PER_EXPERT.search(name) is not None)
+    return lambda name: any(check(name) for check in checks)
 
 
 def rest(plan: LoadPlan, streamed: frozenset[str]) -> Optional[LoadPlan]:
@@ -102,4 +138,4 @@ def _of(plan: LoadPlan, names: frozenset[str]) -> LoadPlan:
     return replace(plan, names=names, shards=tuple(s for s in plan.shards if any(n in names for n in s.tensors)))
 
 
-__all__ = ["foreseen", "head", "holds_layer", "layer_of", "rest"]
+__all__ = ["foreseen", "head", "holds_layer", "layer_of", "rest", "uncertain_names"]
