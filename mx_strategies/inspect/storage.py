@@ -11,6 +11,7 @@ from the same environment variables runai reads.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import re
 import stat
@@ -381,28 +382,46 @@ def _s3_reader(timeout_s: float, max_attempts: int, env: tuple):
     return RangedReader(client, timeout_s=timeout_s, max_attempts=max_attempts, pool_size=S3_POOL_CONNECTIONS)
 
 
-def _etag(value: Optional[str]) -> Optional[str]:
-    return f"etag={value.strip(chr(34))}" if value else None
+def _etag(value: object) -> Optional[str]:
+    return f"etag={str(value).strip(chr(34))}" if value else None
 
 
-class GcsStore:
-    """Google Cloud Storage through the client runai's gcs extra installs."""
+def _import_create_client(module: str):
+    """``from <module> import _create_client``: ImportError when the extra, or that name in it, is missing."""
+    create_client = getattr(importlib.import_module(module), "_create_client", None)
+    if create_client is None:
+        raise ImportError(f"cannot import name '_create_client' from {module!r}")
+    return create_client
+
+
+class _BucketStore:
+    """What the GCS and Azure stores share: a bucket (an Azure container) through the client a runai extra
+    installs, every failure a StoreError naming the URI. A subclass says how its client opens the bucket
+    (``_open``), lists it (``_list_blobs``), reads a range (``_read_range``) and an object's metadata
+    (``_metadata``), and what identity a listed blob or that metadata gives (``_identity_of``)."""
+
+    scheme = ""  # GCS_PREFIX or AZURE_PREFIX
+    extra = ""  # the runai-model-streamer extra that installs the client
+    client_module = ""  # the extra's module whose _create_client builds the client
+    client_name = ""  # what the message says could not be created
+    missing_error: Optional[str] = None  # the name of the exception type a metadata read of a deleted object raises
 
     def __init__(self, uri: str) -> None:
         try:
-            from runai_model_streamer_gcs.files.files import _create_client
+            create_client = _import_create_client(self.client_module)
         except ImportError as exc:
-            raise StoreError(f"{uri}: install runai-model-streamer[gcs] to read gs:// sources") from exc
+            extra, scheme = self.extra, self.scheme
+            raise StoreError(f"{uri}: install runai-model-streamer[{extra}] to read {scheme} sources") from exc
         self.root = normalize_uri(uri)
-        self.bucket_name, self.prefix = _split_bucket(uri, GCS_PREFIX)
+        self.bucket_name, self.prefix = _split_bucket(uri, self.scheme)
         try:
-            self._bucket = _create_client().bucket(self.bucket_name)
+            self._bucket = self._open(create_client())
         except Exception as exc:  # missing credentials, bad config: no source, not a crash
-            raise StoreError(f"{uri}: cannot create a GCS client: {type(exc).__name__}: {exc}") from exc
+            raise StoreError(f"{uri}: cannot create {self.client_name}: {type(exc).__name__}: {exc}") from exc
 
     def list(self, max_depth: int) -> list[ObjectInfo]:
         try:
-            blobs = list(self._bucket.client.list_blobs(self.bucket_name, prefix=self.prefix))
+            blobs = list(self._list_blobs())
         except Exception as exc:
             raise StoreError(f"{self.root}: listing failed: {type(exc).__name__}: {exc}") from exc
         found = []
@@ -412,90 +431,87 @@ class GcsStore:
                 found.append(
                     ObjectInfo(
                         key=key,
-                        uri=f"gs://{self.bucket_name}/{blob.name}",
+                        uri=f"{self.scheme}{self.bucket_name}/{blob.name}",
                         size=int(blob.size),
-                        identity=_generation(blob),
+                        identity=self._identity_of(blob),
                     )
                 )
         return found
 
-    def read(self, obj: ObjectInfo, start: int, length: int) -> bytes:
-        if length <= 0:
-            return b""
-        name = obj.uri[len(f"gs://{self.bucket_name}/") :]
-        try:
-            return self._bucket.blob(name).download_as_bytes(start=start, end=start + length - 1)
-        except Exception as exc:
-            raise StoreError(f"{obj.uri}: ranged read failed: {type(exc).__name__}: {exc}") from exc
-
-    def identity(self, obj: ObjectInfo) -> Optional[str]:
-        name = obj.uri[len(f"gs://{self.bucket_name}/") :]
-        try:
-            blob = self._bucket.get_blob(name)
-        except Exception as exc:
-            raise StoreError(f"{obj.uri}: metadata read failed: {type(exc).__name__}: {exc}") from exc
-        return "deleted" if blob is None else _generation(blob)
-
-
-def _generation(blob) -> Optional[str]:
-    generation = getattr(blob, "generation", None)
-    if generation is not None:
-        return f"generation={generation}"
-    etag = getattr(blob, "etag", None)
-    return f"etag={etag}" if etag else None
-
-
-class AzureStore:
-    """Azure Blob through the client runai's azure extra installs."""
-
-    def __init__(self, uri: str) -> None:
-        try:
-            from runai_model_streamer_azure.files.files import _create_client
-        except ImportError as exc:
-            raise StoreError(f"{uri}: install runai-model-streamer[azure] to read az:// sources") from exc
-        self.root = normalize_uri(uri)
-        self.container_name, self.prefix = _split_bucket(uri, AZURE_PREFIX)
-        try:
-            self._container = _create_client().get_container_client(self.container_name)
-        except Exception as exc:  # missing credentials, bad config: no source, not a crash
-            raise StoreError(f"{uri}: cannot create an Azure client: {type(exc).__name__}: {exc}") from exc
-
-    def list(self, max_depth: int) -> list[ObjectInfo]:
-        try:
-            blobs = list(self._container.list_blobs(name_starts_with=self.prefix))
-        except Exception as exc:
-            raise StoreError(f"{self.root}: listing failed: {type(exc).__name__}: {exc}") from exc
-        found = []
-        for blob in blobs:
-            key = blob.name[len(self.prefix) :]
-            if key and not key.endswith("/") and _depth(key) <= max_depth:
-                etag = getattr(blob, "etag", None)
-                found.append(
-                    ObjectInfo(
-                        key=key,
-                        uri=f"az://{self.container_name}/{blob.name}",
-                        size=int(blob.size),
-                        identity=f"etag={str(etag).strip(chr(34))}" if etag else None,
-                    )
-                )
-        return found
+    def _name(self, obj: ObjectInfo) -> str:
+        """``obj``'s name in the bucket: its URI after the bucket's."""
+        return obj.uri[len(f"{self.scheme}{self.bucket_name}/") :]
 
     def read(self, obj: ObjectInfo, start: int, length: int) -> bytes:
         if length <= 0:
             return b""
-        name = obj.uri[len(f"az://{self.container_name}/") :]
+        name = self._name(obj)
         try:
-            return self._container.download_blob(name, offset=start, length=length).readall()
+            return self._read_range(name, start, length)
         except Exception as exc:
             raise StoreError(f"{obj.uri}: ranged read failed: {type(exc).__name__}: {exc}") from exc
 
     def identity(self, obj: ObjectInfo) -> Optional[str]:
-        name = obj.uri[len(f"az://{self.container_name}/") :]
+        name = self._name(obj)
         try:
-            properties = self._container.get_blob_client(name).get_blob_properties()
+            found = self._metadata(name)
         except Exception as exc:
-            if type(exc).__name__ == "ResourceNotFoundError":
+            if type(exc).__name__ == self.missing_error:
                 return "deleted"
             raise StoreError(f"{obj.uri}: metadata read failed: {type(exc).__name__}: {exc}") from exc
-        etag = getattr(properties, "etag", None)
-        return f"etag={str(etag).strip(chr(34))}" if etag else None
+        return self._identity_of(found)
+
+
+class GcsStore(_BucketStore):
+    """Google Cloud Storage through the client runai's gcs extra installs."""
+
+    scheme, extra, client_name = GCS_PREFIX, "gcs", "a GCS client"
+    client_module = "runai_model_streamer_gcs.files.files"
+
+    def _open(self, client):
+        return client.bucket(self.bucket_name)
+
+    def _list_blobs(self):
+        return self._bucket.client.list_blobs(self.bucket_name, prefix=self.prefix)
+
+    def _read_range(self, name: str, start: int, length: int) -> bytes:
+        return self._bucket.blob(name).download_as_bytes(start=start, end=start + length - 1)
+
+    def _metadata(self, name: str):
+        return self._bucket.get_blob(name)  # None when deleted
+
+    @staticmethod
+    def _identity_of(blob) -> Optional[str]:
+        """The blob's generation (its ETag where it has none); deleted when there is no blob."""
+        if blob is None:
+            return "deleted"
+        generation = getattr(blob, "generation", None)
+        if generation is not None:
+            return f"generation={generation}"
+        etag = getattr(blob, "etag", None)
+        return f"etag={etag}" if etag else None
+
+
+class AzureStore(_BucketStore):
+    """Azure Blob through the client runai's azure extra installs."""
+
+    scheme, extra, client_name = AZURE_PREFIX, "azure", "an Azure client"
+    client_module = "runai_model_streamer_azure.files.files"
+    missing_error = "ResourceNotFoundError"
+
+    def _open(self, client):
+        return client.get_container_client(self.bucket_name)
+
+    def _list_blobs(self):
+        return self._bucket.list_blobs(name_starts_with=self.prefix)
+
+    def _read_range(self, name: str, start: int, length: int) -> bytes:
+        return self._bucket.download_blob(name, offset=start, length=length).readall()
+
+    def _metadata(self, name: str):
+        return self._bucket.get_blob_client(name).get_blob_properties()
+
+    @staticmethod
+    def _identity_of(item) -> Optional[str]:
+        """A listed blob's or a blob's properties' ETag."""
+        return _etag(getattr(item, "etag", None))

@@ -160,39 +160,34 @@ class _Families:
             buckets=mx_metrics._XSLOW_BUCKETS,
             registry=registry,
         )
-        self.bytes_streamed = Counter(
-            "mx_robust_bytes_streamed_total",
+
+        def counter(name: str, labels: list[str], documentation: str) -> Counter:
+            """A counter in ``registry`` with ``labels`` and, last, the ``scheme`` label every family carries."""
+            return Counter(name, documentation, [*labels, "scheme"], registry=registry)
+
+        self.bytes_streamed = counter(
+            "mx_robust_bytes_streamed_total", ["role", "source_kind"],
             "Tensor bytes robust_model_streamer delivered to the model, by role and source kind (s3|gs|az|local).",
-            ["role", "source_kind", "scheme"],
-            registry=registry,
-        )
-        self.bytes_by_origin = Counter(
-            "mx_robust_bytes_by_origin_total",
+        )  # fmt: skip
+        self.bytes_by_origin = counter(
+            "mx_robust_bytes_by_origin_total", ["role", "origin"],
             "Of the bytes streamed: read from storage by this rank, or received from the other ranks "
             "(runai's distributed streaming). Absent for a load where runai did not say.",
-            ["role", "origin", "scheme"],
-            registry=registry,
-        )
-        self.tensors = Counter(
-            "mx_robust_tensors_total",
+        )  # fmt: skip
+        self.tensors = counter(
+            "mx_robust_tensors_total", ["role"],
             "Tensors robust_model_streamer delivered and verified, by role.",
-            ["role", "scheme"],
-            registry=registry,
-        )
-        self.selections = Counter(
-            "mx_robust_selections_total",
+        )  # fmt: skip
+        self.selections = counter(
+            "mx_robust_selections_total", ["role", "selection_source"],
             "Successful loads by what decided the tensors streamed: declared|dry_run|table|convention|whole.",
-            ["role", "selection_source", "scheme"],
-            registry=registry,
-        )
-        self.failures = Counter(
-            "mx_robust_failures_total",
+        )  # fmt: skip
+        self.failures = counter(
+            "mx_robust_failures_total", ["role", "reason", "outcome"],
             "Loads robust_model_streamer gave up, by reason (no_source|inconsistent_checkpoint|selection|"
             "completeness|ranks_disagree|streamer|other) and outcome: refused (the model untouched) or "
             "failed (the chain rebuilds it).",
-            ["role", "reason", "outcome", "scheme"],
-            registry=registry,
-        )
+        )  # fmt: skip
 
 
 _lock = threading.Lock()

