@@ -25,7 +25,7 @@ TARGET = [
 ]
 QWEN_HEAD = ["mtp.fc.weight", "mtp.layers.0.self_attn.q_proj.weight", "mtp.norm.weight"]
 DEEPSEEK_HEAD = ["model.layers.2.eh_proj.weight", "model.layers.2.enorm.weight", "model.layers.2.shared_head.norm.weight"]
-TWO_LAYERS_ONE_HEAD = LayerLayout(num_hidden_layers=2, num_nextn_layers=1)
+TWO_LAYERS_ONE_HEAD = LayerLayout(first=2, count=1)
 
 
 def select(names, *, layout=TWO_LAYERS_ONE_HEAD, share_with_target=True):

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from ..select import mtp_table
-from ..inspect.checkpoint import ERROR, WARNING, Checkpoint, ProbeLimits, Problem, Shard, inspect, natural_key
+from ..inspect.checkpoint import ERROR, WARNING, Checkpoint, ProbeLimits, Problem, Shard, inspect, loaded_shards, natural_key
 from ..select.draft import describe_conventions, layer_layout
 from ..engine import ENGINES, SGLANG, TRTLLM, VLLM, EngineView, missing_hooks
 from ..errors import (
@@ -38,8 +38,9 @@ from ..errors import (
     NoCheckpoint,
     NoStreamableSource,
 )
-from ..plan.planning import LoadPlan, loaded_shards, plan_for
+from ..plan.planning import LoadPlan, plan_of
 from ..select.built_module import BuiltModule
+from ..select.selection import LEFT_TO_DRAFT, Selection, select
 from ..settings import RobustSettings, env_name, load_settings
 from ..inspect.sources import Resolution, candidates, resolve
 from ..inspect.storage import (
@@ -95,7 +96,7 @@ class DoctorReport:
     draft: Optional[dict]
     chain: Optional[dict] = None
     settings: dict = field(default_factory=dict)
-    loaded: tuple[str, ...] = ()  # shard keys a target load streams, from planning.plan_for
+    loaded: tuple[str, ...] = ()  # shard keys a target load streams, from selection.select and planning.plan_of
     target: Optional[dict] = None  # what a target load streams (target_view)
     engine: Optional[dict] = None  # the engine planned for, and whether ModelExpress offers robust there
     modules: Optional[dict] = None  # --ask-module: what vLLM's target and draft modules read (module_build)
@@ -317,7 +318,7 @@ def engine_problems(support: dict) -> list[Problem]:
     ]
 
 
-def architecture_view(row: Optional[mtp_table.MtpArchitecture], plan: Optional[LoadPlan] = None) -> Optional[dict]:
+def architecture_view(row: Optional[mtp_table.MtpArchitecture], selection: Optional[Selection] = None) -> Optional[dict]:
     if row is None:
         return None
     return {
@@ -328,32 +329,44 @@ def architecture_view(row: Optional[mtp_table.MtpArchitecture], plan: Optional[L
         "override": row.override,
         "own_checkpoint": row.own_checkpoint,
         "where": mtp_table.describe(row),
-        "skipped": sorted(plan.skipped) if plan is not None else [],
+        "skipped": sorted(selection.skipped) if selection is not None else [],
     }
 
 
-def target_plan(checkpoint: Checkpoint, settings: RobustSettings, engine: str = VLLM) -> Optional[LoadPlan]:
-    """The target load's plan, as the strategy makes it (without a built model to cross-check)."""
+def planned(
+    checkpoint: Checkpoint, engine: EngineView, settings: RobustSettings, *, source_is_target: bool = True
+) -> tuple[Selection, LoadPlan]:
+    """A load's selection and plan, as the strategy makes them, without a built module to ask (the table and
+    the conventions answer here; a load asks the module itself)."""
+    selection = select(checkpoint, BuiltModule(engine), settings, source_is_target=source_is_target, ask=False)
+    return selection, plan_of(checkpoint, selection.names, settings)
+
+
+def target_plan(
+    checkpoint: Checkpoint, settings: RobustSettings, engine: str = VLLM
+) -> Optional[tuple[Selection, LoadPlan]]:
+    """The target load's selection and plan, as the strategy makes them (without a built model to cross-check)."""
     try:
-        return plan_for(checkpoint, BuiltModule(target_engine(engine)), settings, source_is_target=True)
+        return planned(checkpoint, target_engine(engine), settings)
     except InconsistentCheckpoint:
         return None
 
 
-def target_view(plan: Optional[LoadPlan], checkpoint: Checkpoint) -> Optional[dict]:
+def target_view(planned_target: Optional[tuple[Selection, LoadPlan]], checkpoint: Checkpoint) -> Optional[dict]:
     """What a target load streams: every tensor but the MTP draft's own layers (MX_ROBUST_TARGET_SELECTION)."""
-    if plan is None:
+    if planned_target is None:
         return None
+    selection, plan = planned_target
     return {
         "tensors": len(plan.expected),
         "bytes": plan.bytes,
         "checkpoint_bytes": checkpoint.data_bytes,
         "shards": plan.shard_keys,
-        "architecture": plan.architecture,
-        "left_to_draft": len(plan.left_to_draft),
-        "left_to_draft_bytes": plan.left_to_draft_bytes,
+        "architecture": selection.architecture,
+        "left_to_draft": len(selection.left_to_draft),
+        "left_to_draft_bytes": selection.left_bytes.get(LEFT_TO_DRAFT, 0),
         # doctor builds no module: the table or the conventions answer here; a load asks the module itself.
-        "selection_source": plan.selection_source,
+        "selection_source": selection.source,
     }
 
 
@@ -372,7 +385,7 @@ def draft_view(checkpoint: Checkpoint, settings: RobustSettings, engine_name: st
     try:
         # A draft with a checkpoint of its own (Gemma-4's assistant) loads this one whole.
         own = row is not None and row.own_checkpoint
-        plan = plan_for(checkpoint, BuiltModule(engine), settings, source_is_target=not own)
+        selection, plan = planned(checkpoint, engine, settings, source_is_target=not own)
     except InconsistentCheckpoint:
         return {"found": False, "conventions_tried": tried, "message": "the checkpoint has errors (see problems)",
                 "architecture": architecture_view(row)}
@@ -380,18 +393,18 @@ def draft_view(checkpoint: Checkpoint, settings: RobustSettings, engine_name: st
         return {"found": False, "conventions_tried": tried, "message": str(exc), "architecture": architecture_view(row)}
     return {
         "found": True,
-        "convention": plan.convention or (row.key if row is not None else None),
+        "convention": selection.convention or (row.key if row is not None else None),
         "conventions_tried": tried,
-        "num_hidden_layers": layout.num_hidden_layers,
-        "num_nextn_layers": layout.num_nextn_layers,
+        "num_hidden_layers": layout.first,
+        "num_nextn_layers": layout.count,
         "tensors": len(plan.expected),
         "bytes": plan.bytes,
         "checkpoint_bytes": checkpoint.data_bytes,
         "shards": plan.shard_keys,
         "names": sorted(plan.expected),
-        "shared_weights": sorted(plan.shared),
-        "architecture": architecture_view(row, plan),
-        "selection_source": plan.selection_source,
+        "shared_weights": sorted(selection.shared),
+        "architecture": architecture_view(row, selection),
+        "selection_source": selection.source,
     }
 
 
@@ -469,7 +482,8 @@ def diagnose(
     """Inspect ``uri`` and/or the source chain; raise DoctorUsageError for exit 2.
 
     The chain's pick is reported from the probe the chain made (no second
-    inspection); what loads comes from :mod:`mx_strategies.plan.planning`, as in
+    inspection); what loads comes from :mod:`mx_strategies.select.selection` and
+    :mod:`mx_strategies.plan.planning`, as in
     the strategy.
     """
     if settings is None:
@@ -511,10 +525,11 @@ def diagnose(
     loaded: tuple[str, ...] = ()
     if checkpoint is not None:
         draft = draft_view(checkpoint, settings, engine)
-        plan = target_plan(checkpoint, settings, engine)
-        target = target_view(plan, checkpoint)
+        planned_target = target_plan(checkpoint, settings, engine)
+        target = target_view(planned_target, checkpoint)
         # A checkpoint with errors is not loaded; its shards still show what a load would stream.
-        loaded = tuple(plan.shard_keys) if plan is not None else tuple(s.key for s in loaded_shards(checkpoint, settings))
+        shards = planned_target[1].shards if planned_target is not None else loaded_shards(checkpoint, settings)
+        loaded = tuple(s.key for s in shards)
     modules = None
     if ask_module and checkpoint is not None:
         if engine != VLLM:

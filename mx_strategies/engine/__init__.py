@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..releases import ENGINES, SGLANG, TRTLLM, VLLM
-from .sglang import bypassed_features, sglang_view
+from .sglang import bypassed_features, sglang_view, withhold_sglang_draft
 from .view import (
     MTP_METHODS,
     EngineView,
@@ -54,5 +54,6 @@ __all__ = [
     "missing_hooks",
     "model_identity",
     "sglang_view",
+    "withhold_sglang_draft",
     "vllm_view",
 ]

@@ -111,6 +111,19 @@ def sglang_view(ctx: Any) -> EngineView:
     )
 
 
+def withhold_sglang_draft(ctx: Any, engine: EngineView) -> Optional[str]:
+    """ModelExpress 0.7 builds an SGLang draft's identity from its model_path, the target's: published for
+    peer-to-peer transfer, its tensors would be offered to peers as the target's (0.8 publishes drafts under
+    a namespace). Switches the draft's publication off (``ctx.p2p_enabled``) and says so; None: nothing to do."""
+    if not (engine.engine == SGLANG and engine.is_draft and getattr(ctx, "p2p_enabled", False)):
+        return None
+    ctx.p2p_enabled = False
+    return (
+        f"SGLang draft: not published for peer-to-peer transfer (ModelExpress gives it the target's identity, "
+        f"model_path {getattr(ctx.model_config, 'model_path', None)!r})"
+    )
+
+
 def _index(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
@@ -134,4 +147,4 @@ def bypassed_features(model: Any) -> list[str]:
     ]
 
 
-__all__ = ["bypassed_features", "is_mtp_draft", "method_of", "sglang_view"]
+__all__ = ["bypassed_features", "is_mtp_draft", "method_of", "sglang_view", "withhold_sglang_draft"]

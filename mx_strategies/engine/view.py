@@ -1,7 +1,7 @@
 """What a load plan needs to know about the engine, as one value: :class:`EngineView`.
 
 Each engine's reader (:mod:`.vllm`, :mod:`.sglang`) makes one from ModelExpress's
-``LoadContext``; everything downstream (planning, completeness, the strategy,
+``LoadContext``; everything downstream (the selection, completeness, the strategy,
 doctor) reads the view, never the engine's objects. The helpers here are the
 parts every reader shares, and what the model itself says (``declared_unused``,
 ``held_names``).
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from ..releases import SGLANG, TRTLLM, VLLM
+from .config import config_get
 
 MTP_METHODS = ("mtp",)
 
@@ -102,9 +103,8 @@ def model_identity(hf_config: Any) -> tuple[tuple[str, ...], Optional[str]]:
     """``(architectures, model_type)`` of an hf_config (object or mapping); empty when unknown."""
     if hf_config is None:
         return (), None
-    get = hf_config.get if isinstance(hf_config, Mapping) else lambda key: getattr(hf_config, key, None)
-    architectures = get("architectures")
-    model_type = get("model_type")
+    architectures = config_get(hf_config, "architectures")
+    model_type = config_get(hf_config, "model_type")
     if not isinstance(architectures, (list, tuple)):
         architectures = ()
     return (
@@ -144,7 +144,7 @@ def held_names(model: Any) -> Optional[frozenset[str]]:
 
     The model's structure is the last word on whether a checkpoint tensor can
     be its: a target that holds a parameter under an MTP layer's prefix keeps
-    that layer in its plan (``planning.target_selection``).
+    that layer in its plan (``selection.select``).
     """
     if not hasattr(model, "named_parameters"):
         return None

@@ -16,9 +16,9 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Collection, Iterable, Mapping, Optional
 
-from ..errors import NoCheckpoint, StoreError
+from ..errors import NoCheckpoint, StoreError, listed
 from .jsonread import JsonRejected, read_json
 from ..settings import RobustSettings
 from .storage import ObjectInfo, Store, open_store
@@ -220,6 +220,13 @@ class Checkpoint:
 
     def shard_of(self) -> dict[str, Shard]:
         return {name: s for s in self.loadable_shards for name in s.tensors}
+
+
+def loaded_shards(checkpoint: Checkpoint, settings: Any, names: Optional[Collection[str]] = None) -> list[Shard]:
+    """The shards a load streams, in load order: readable, empty ones only where not skipped
+    (``MX_ROBUST_SKIP_EMPTY_SHARDS``); given ``names``, only those holding at least one of them."""
+    shards = [s for s in checkpoint.shards if s.readable and (s.tensors or not settings.skip_empty_shards)]
+    return shards if names is None else [s for s in shards if any(n in names for n in s.tensors)]
 
 
 def natural_key(name: str) -> list:
@@ -502,18 +509,16 @@ def inspect(store: Store, max_depth: int, limits: Optional[ProbeLimits] = None) 
     try:
         index_problems: list[Problem] = []
         config_problems: list[Problem] = []
-        index_read = (
-            pool.submit(_read_json, store, index_obj, index_problems, "corrupt_index", limits.index_bytes,
-                        "MX_ROBUST_MAX_INDEX_BYTES")
-            if index_obj
-            else None
-        )  # fmt: skip
-        config_read = (
-            pool.submit(_read_json, store, config_obj, config_problems, "corrupt_config", limits.config_bytes,
-                        "MX_ROBUST_MAX_CONFIG_BYTES")
-            if config_obj
-            else None
-        )  # fmt: skip
+
+        def submit_json(obj: Optional[ObjectInfo], problems: list[Problem], kind: str, cap: int, cap_name: str):
+            return pool.submit(_read_json, store, obj, problems, kind, cap, cap_name) if obj else None
+
+        index_read = submit_json(
+            index_obj, index_problems, "corrupt_index", limits.index_bytes, "MX_ROBUST_MAX_INDEX_BYTES"
+        )
+        config_read = submit_json(
+            config_obj, config_problems, "corrupt_config", limits.config_bytes, "MX_ROBUST_MAX_CONFIG_BYTES"
+        )
         headers = {
             key: pool.submit(read_header, store, obj, limits)
             for key, obj in ((o.key, o) for o in objects if o.key in local_shards)
@@ -656,6 +661,20 @@ def source_changes(source: str, shards, settings: RobustSettings) -> tuple[list[
     return changed, unknown
 
 
+def unreachable(
+    checkpoint: Checkpoint, settings: RobustSettings, names: Optional[Collection[str]], *, besides: Collection[str] = ()
+) -> Optional[str]:
+    """Why this process cannot stream the shards of ``checkpoint`` holding ``names`` (None: every loaded shard)
+    as they were inspected, other than the shards in ``besides`` (keys); None: it can. A file it cannot read,
+    or one changed since: what a rank checks of the files another rank inspected."""
+    shards = [s for s in loaded_shards(checkpoint, settings, names) if s.key not in besides]
+    if not shards:
+        return None
+    changed, unknown = source_changes(checkpoint.uri, shards, settings)
+    problems = [f"changed since rank 0 inspected it: {c}" for c in changed] + [f"cannot read: {u}" for u in unknown]
+    return listed(problems, 3, "; ") if problems else None
+
+
 __all__ = [
     "Checkpoint",
     "DTYPE_BITS",
@@ -668,7 +687,9 @@ __all__ = [
     "inspect",
     "natural_key",
     "runai_dtypes",
+    "loaded_shards",
     "source_changes",
+    "unreachable",
     "runai_packing",
     "storage_shape",
 ]

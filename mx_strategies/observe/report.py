@@ -10,10 +10,18 @@ strategy's internals. In an engine worker, ``recent_reports()`` is what a
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:  # the parts a report is built from (:func:`report_of`); none of them imported to run
+    from ..inspect.sources import Resolution
+    from ..plan.distributed import RankShares
+    from ..plan.planning import LoadPlan, PlannedLoad
+    from ..select.selection import Selection
+    from ..stream.streaming import VerifiedStream
 
 METADATA_KEY = "robust_model_streamer"
 RECENT_LIMIT = 32  # reports kept per process: a target, a draft and their retries fit many times over
@@ -74,7 +82,8 @@ class LoadReport:
     # The tensor bytes that reached this rank: bytes_streamed, plus the tensors of the other ranks of its host when
     # their shares differ (the host streams their union once; each rank feeds its model its own). None: as streamed.
     bytes_carried: Optional[int] = None
-    # Read by runai while the module was asked (the foreseen load's head, mx_strategies.plan.read_ahead), and of
+    # Read by runai while the module was asked (the head of the selection made without
+    # asking, mx_strategies.select.selection.Selection.uncertain), and of
     # those the bytes the answered plan did not hold: dropped, never delivered.
     read_ahead_bytes: int = 0
     read_ahead_discarded_bytes: int = 0
@@ -130,6 +139,87 @@ class LoadReport:
         )
 
 
+def planned_lines(load: "PlannedLoad") -> list[tuple[int, str]]:
+    """A load's log lines before it streams, (level, message), from its own values: its source, what
+    inspection noticed, the selection, and a host's union where the ranks' shares differ."""
+    role, plan, carrier, shares = load.selection.role, load.plan, load.carrier, load.shares
+    lines = [(logging.INFO, f"{role} source: {load.resolution.trail()}")]
+    lines += [(logging.INFO, f"{p.kind}: {p.message}") for p in load.resolution.checkpoint.problems]
+    lines += load.selection.lines(len(plan.expected))
+    if shares is not None and carrier is not None:
+        lines.append((logging.INFO, (
+            f"{role}: the ranks of this host ({list(shares.host_ranks)}) read different shares; streaming their "
+            f"union once ({len(carrier.expected)} tensors, {carrier.bytes} bytes) and feeding this rank's model "
+            f"its own {len(plan.expected)} ({plan.bytes} bytes)"
+        )))  # fmt: skip
+    return lines
+
+
+def load_timings(started: float, planned: float, streamed: float, finished: float, stream: "VerifiedStream") -> dict[str, float]:
+    """A load's phases in seconds, from its clock readings (``time.perf_counter``) and the stream's own."""
+    return {
+        "resolve": planned - started,
+        "stream": streamed - planned,
+        "post_load": finished - streamed,  # on ModelExpress 0.8 from the end of load() to the end of finalize()
+        "total": finished - started,
+        "verify": stream.verify_seconds,  # verify and completeness lie inside stream
+        "completeness": streamed - (stream.closed_at or streamed),
+    }
+
+
+def report_of(
+    rank: int,
+    resolution: "Resolution",
+    selection: "Selection",
+    plan: "LoadPlan",
+    stream: "VerifiedStream",
+    timings: dict[str, float],
+    shares: "Optional[RankShares]" = None,
+) -> LoadReport:
+    """One load's report, from its typed parts: where it came from, what was selected and why, what the
+    plan streamed, what the stream saw, and who read what."""
+    from ..select.selection import LEFT_TO_DRAFT, NOT_HELD, NOT_READ  # the kinds, where the selection names them
+
+    checkpoint = resolution.checkpoint
+    left_bytes = selection.left_bytes
+    return LoadReport(
+        role=selection.role,
+        rank=rank,
+        source=resolution.candidate.uri,
+        source_label=resolution.candidate.label,
+        rejected=tuple(Rejected(r.candidate.label, r.candidate.uri, r.reason) for r in resolution.rejected),
+        convention=selection.convention,
+        shards=tuple(plan.shard_keys),
+        tensors=len(plan.expected),
+        bytes_streamed=plan.bytes,
+        checkpoint_bytes=checkpoint.data_bytes,
+        metadata_bytes=checkpoint.metadata_bytes,
+        distributed=stream.distributed,
+        delivery_order=stream.delivery_order,
+        held_peak_bytes=stream.held_peak_bytes,
+        timings=timings,
+        unused_by_model=tuple(sorted(selection.unused_by_model)),
+        architecture=selection.architecture,
+        left_to_draft=len(selection.left_to_draft),
+        left_to_draft_bytes=left_bytes.get(LEFT_TO_DRAFT, 0),
+        bytes_from_storage=stream.bytes_from_storage,
+        selection_source=selection.source,
+        module_class=selection.module_class,
+        selection_note=selection.note,
+        selection_seconds=selection.seconds,
+        selection_cached=selection.cached,
+        left_out=len(selection.reasons),
+        left_out_bytes=left_bytes.get(NOT_READ, 0),
+        not_held=len(selection.not_held),
+        not_held_bytes=left_bytes.get(NOT_HELD, 0),
+        bytes_carried=None if shares is None else stream.bytes_carried,
+        read_ahead_bytes=stream.read_ahead_bytes,
+        read_ahead_discarded_bytes=stream.bytes_discarded,
+        host_ranks=() if shares is None else shares.host_ranks,
+        ranks=() if shares is None else tuple((r.rank, r.host, r.tensors, r.bytes) for r in shares.ranks),
+    )
+
+
 @dataclass(frozen=True)
 class LoadFailure:
     """A load the strategy gave up, as the chain was told (``StrategyFailed``)."""
@@ -151,6 +241,15 @@ def record(report: "LoadReport | LoadFailure") -> dict:
     return data
 
 
+def attach(report: LoadReport, *results: Any) -> dict:
+    """Record ``report`` (:func:`record`) and put it in each result's ``metadata`` under :data:`METADATA_KEY`:
+    the chain's envelope carries it, and so does the adapter's result where it made a new one."""
+    entry = record(report)
+    for result in results:
+        result.metadata[METADATA_KEY] = entry
+    return entry
+
+
 def recent_reports() -> list[dict]:
     """This process's latest loads, oldest first (at most RECENT_LIMIT).
 
@@ -166,4 +265,4 @@ def clear_reports() -> None:
         _recent.clear()
 
 
-__all__ = ["LoadFailure", "LoadReport", "METADATA_KEY", "Rejected", "clear_reports", "recent_reports", "record"]
+__all__ = ["LoadFailure", "LoadReport", "METADATA_KEY", "Rejected", "attach", "clear_reports", "recent_reports", "load_timings", "planned_lines", "record", "report_of"]

@@ -27,11 +27,15 @@ from __future__ import annotations
 import hashlib
 import socket
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, NamedTuple, Optional, Sequence, TypeVar
 
 import numpy as np
 
-from ..errors import MxStrategiesError, RanksDisagree, listed
+from ..errors import MxStrategiesError, RanksDisagree
+from ..inspect.checkpoint import loaded_shards, unreachable
+from ..inspect.sources import Candidate, Resolution, resolve
+from ..select.selection import Selection
+from ..settings import RobustSettings
 
 Plan = TypeVar("Plan")
 
@@ -107,22 +111,6 @@ def distributes(engine: Any, enabled: bool) -> tuple[bool, str]:
             "so the other stages' ranks cannot stream with it; each of its ranks streams its own"
         )
     return True, ""
-
-
-def sees_same_files(settings) -> Callable[[tuple], Optional[str]]:
-    """The per-rank check: this rank reaches every planned shard, and each is the file rank 0 inspected."""
-    from ..inspect.checkpoint import source_changes
-
-    def check(planned: tuple) -> Optional[str]:
-        _, plan = planned
-        changed, unknown = source_changes(plan.source, list(plan.shards), settings)
-        problems = [f"changed since rank 0 inspected it: {c}" for c in changed]
-        problems += [f"cannot read: {u}" for u in unknown]
-        if not problems:
-            return None
-        return listed(problems, 3, "; ")
-
-    return check
 
 
 @dataclass(frozen=True)
@@ -215,4 +203,51 @@ def agreed_shares(
     return RankShares(rank, frozenset(own), carried, host_ranks, reads)
 
 
-__all__ = ["RankRead", "RankShares", "RanksDisagree", "agreed_plan", "agreed_shares", "distributes", "sees_same_files"]
+class AgreedSelection(NamedTuple):
+    """What every rank agreed to: rank 0's source, this rank's own selection of it, every rank's share."""
+
+    resolution: Resolution
+    selection: Selection
+    shares: RankShares
+
+
+def agreed_selection(
+    adapter: Any,
+    rank: int,
+    cands: list[Candidate],
+    module: Any,
+    settings: RobustSettings,
+    select: Callable[[Resolution, Any, RobustSettings], Selection],
+) -> AgreedSelection:
+    """Rank 0 resolves and selects (``select``: :func:`..select.selection.select_resolved`, asking ``module``,
+    the :class:`..select.built_module.BuiltModule`); every rank checks
+    it reaches the files rank 0's selection streams, selects its own share of rank 0's checkpoint, and the
+    ranks exchange their shares. Raises RanksDisagree (``mutated=False``) on every rank alike when any rank
+    cannot take part; a rank that cannot select still joins the exchange, so all refuse together, never
+    a hang."""
+
+    def decide() -> tuple[Resolution, Selection]:
+        resolution = resolve(cands, settings)
+        return resolution, select(resolution, module, settings)
+
+    def reaches(decided: tuple[Resolution, Selection]) -> Optional[str]:
+        return unreachable(decided[0].checkpoint, settings, decided[1].names)
+
+    resolution, selection = agreed_plan(adapter, rank, decide, reaches)
+    checkpoint, refusal = resolution.checkpoint, None
+    if rank != 0:  # rank 0's selection is rank 0's share; every other rank selects its own
+        checked = {s.key for s in loaded_shards(checkpoint, settings, selection.names)}  # rank 0's, checked already
+        try:
+            selection = select(resolution, module, settings)
+            refusal = unreachable(checkpoint, settings, selection.names, besides=checked)  # the files only it reads
+        except MxStrategiesError as exc:
+            refusal = str(exc)
+    # Every rank's share is a subset of the loaded shards' tensors (in load order; an empty shard holds none).
+    universe = list(checkpoint.tensors().values())
+    own = None if refusal else frozenset(t.name for t in universe if selection.names is None or t.name in selection.names)
+    shares = agreed_shares(adapter, rank, [t.name for t in universe], [t.nbytes for t in universe], own, refusal)
+    return AgreedSelection(resolution, selection, shares)
+
+
+__all__ = ["AgreedSelection", "RankRead", "RankShares", "RanksDisagree", "agreed_plan", "agreed_selection",
+           "agreed_shares", "distributes"]

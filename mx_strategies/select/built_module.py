@@ -1,11 +1,11 @@
-"""The module the engine built, and the engine around it: what planning asks of them, in one object.
+"""The module the engine built, and the engine around it: what the selection asks of them, in one object.
 
 A load asks the built module everything it needs before a byte streams, and
 asks it once (:meth:`BuiltModule.of`):
 
 - what it reads from the chosen checkpoint, and which region of which
   parameter each name fills (:mod:`.module_reads`, on an isolated twin;
-  asked when planning has chosen its checkpoint, then kept for the load);
+  asked when the load has chosen its checkpoint, then kept for the load);
 - what it declares: ``is_unused_checkpoint_weight``, its parameter and
   buffer names (:mod:`.engine`);
 - its rank's share: pipeline-missing layers, expert map, EPLB
@@ -14,14 +14,13 @@ asks it once (:meth:`BuiltModule.of`):
 - SGLang's features robust's stream would bypass (:func:`.engine.bypassed_features`);
 - its :mod:`.mtp_table` row, matched once.
 
-Planning (:mod:`.planning`) takes this one object; doctor and scripts, which
+The selection (:mod:`.selection`) takes this one object; doctor and scripts, which
 have no module, make one of the engine alone (``BuiltModule(engine)``), and
 the table and the conventions answer for it.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -65,8 +64,8 @@ class BuiltModule:
 
     @classmethod
     def of(cls, model: Any, engine: EngineView, settings: RobustSettings, rank: int) -> "BuiltModule":
-        """Everything ``model`` (built by ``engine``, on this ``rank``) answers for planning; the reads are asked
-        of an isolated twin when planning has chosen its checkpoint (:meth:`reads`)."""
+        """Everything ``model`` (built by ``engine``, on this ``rank``) answers for the selection; the reads are asked
+        of an isolated twin when the load has chosen its checkpoint (:meth:`reads`)."""
         if model is None:
             return cls(engine)
         unused = declared_unused(model)
@@ -102,13 +101,6 @@ class BuiltModule:
         if checkpoint.uri not in self._answers:
             self._answers[checkpoint.uri] = self.question(checkpoint)
         return self._answers[checkpoint.uri]
-
-    def unasked(self) -> "BuiltModule":
-        """The same module with its reads unknown: what planning foresees before the question
-        (:mod:`..plan.read_ahead`), as doctor plans. Its row and declarations are this one's."""
-        foresight = copy.copy(self)  # not dataclasses.replace: the row stays matched once per load
-        foresight.question, foresight._answers = None, {}
-        return foresight
 
     def row(self, checkpoint: Optional[Checkpoint] = None) -> Optional[mtp_table.MtpArchitecture]:
         """The :mod:`.mtp_table` row of this load: a draft's own, or the row of a target's MTP draft (the

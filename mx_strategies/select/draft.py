@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
+from ..engine.config import LayerLayout
+from ..engine.config import layer_layout as read_layer_layout
 from ..inspect.checkpoint import NEXTN_COUNT_KEYS
 from ..errors import DraftPlanError
 from ..settings import RobustSettings
@@ -31,14 +33,6 @@ SHARED_WEIGHT_PATTERN = re.compile(r"(^|\.)(embed_tokens\.weight|lm_head\.weight
 # A draft's embedding or output head, at any depth (DeepSeek's per-layer embed_tokens and shared_head.head):
 # the engine may fill it from the target's, which only the module's answer says.
 EMBEDDING_OR_HEAD_PATTERN = re.compile(r"(^|\.)(embed_tokens|lm_head|head)\.weight$")
-
-
-@dataclass(frozen=True)
-class LayerLayout:
-    """What the nextn convention needs from the model's config."""
-
-    num_hidden_layers: Optional[int]
-    num_nextn_layers: Optional[int]
 
 
 @dataclass
@@ -52,42 +46,18 @@ class DraftSelection:
         return "+".join(self.conventions)
 
 
-def _lookup(config: Any, key: str) -> Any:
-    if config is None:
-        return None
-    if isinstance(config, Mapping):
-        value = config.get(key)
-        if value is None and isinstance(config.get("text_config"), Mapping):
-            value = config["text_config"].get(key)
-        return value
-    value = getattr(config, key, None)
-    if value is None:
-        value = getattr(getattr(config, "text_config", None), key, None)
-    return value
-
-
 def layer_layout(*configs: Any) -> LayerLayout:
-    """First config (checkpoint config.json, engine hf_config...) that knows each value."""
-    hidden = nextn = None
-    for config in configs:
-        value = _lookup(config, "num_hidden_layers")
-        if isinstance(value, int) and not isinstance(value, bool) and (hidden is None or hidden == 0 < value):
-            hidden = value  # a later config's real count beats a draft's forced 0
-        if nextn is None:
-            for key in NEXTN_COUNT_KEYS:
-                value = _lookup(config, key)
-                if isinstance(value, int) and value > 0:
-                    nextn = value
-                    break
-    return LayerLayout(hidden, nextn)
+    """N and the NextN layer count for the conventions, each from the first config (the checkpoint's
+    config.json, the engine's hf_config...) that knows it (:func:`..engine.config.layer_layout`)."""
+    return read_layer_layout([(f"config {i + 1}", config) for i, config in enumerate(configs)], NEXTN_COUNT_KEYS)
 
 
 def _nextn_prefixes(layout: LayerLayout) -> tuple[str, ...]:
-    if not layout.num_hidden_layers or not layout.num_nextn_layers:
+    if not layout.first or not layout.count:
         return ()
     return tuple(
-        f"{prefix}{layout.num_hidden_layers + i}."
-        for i in range(layout.num_nextn_layers)
+        f"{prefix}{layout.first + i}."
+        for i in range(layout.count)
         for prefix in LAYER_PREFIXES
     )
 
@@ -110,7 +80,7 @@ def describe_conventions(settings: RobustSettings, layout: LayerLayout) -> str:
     for name, prefixes in convention_prefixes(settings, layout).items():
         if prefixes:
             parts.append(f"{name} ({', '.join(p + '*' for p in prefixes[:3])}{', ...' if len(prefixes) > 3 else ''})")
-        elif name == "nextn_layers" and layout.num_hidden_layers == 0:
+        elif name == "nextn_layers" and layout.first == 0:
             parts.append(
                 f"{name} (the draft's config says num_hidden_layers=0, as vLLM sets it for drafts that "
                 "number their MTP layers from 0; the target's layer count is in the checkpoint's "
@@ -120,8 +90,8 @@ def describe_conventions(settings: RobustSettings, layout: LayerLayout) -> str:
             lacking = [
                 key
                 for key, value in (
-                    ("num_hidden_layers", layout.num_hidden_layers),
-                    ("num_nextn_predict_layers", layout.num_nextn_layers),
+                    ("num_hidden_layers", layout.first),
+                    ("num_nextn_predict_layers", layout.count),
                 )
                 if value is None
             ]

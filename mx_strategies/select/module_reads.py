@@ -1,6 +1,6 @@
 """The one question asked of the module the engine built: what does it read from this checkpoint?
 
-Planning (:mod:`.planning`) asks it once per load, for targets and drafts,
+The selection (:mod:`.selection`) asks it once per load, for targets and drafts,
 on vLLM and SGLang, and gets one answer, :class:`ModuleReads`: the names,
 which source answered (``selection_source``) and what was left out and why.
 The sources, in order:
@@ -18,7 +18,7 @@ The sources, in order:
    naming the class and the reason;
 3. ``convention``: the generic MTP naming conventions of :mod:`.draft`.
 
-Sources 2 and 3 are decided in :mod:`.planning` (they need no model); this
+Sources 2 and 3 are decided in :mod:`.selection` (they need no model); this
 module answers 1, or says why it could not (:class:`Unanswered`).
 
 The answer is cached (:mod:`.reads_cache`): a restart with the same class,

@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Optional
 
+from ..engine.config import LayerLayout, config_get, layer_layout
 from ..engine.sglang import SGLANG_MTP_METHODS
 from ..releases import SGLANG, VLLM, installed_release
 
@@ -85,7 +86,7 @@ class MtpArchitecture:
     own_checkpoint: bool = False  # the draft has a checkpoint of its own
     methods: tuple[str, ...] = ("mtp",)
     # The target's architectures / model types the engine makes this draft for (doctor's key, and what a target
-    # whose module cannot be asked leaves to its draft: planning.target_selection).
+    # whose module cannot be asked leaves to its draft: selection.select).
     targets: tuple[str, ...] = ()
     # The first release (major, minor) of its engine whose class this row describes; None: every release.
     since: Optional[tuple[int, ...]] = None
@@ -435,13 +436,9 @@ def match_target(config: Any, *, vllm: Any = _INSTALLED, engine: str = VLLM) -> 
     """
     if config is None:
         return None
-
-    def get(obj: Any, name: str) -> Any:
-        return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
-
-    architectures = get(config, "architectures") or []
+    architectures = config_get(config, "architectures") or []
     first = architectures[0] if isinstance(architectures, (list, tuple)) and architectures else None
-    model_type = get(config, "model_type")
+    model_type = config_get(config, "model_type")
     for row in rows_for(vllm, engine=engine):
         if first in row.targets or model_type in row.targets:
             return row
@@ -451,79 +448,20 @@ def match_target(config: Any, *, vllm: Any = _INSTALLED, engine: str = VLLM) -> 
 # -- reading the layer layout -------------------------------------------------
 
 
-def _lookup(config: Any, key: str, text_first: bool) -> Any:
-    if config is None:
-        return None
-
-    def get(obj: Any, name: str) -> Any:
-        if isinstance(obj, Mapping):
-            return obj.get(name)
-        return getattr(obj, name, None)
-
-    text = get(config, "text_config")
-    order = (text, config) if text_first else (config, text)
-    for source in order:
-        if source is None:
-            continue
-        value = get(source, key)
-        if value is not None:
-            return value
-    return None
-
-
-@dataclass(frozen=True)
-class RowLayout:
-    """N, the number of MTP layers, and the MTP layer indices a row's draft reads."""
-
-    first: Optional[int]
-    count: Optional[int]
-    first_from: str  # where N came from (for messages and doctor)
-    count_from: str
-
-    def indices(self, row: MtpArchitecture) -> list[int]:
-        if self.first is None or self.count is None:
-            return []
-        built = self.count if row.layers_built is None else min(self.count, row.layers_built)
-        return [self.first + i for i in range(built)]
-
-    def all_indices(self) -> list[int]:
-        if self.first is None or self.count is None:
-            return []
-        return [self.first + i for i in range(self.count)]
-
-    def for_runner(self, index: int) -> "RowLayout":
-        """The layout of the draft runner that serves MTP layer ``index`` alone (SGLang's draft_model_idx)."""
-        if self.first is None or self.count is None:
-            return self
-        return RowLayout(self.first + index, max(self.count - index, 0), self.first_from, self.count_from)
-
-
-def row_layout(row: MtpArchitecture, *configs: tuple[str, Any]) -> RowLayout:
-    """N and the MTP layer count for ``row``, from ``(label, config)`` pairs in priority order.
+def row_layout(row: MtpArchitecture, *configs: tuple[str, Any]) -> LayerLayout:
+    """N and the MTP layer count for ``row``, from ``(label, config)`` pairs in priority order
+    (:func:`..engine.config.layer_layout`, reading the text config first where the row's class does).
 
     Pass the config the draft class reads first: the target's (vLLM builds the draft with the
-    target's VllmConfig), then the checkpoint's config.json, then the draft's own.
+    target's VllmConfig), then the checkpoint's config.json, then the draft's own. An ``indexed`` row
+    numbers its layers from 0; a row whose class assumes a count has it where no config says one.
     """
-    first: Optional[int] = None
-    first_from = "not found"
+    layout = layer_layout(configs, row.count_keys, text_first=row.text_config)
     if row.layout == "indexed":
-        first, first_from = 0, "layers indexed from 0"
-    count = None
-    count_from = "not found"
-    for label, config in configs:
-        if first is None:
-            value = _lookup(config, "num_hidden_layers", row.text_config)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                first, first_from = value, f"num_hidden_layers of {label}"
-        if count is None:
-            for key in row.count_keys:
-                value = _lookup(config, key, row.text_config)
-                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                    count, count_from = value, f"{key} of {label}"
-                    break
-    if count is None and row.default_count is not None:
-        count, count_from = row.default_count, "the class's default"
-    return RowLayout(first, count, first_from, count_from)
+        layout = replace(layout, first=0, first_from="layers indexed from 0")
+    if layout.count is None and row.default_count is not None:
+        layout = replace(layout, count=row.default_count, count_from="the class's default")
+    return layout
 
 
 # -- selection -----------------------------------------------------------------
@@ -566,7 +504,7 @@ def _own_matcher(row: MtpArchitecture, indices: list[int]) -> Callable[[str], bo
 def select(
     row: MtpArchitecture,
     names: Iterable[str],
-    layout: RowLayout,
+    layout: LayerLayout,
     *,
     shares_target_weights: bool,
     shared_policy: str = "auto",
@@ -583,8 +521,8 @@ def select(
     ``heads_replaced``: the engine's word on the draft's heads (False: it keeps them, whatever the row says).
     """
     names = list(names)
-    built = layout.indices(row)
-    everything = layout.all_indices() if row.layout != "prefix" else built
+    built = layout.indices(row.layers_built)
+    everything = layout.indices() if row.layout != "prefix" else built
     skipped: dict[str, str] = {}
     in_layers = _own_matcher(row, everything)
     in_built = _own_matcher(row, built)
@@ -653,7 +591,7 @@ def select(
     return RowSelection(row, own, shared, skipped)
 
 
-def draft_roots(row: MtpArchitecture, layout: RowLayout) -> tuple[str, ...]:
+def draft_roots(row: MtpArchitecture, layout: LayerLayout) -> tuple[str, ...]:
     """The name prefixes of a checkpoint's MTP layers: tensors under them only a draft reads.
 
     Every MTP layer the checkpoint's config counts, built or not: the target's
@@ -663,7 +601,7 @@ def draft_roots(row: MtpArchitecture, layout: RowLayout) -> tuple[str, ...]:
     checkpoint of its own, or when N or the count is unknown.
     """
     if row.layout in ("nextn", "indexed"):
-        return tuple(f"{p}{i}." for i in layout.all_indices() for p in row.prefixes) + row.also
+        return tuple(f"{p}{i}." for i in layout.indices() for p in row.prefixes) + row.also
     if row.layout == "prefix":
         # Whole names among the prefixes (Inkling's model.llm.embed_norm.weight) may be the target's too.
         return tuple(p for p in row.prefixes if p.endswith("."))
@@ -671,7 +609,7 @@ def draft_roots(row: MtpArchitecture, layout: RowLayout) -> tuple[str, ...]:
 
 
 def draft_only(
-    row: MtpArchitecture, layout: RowLayout, names: Iterable[str], held: Optional[Iterable[str]] = None
+    row: MtpArchitecture, layout: LayerLayout, names: Iterable[str], held: Optional[Iterable[str]] = None
 ) -> frozenset[str]:
     """The ``names`` under ``row``'s MTP layers (:func:`draft_roots`): what a target leaves to its draft.
 
@@ -729,14 +667,14 @@ def convention_name(row: MtpArchitecture) -> str:
     return row.key
 
 
-def describe(row: MtpArchitecture, layout: Optional[RowLayout] = None) -> str:
+def describe(row: MtpArchitecture, layout: Optional[LayerLayout] = None) -> str:
     """One line for logs and doctor: the row, where its tensors are, and its source."""
     if row.layout == "own":
         where = "a checkpoint of its own"
     elif row.layout == "prefix":
         where = ", ".join(p + "*" for p in row.prefixes)
     else:
-        indices = layout.indices(row) if layout is not None else []
+        indices = layout.indices(row.layers_built) if layout is not None else []
         shown = ",".join(str(i) for i in indices) if indices else "{N+i}" if row.layout == "nextn" else "{i}"
         where = ", ".join(f"{p}{shown}.*" for p in row.prefixes[:2])
     return f"{row.key} ({row.family}): {where}; from {row.load_weights}"
@@ -745,7 +683,6 @@ def describe(row: MtpArchitecture, layout: Optional[RowLayout] = None) -> str:
 __all__ = [
     "DATE_CHECKED",
     "MtpArchitecture",
-    "RowLayout",
     "RowSelection",
     "TABLE",
     "convention_name",

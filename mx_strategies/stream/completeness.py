@@ -239,7 +239,37 @@ def check_engine_marks(
     return missing
 
 
+def refusal_advice(role: str, source: str) -> str:
+    """What a user reads when every tensor streamed and the model still lacks some: robust's streaming is
+    lost for this load (ModelExpress rebuilds the model for its next strategy), and what to do about it."""
+    return (
+        f"refused the {role} load it streamed from {source}: the model reported weights it keeps as not "
+        f"written. ModelExpress now rebuilds the model and tries its next strategy, without robust. If the "
+        f"model is right as loaded, MX_ROBUST_MODEL_COMPLETENESS=warn accepts it; `mx-strategies doctor "
+        f"{source}` shows what robust plans for this checkpoint."
+    )
+
+
+def check_all(
+    model: Any,
+    loaded: LoadedNames,
+    judged: Mapping[str, Layout],
+    writes: Sequence[Write],
+    *,
+    role: str,
+    policy: str,
+    filled_by_engine: Callable[[str], bool] = lambda name: False,
+    on_warning: Callable[[str], None] = lambda message: None,
+) -> None:
+    """Every check of a finished load, in order: the names the model reported loaded (:func:`check`), what
+    the load wrote into the judged parameters (:func:`check_written`), the engine's own per-shard record
+    (:func:`check_engine_marks`). Raises IncompleteModel (``mutated=True``) under ``fail``."""
+    check(model, loaded, role=role, policy=policy, filled_by_engine=filled_by_engine, on_warning=on_warning)
+    check_written(model, judged, writes, role=role, policy=policy, on_warning=on_warning)
+    check_engine_marks(model, role=role, policy=policy, on_warning=on_warning)
+
+
 __all__ = [
-    "Completeness", "LoadedNames", "capture_loaded", "check", "check_engine_marks", "check_written",
-    "engine_missing_shards",
+    "Completeness", "LoadedNames", "capture_loaded", "check", "check_all", "check_engine_marks", "check_written",
+    "engine_missing_shards", "refusal_advice",
 ]  # fmt: skip

@@ -1,4 +1,5 @@
-"""runai reading the head of a load while the module is asked (:mod:`..plan.read_ahead` decides what).
+"""runai reading the head of a load while the module is asked (the strategy decides what: the head of the
+selection made without asking, less :attr:`..select.selection.Selection.uncertain`).
 
 :class:`ReadAhead` owns a runai streamer started on the foreseen plan's
 head, before the question; runai's ring fills without Python (its buffers,
@@ -12,13 +13,15 @@ would have; one never used is closed with the model untouched.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 import torch
 
-from ..plan.planning import LoadPlan
 from ..settings import RobustSettings
 from .runai_env import claim_backend, streamer_environment, streamer_variables
+
+if TYPE_CHECKING:  # the plan is handed in: the stream imports nothing of planning
+    from ..plan.planning import LoadPlan
 
 
 class ReadAhead:

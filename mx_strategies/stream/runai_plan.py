@@ -22,14 +22,16 @@ from __future__ import annotations
 import inspect
 import os
 from timeit import default_timer as timer
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from runai_model_streamer import SafetensorsStreamer
 from runai_model_streamer.file_streamer import FileChunks
 from runai_model_streamer.safetensors_streamer.safetensors_pytorch import SafetensorMetadata
 
 from ..inspect.checkpoint import Shard, TensorInfo
-from ..plan.planning import LoadPlan
+
+if TYPE_CHECKING:  # the plan is handed in: the stream imports nothing of planning
+    from ..plan.planning import LoadPlan
 
 
 def _metadata(info: TensorInfo, data_start: int) -> SafetensorMetadata:

@@ -24,17 +24,19 @@ import itertools
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
 
 import torch
 
 from ..inspect.checkpoint import source_changes
 from .content_check import ContentCheck
 from ..errors import ContentMismatch, IncompleteDelivery, StreamBroken, StreamStartError
-from ..plan.planning import LoadPlan
 from ..settings import RobustSettings
 from .read_ahead import ReadAhead
 from .runai_env import claim_backend, streamer_environment, streamer_variables
+
+if TYPE_CHECKING:  # the plan is handed in: the stream imports nothing of planning
+    from ..plan.planning import LoadPlan
 
 MISSING_NAMES_SHOWN = 10
 
@@ -287,7 +289,6 @@ class VerifiedStream:
 
     def _after_read_ahead(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The read-ahead's tensors the plan holds (the others dropped, never delivered), then the plan's rest."""
-        from ..plan.read_ahead import rest
         from .runai_plan import PlannedStreamer
 
         ahead = self._ahead
@@ -298,7 +299,7 @@ class VerifiedStream:
             else:
                 self.bytes_discarded += tensor.numel() * tensor.element_size()
         ahead.close()  # its buffers go before the rest's are taken
-        remaining = rest(self.plan, frozenset(ahead.plan.expected))
+        remaining = self.plan.rest(ahead.plan.expected)
         if remaining is None:
             return
         self._streamer = PlannedStreamer().__enter__()

@@ -215,9 +215,9 @@ class RaceAfterPlanning(RobustModelStreamerStrategy):
     change = staticmethod(lambda path: None)
     shard_number = 2
 
-    def _stream(self, result, ctx, plan, *args, **kwargs):
-        type(self).change(plan.shards[self.shard_number - 1].uri)
-        return super()._stream(result, ctx, plan, *args, **kwargs)
+    def _stream(self, result, ctx, load, *args, **kwargs):
+        type(self).change(load.plan.shards[self.shard_number - 1].uri)
+        return super()._stream(result, ctx, load, *args, **kwargs)
 
 
 class StopBeforeStreaming(RobustModelStreamerStrategy):
@@ -230,8 +230,8 @@ class StopBeforeStreaming(RobustModelStreamerStrategy):
 
     seen: list[dict] = []
 
-    def _stream(self, result, ctx, plan, settings, module, distributed, *args, **kwargs):
-        type(self).seen.append({"distributed": distributed, "engine": module.engine, "module": module, "plan": plan})
+    def _stream(self, result, ctx, load, settings, module, distributed, *args, **kwargs):
+        type(self).seen.append({"distributed": distributed, "engine": module.engine, "module": module, "load": load})
         raise StrategyFailed(STOPPED, mutated=False)
 
 
