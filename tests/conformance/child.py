@@ -59,7 +59,8 @@ def write_checkpoint(arch: str, folder: str) -> str:
 
 def _drop(folder: str, name: str) -> None:
     """Remove tensor ``name`` from the written checkpoint (its shard and the index)."""
-    from safetensors.torch import load_file, save_file
+    from helpers.checkpoints import write_shard
+    from safetensors.torch import load_file
 
     index_path = os.path.join(folder, "model.safetensors.index.json")
     if os.path.exists(index_path):
@@ -73,7 +74,7 @@ def _drop(folder: str, name: str) -> None:
     path = os.path.join(folder, shard)
     tensors = load_file(path)
     del tensors[name]
-    save_file(tensors, path, metadata={"format": "pt"})
+    write_shard(path, tensors, metadata={"format": "pt"})
 
 
 def run(arch: str, workdir: str) -> dict:
@@ -84,7 +85,8 @@ def run(arch: str, workdir: str) -> dict:
     shards = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
 
     from modelexpress.engines.vllm import adapter as vllm_adapter_module
-    from modelexpress.engines.vllm.adapter import VllmAdapter, build_vllm_load_context
+    from helpers.cpu_vllm import cpu_vllm_adapter
+    from modelexpress.engines.vllm.adapter import build_vllm_load_context
     from modelexpress.load_strategy import LoadStrategyChain
     from vllm.config import LoadConfig, ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
@@ -122,13 +124,8 @@ def run(arch: str, workdir: str) -> dict:
     except Exception as exc:  # noqa: BLE001 - the reference refused: reported, the sweep decides
         result["reference"] = f"{type(exc).__name__}: {exc}"
 
-    class CpuVllmAdapter(VllmAdapter):
-        """The real adapter, less vLLM's post-load pass (it targets cuda:0 in ModelExpress)."""
-
-        def after_weight_iter_load(self, result):
-            return result
-
-    vllm_adapter_module.VllmAdapter = CpuVllmAdapter
+    # The real adapter, less vLLM's post-load pass (it targets cuda:0 in ModelExpress); its re-initialization kept.
+    vllm_adapter_module.VllmAdapter = cpu_vllm_adapter()
     os.environ.update(MX_STRATEGY="mx_strategies.robust", MX_MODEL_URI=folder, MX_ROBUST_MODEL_COMPLETENESS="fail")
     import mx_strategies
     from mx_strategies.observe.report import recent_reports

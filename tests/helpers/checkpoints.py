@@ -1,7 +1,9 @@
 """Checkpoints the tests write, and what a correct load of each delivers.
 
 Real safetensors files written with ``mx_strategies.testing.synthetic.write_shards``
-(numbered shards, an optional index); :class:`Written` records the files in
+(numbered shards, an optional index), or one file at a time with
+:func:`write_shard` (the tests' one direct writer of a safetensors file:
+odd names, empty files, a shard rewritten under a load); :class:`Written` records the files in
 natural order with the tensors ``safetensors`` itself reads from them and
 the plan order (shards in natural order, tensors by offset) a load must
 deliver them in. The damage functions break a written checkpoint the way
@@ -121,6 +123,16 @@ class Written:
         return sum(t.numel() * t.element_size() for t in self.reference.values())
 
 
+def write_shard(path: str, tensors: dict[str, torch.Tensor], *, metadata: Optional[dict[str, str]] = None) -> str:
+    """One safetensors file at ``path`` (created or replaced) holding ``tensors``, as safetensors'
+    ``save_file`` writes it (``metadata``: its ``__metadata__``, e.g. ``{"format": "pt"}``); returns ``path``.
+
+    Tensors are made contiguous first, as ``write_shards`` makes them.
+    """
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, path, metadata=metadata)
+    return path
+
+
 def written(path: str, files: Sequence[str]) -> Written:
     files = list(files)
     return Written(path, files, reference_of(files), [n for f in files for n in header_order(f)])
@@ -225,7 +237,7 @@ def replace_without(path: str, dropped: str) -> None:
     """Rewrite ``path`` as a valid safetensors file lacking ``dropped`` (another writer's copy)."""
     tensors = load_file(path)
     del tensors[dropped]
-    save_file(tensors, path)
+    write_shard(path, tensors)
 
 
 def delete_file(path: str) -> None:

@@ -13,6 +13,8 @@ can assert the fault really happened rather than passing vacuously.
 Only 127.0.0.1 is bound or targeted. Each connection is handled in its own
 daemon thread and every socket read has a timeout, so nothing outlives a
 test for long.
+
+``python -m helpers.faults``, run in ``tests/``, prints docs/faults.md's fault table.
 """
 
 from __future__ import annotations

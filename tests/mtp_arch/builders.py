@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections import ChainMap
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Iterator, Optional
 
 BASE = dict(
@@ -152,6 +154,7 @@ TARGET_MODEL_IMPL = {"deepseek_v3-transformers": "transformers", "glm4_moe-trans
 # vLLM picks by default but not without Triton (config/vllm.py:752), as here.
 ENGINE_ENV = {"nemotron_parse3_5": {"VLLM_USE_V2_MODEL_RUNNER": "1"}}
 
+from helpers import configs as helper_configs  # noqa: E402
 from mx_strategies.select.mtp_table import installed_vllm  # noqa: E402
 from mx_strategies.stream.streaming import streamer_environment  # noqa: E402
 
@@ -234,20 +237,19 @@ class TinyConfig(PretrainedConfig):
 }
 
 
-def write_config(folder: str, name: str) -> dict:
-    """config.json (and a configuration module for remote-code types) of target ``name``; returns the config."""
-    configs = {"gemma4_assistant": GEMMA4_ASSISTANT, "gemma4_target": GEMMA4_TARGET}
-    config = dict(configs.get(name) or TARGET_CONFIGS[name])
-    remote = config.pop("_remote", None)
-    os.makedirs(folder, exist_ok=True)
-    if remote:
-        model_type, base = remote if isinstance(remote, tuple) else (remote, "transformers.PretrainedConfig")
-        config["auto_map"] = {"AutoConfig": "configuration_tiny.TinyConfig"}
-        with open(os.path.join(folder, "configuration_tiny.py"), "w") as handle:
-            handle.write(REMOTE_CONFIG_CLASSES.get(model_type) or REMOTE_CONFIG.format(base=base, model_type=model_type))
-    with open(os.path.join(folder, "config.json"), "w") as handle:
-        json.dump(config, handle)
-    return config
+def remote_config_module(remote) -> str:
+    """The configuration module of a ``_remote`` config: ``model_type`` or ``(model_type, base class)``."""
+    model_type, base = remote if isinstance(remote, tuple) else (remote, "transformers.PretrainedConfig")
+    return REMOTE_CONFIG_CLASSES.get(model_type) or REMOTE_CONFIG.format(base=base, model_type=model_type)
+
+
+# ``write_config(folder, name)``: config.json (and a configuration module for remote-code types) of target
+# ``name`` (Gemma-4's two, or a TARGET_CONFIGS entry); returns the config.
+write_config = partial(
+    helper_configs.write_config,
+    configs=ChainMap({"gemma4_assistant": GEMMA4_ASSISTANT, "gemma4_target": GEMMA4_TARGET}, TARGET_CONFIGS),
+    remote_code=remote_config_module,
+)
 
 
 def engine_env(name: str):

@@ -53,7 +53,8 @@ def tensors(model) -> dict:
 def run(args: dict) -> dict:
     import modelexpress.engines.vllm.adapter as vllm_adapter_module
     import vllm.model_executor.models.registry as registry
-    from modelexpress.engines.vllm.adapter import VllmAdapter, build_vllm_load_context
+    from helpers.cpu_vllm import cpu_vllm_adapter
+    from modelexpress.engines.vllm.adapter import build_vllm_load_context
     from modelexpress.load_strategy import LoadStrategyChain
     from vllm.config import LoadConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import ensure_model_parallel_initialized, get_pp_group, init_distributed_environment
@@ -107,16 +108,8 @@ def run(args: dict) -> dict:
         with set_current_vllm_config(vc), set_default_torch_dtype(mc.dtype):
             return initialize_model(vllm_config=vc, model_config=mc), mc
 
-    class CpuVllmAdapter(VllmAdapter):
-        """The real adapter, less vLLM's post-load pass (it targets cuda:0 in ModelExpress)."""
-
-        def after_weight_iter_load(self, result):
-            return result
-
-        def reinit_for_retry(self, result):
-            raise AssertionError("the model was re-initialized")
-
-    vllm_adapter_module.VllmAdapter = CpuVllmAdapter
+    # The real adapter, less vLLM's post-load pass (it targets cuda:0 in ModelExpress); a re-initialization fails.
+    vllm_adapter_module.VllmAdapter = cpu_vllm_adapter(refuse_reinit="model")
     os.environ.update(MX_STRATEGY="mx_strategies.robust", MX_ROBUST_MODEL_COMPLETENESS="fail")
     mx_strategies.activate()
 

@@ -61,9 +61,12 @@ import os
 import socket
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
+from helpers import configs as helper_configs
+from helpers.checkpoints import write_shard
 
 BASE = dict(
     hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -410,12 +413,8 @@ def checkpoint_specs(name: str) -> list[Spec]:
     return CHECKPOINT_TENSORS[name](TINY[name])
 
 
-def write_config(folder: str, name: str) -> dict:
-    os.makedirs(folder, exist_ok=True)
-    config = copy.deepcopy(TINY[name])
-    with open(os.path.join(folder, "config.json"), "w") as handle:
-        json.dump(config, handle, indent=1)
-    return config
+# ``write_config(folder, name)``: config.json of target ``name`` (TINY's, read at the call); returns the config.
+write_config = partial(helper_configs.write_config, configs=TINY, indent=1)
 
 
 def write_target_checkpoint(folder: str, name: str, *, shards: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -427,8 +426,6 @@ def write_target_checkpoint(folder: str, name: str, *, shards: int = 3, seed: in
 
     ModelConfig needs config.json only (no tokenizer: nothing here tokenizes).
     """
-    from safetensors.torch import save_file
-
     write_config(folder, name)
     specs = checkpoint_specs(name)
     generator = torch.Generator().manual_seed(seed)
@@ -444,7 +441,7 @@ def write_target_checkpoint(folder: str, name: str, *, shards: int = 3, seed: in
         names = [spec[0] for spec in specs[start:start + count]]
         start += count
         filename = f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
-        save_file({n: tensors[n].contiguous() for n in names}, os.path.join(folder, filename), metadata={"format": "pt"})
+        write_shard(os.path.join(folder, filename), {n: tensors[n] for n in names}, metadata={"format": "pt"})
         for n in names:
             weight_map[n] = filename
             total += tensors[n].numel() * tensors[n].element_size()
