@@ -179,7 +179,7 @@ class Site:
     shard_files: int  # every *.safetensors file, empty ones included
     empty_shards: int
     tensors: dict[str, tuple[str, list[int]]]  # name -> (safetensors dtype, shape), every loadable tensor
-    target_names: list[str]  # what a robust target streams: all but the MTP draft's own (planning.plan_for)
+    target_names: list[str]  # what a robust target streams: all but the MTP draft's own (selection.select)
     draft_names: list[str]
     draft_names_source: str
     data_bytes: int
@@ -221,8 +221,9 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
     from mx_strategies.inspect.checkpoint import inspect
     from mx_strategies.engine import EngineView
     from mx_strategies.errors import DraftPlanError, InconsistentCheckpoint
-    from mx_strategies.plan.planning import plan_for
+    from mx_strategies.plan.planning import plan_of
     from mx_strategies.select.built_module import BuiltModule
+    from mx_strategies.select.selection import select
     from mx_strategies.settings import load_settings
     from mx_strategies.inspect.storage import open_store
 
@@ -230,19 +231,25 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
     store = open_store(uri)
     checkpoint = inspect(store, settings.discovery_depth)
     target_view = EngineView(False, None, (), 1, 1, None, {})
+
+    def planned(engine, settings):
+        """The plan a load of ``engine`` streams from the target's checkpoint (the table and the conventions
+        decide: no module is built here)."""
+        selection = select(checkpoint, BuiltModule(engine), settings, source_is_target=True)
+        return plan_of(checkpoint, selection.names, settings)
+
     try:
-        target = plan_for(checkpoint, BuiltModule(target_view), settings, source_is_target=True)
+        target = planned(target_view, settings)
     except InconsistentCheckpoint as exc:
         raise BenchError(f"{uri}: {exc}") from exc
     # Every loadable tensor: what runai + copy and plain ModelExpress stream, and the models hold.
-    everything = plan_for(checkpoint, BuiltModule(target_view), settings.model_copy(update={"target_selection": "all"}),
-                          source_is_target=True)  # fmt: skip
+    everything = planned(target_view, settings.model_copy(update={"target_selection": "all"}))
     info = {n: i for s in everything.shards for n, i in s.tensors.items()}
     tensors = {n: (i.dtype, list(i.shape)) for n, i in info.items()}
     try:
         draft_view = EngineView(True, "mtp", (), 1, 1, None, {})
-        draft = sorted(plan_for(checkpoint, BuiltModule(draft_view), settings, source_is_target=True).expected)
-        draft_source = "mx_strategies.plan.planning.plan_for (an MTP draft, default conventions)"
+        draft = sorted(planned(draft_view, settings).expected)
+        draft_source = "mx_strategies.select.selection.select (an MTP draft, default conventions)"
     except DraftPlanError:  # no MTP head: no draft load
         draft, draft_source = [], "none found"
     if generated:

@@ -8,9 +8,10 @@ DeepSeek-V3's released checkpoint written down as names (163 shards,
 ``benchmarks.rank_shares``). What plain ModelExpress streams comes from
 ``mx_strategies.testing.plain_modelexpress`` (each release's rule, checked
 against its own code by tests/test_plain_modelexpress.py), what robust streams
-from ``planning.plan_for``, the function a load plans with (a draft streams its
-own tensors; a target's module leaves the MTP layer to the draft, which is
-applied here by the layer's names: no module is built for a names-only checkpoint).
+from ``selection.select`` and ``planning.plan_of``, the functions a load selects
+and plans with (a draft streams its own tensors; a target's module leaves the MTP
+layer to the draft, which is applied here by the layer's names, as a rank share:
+no module is built for a names-only checkpoint).
 
 Plain ModelExpress streams whole files (header included); robust's figure is
 the tensor data it plans (its header reads are a few MB on DeepSeek-V3).
@@ -35,8 +36,9 @@ def _file_name(key: str) -> str:
 
 def _compare(name: str, checkpoint, config: dict, draft_class: str) -> dict:
     from mx_strategies.engine import EngineView
-    from mx_strategies.plan.planning import plan_for
+    from mx_strategies.plan.planning import plan_of
     from mx_strategies.select.built_module import BuiltModule
+    from mx_strategies.select.selection import select
     from mx_strategies.settings import load_settings
     from mx_strategies.testing.plain_modelexpress import plain_selection
 
@@ -44,17 +46,19 @@ def _compare(name: str, checkpoint, config: dict, draft_class: str) -> dict:
     shards, sizes = _shard_map(checkpoint)
     target_view = EngineView(False, None, (), 1, 1, dict(config), {})
     draft_view = EngineView(True, "mtp", (), 1, 1, dict(config), {})
-    from mx_strategies.plan.planning import narrow_to_rank
     from mx_strategies.select.rank_share import RankShare
+
+    def planned(module):
+        return plan_of(checkpoint, select(checkpoint, module, settings, source_is_target=True).names, settings)
 
     # What the target's module answers (its load_weights skips the MTP layers: tests/test_module_reads.py).
     n = config["num_hidden_layers"]
     mtp = ("mtp.",) if "num_nextn_predict_layers" not in config else tuple(
         f"model.layers.{n + i}." for i in range(config["num_nextn_predict_layers"]))
-    target_plan = narrow_to_rank(plan_for(checkpoint, BuiltModule(target_view), settings, source_is_target=True), RankShare(mtp, {}))
+    target_plan = planned(BuiltModule(target_view, share=RankShare(mtp, {})))
     robust = {
         "target": target_plan.bytes,
-        "draft": plan_for(checkpoint, BuiltModule(draft_view), settings, source_is_target=True).bytes,
+        "draft": planned(BuiltModule(draft_view)).bytes,
     }
     rows = []
     for role, draft in (("target", None), ("draft", draft_class)):

@@ -211,8 +211,7 @@ def overlap(folder: str, ask) -> dict:
     from safetensors.torch import save_file
 
     from mx_strategies.inspect.sources import Candidate, resolve
-    from mx_strategies.plan.planning import LoadPlan, loaded_shards
-    from mx_strategies.plan.read_ahead import head
+    from mx_strategies.plan.planning import plan_of
     from mx_strategies.settings import load_settings
     from mx_strategies.stream.read_ahead import ReadAhead
     from mx_strategies.stream.streaming import VerifiedStream
@@ -225,7 +224,7 @@ def overlap(folder: str, ask) -> dict:
         save_file({f"model.layers.{shard}.w{j}": torch.full((per_tensor,), float(j)) for j in range(16)}, path)
     settings = load_settings()
     checkpoint = resolve([Candidate("explicit", data)], settings).checkpoint
-    plan = LoadPlan(checkpoint.uri, tuple(loaded_shards(checkpoint, settings)), None)
+    plan = plan_of(checkpoint, None, settings)
     budgets = {"three quarters": plan.bytes * 3 // 4, "whole": plan.bytes}
 
     def uncached() -> None:
@@ -241,7 +240,7 @@ def overlap(folder: str, ask) -> dict:
 
     def read_ahead_then_stream(budget: int):
         def run() -> None:
-            with ReadAhead(head(plan, budget), settings) as ahead:
+            with ReadAhead(plan.head(budget), settings) as ahead:
                 ask()
                 stream(ahead)
 

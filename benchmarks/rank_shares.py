@@ -3,9 +3,9 @@
 No data: DeepSeek-V3's released checkpoint (61 layers + 1 MTP layer, 256
 routed experts, fp8 weights with 128x128-block ``weight_scale_inv``, bf16
 embeddings, norms and router) is written down as names, shapes and dtypes,
-in 163 shards as released. robust's own planning (``planning.plan_for``, less
-the MTP layer as DeepseekV3ForCausalLM's own answer leaves it out, then
-``planning.narrow_to_rank``) decides
+in 163 shards as released. robust's own selection (``selection.select``, less
+the MTP layer as DeepseekV3ForCausalLM's own answer leaves it out, and less
+what the rank's module does not hold, then ``planning.plan_of``) decides
 each rank's share from what that rank's module holds
 (``rank_share.RankShare``), built with vLLM's own rules: ``get_pp_indices``
 for the layers of a stage (embedding on the first, final norm and head on
@@ -140,8 +140,9 @@ def _default_loader_bytes(ckpt, ep_rank: int, ep_size: int) -> int:
 
 def run_rank_shares() -> dict:
     from mx_strategies.engine import EngineView
-    from mx_strategies.plan.planning import narrow_to_rank, plan_for
+    from mx_strategies.plan.planning import plan_of
     from mx_strategies.select.built_module import BuiltModule
+    from mx_strategies.select.selection import select
     from mx_strategies.settings import load_settings
 
     ckpt = checkpoint()
@@ -152,11 +153,17 @@ def run_rank_shares() -> dict:
     # no table row, its class builds). No module of this size is built here: that answer, by the MTP layer's name.
     from mx_strategies.select.rank_share import RankShare
 
-    whole_plan = plan_for(ckpt, BuiltModule(target), settings, source_is_target=True)
-    before = narrow_to_rank(whole_plan, RankShare((f"model.layers.{LAYERS}.",), {}))
+    mtp = f"model.layers.{LAYERS}."
+
+    def planned(share: RankShare):
+        selection = select(ckpt, BuiltModule(target, share=share), settings, source_is_target=True)
+        return plan_of(ckpt, selection.names, settings)
+
+    before = planned(RankShare((mtp,), {}))
 
     def robust(pp_rank=0, pp_size=1, ep_rank=0, ep_size=1):
-        return narrow_to_rank(before, _share(pp_rank, pp_size, ep_rank, ep_size))
+        share = _share(pp_rank, pp_size, ep_rank, ep_size)
+        return planned(RankShare(share.missing_layers + (mtp,), share.local_experts))
 
     def union_bytes(plans) -> int:
         names = set().union(*(p.expected for p in plans))

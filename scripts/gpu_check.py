@@ -109,16 +109,25 @@ def main() -> int:
         ck = mtp_checkpoint(os.path.join(work, "small"), style="deepseek", hidden=256, empty_shards=(1,))
         os.environ["MX_MODEL_URI"] = ck.path
         from mx_strategies.engine import EngineView
-        from mx_strategies.plan.planning import plan_load
+        from mx_strategies.plan.planning import plan_of
         from mx_strategies.select.built_module import BuiltModule
+        from mx_strategies.select.selection import select_resolved
         from mx_strategies.settings import load_settings
-        from mx_strategies.inspect.sources import Candidate
+        from mx_strategies.inspect.sources import Candidate, resolve
 
         target_view = EngineView(False, None, (), 1, 1, None, {})
+
+        def planned(uri: str):
+            """A target load's selection and plan from ``uri``, as the strategy makes them."""
+            settings = load_settings()
+            resolution = resolve([Candidate("explicit", uri)], settings)
+            selection = select_resolved(resolution, BuiltModule(target_view), settings)
+            return selection, plan_of(resolution.checkpoint, selection.names, settings)
+
         model, adapter = run(Cfg(model=ck.path, model_weights=None, runner_type="generate", hf_config=None), ck.tensors, ck.tensors)
         # The target gets what the strategy plans for it: everything but the MTP layer, which the draft streams.
-        _, target_plan = plan_load([Candidate("explicit", ck.path)], BuiltModule(target_view), load_settings())
-        assert target_plan.left_to_draft, "the target plan should leave the MTP layer to the draft"
+        target_selection, target_plan = planned(ck.path)
+        assert target_selection.left_to_draft, "the target selection should leave the MTP layer to the draft"
         figures["target_ok"] = equal(model, ck.path, set(target_plan.expected)) and adapter.reinit_calls == 0
         cache = config_only_copy(ck.path, os.path.join(work, "cache"))
         vcfg = Cfg(speculative_config=Cfg(method="mtp", target_model_config=None), parallel_config=Cfg(tensor_parallel_size=1, pipeline_parallel_size=1))
@@ -135,7 +144,7 @@ def main() -> int:
         # Like for like with raw runai, which streams whole files: the target streams every tensor here.
         os.environ["MX_ROBUST_TARGET_SELECTION"] = "all"
         # The files a target load streams, as the strategy plans them (empty shards left out).
-        _, plan = plan_load([Candidate("explicit", big.path)], BuiltModule(target_view), load_settings())
+        _, plan = planned(big.path)
         files = [shard.uri for shard in plan.shards]
         raw_t, robust_t = [], []
         for rep in range(args.reps + 1):

@@ -1,11 +1,12 @@
-"""One load, one question: the built module is asked once, planning takes one object, the report is the plan's.
+"""One load, one question: the built module is asked once, the selection takes one object, the report is the
+selection's and the plan's.
 
 vLLM 0.32's real ``DeepseekV3ForCausalLM`` and ``DeepSeekMTP`` load through
 ModelExpress's real chain with robust (the adapter's post-load step on the CPU,
 as in tests/test_mtp_architectures.py). What a user would see: each load asks
 its module once and matches its table row once; the report's selection fields
-are exactly what the plan says of itself (``LoadPlan.describe``), and the log
-lines are the plan's own.
+are exactly what the load's selection and plan say (``observe.report.report_of``), and the log
+lines are the load's own (``observe.report.planned_lines``).
 """
 
 from __future__ import annotations
@@ -18,19 +19,50 @@ pytest.importorskip("vllm")
 
 from test_mtp_architectures import load_draft, load_target, target_and_draft_checkpoint, vllm_cpu  # noqa: E402, F401
 
+import mx_strategies.robust as robust_module  # noqa: E402
 from mx_strategies.engine import EngineView  # noqa: E402
-from mx_strategies.plan.planning import LoadPlan  # noqa: E402
 from mx_strategies.select import module_reads, mtp_table  # noqa: E402
 from mx_strategies.select.built_module import BuiltModule  # noqa: E402
+from mx_strategies.select.selection import LEFT_TO_DRAFT, NOT_HELD, NOT_READ  # noqa: E402
+
+
+class Described:
+    """One load as it was described before it streamed: its log lines and the report fields its selection and
+    plan decide (what ``LoadPlan.describe`` said of a plan before the selection was one object)."""
+
+    def __init__(self, load, lines):
+        self.lines = tuple(lines)
+        selection, plan, left = load.selection, load.plan, load.selection.left_bytes
+        self.report_fields = {
+            "role": selection.role,
+            "convention": selection.convention,
+            "shards": tuple(plan.shard_keys),
+            "tensors": len(plan.expected),
+            "bytes_streamed": plan.bytes,
+            "unused_by_model": tuple(sorted(selection.unused_by_model)),
+            "architecture": selection.architecture,
+            "left_to_draft": len(selection.left_to_draft),
+            "left_to_draft_bytes": left.get(LEFT_TO_DRAFT, 0),
+            "selection_source": selection.source,
+            "module_class": selection.module_class,
+            "selection_note": selection.note,
+            "selection_seconds": selection.seconds,
+            "selection_cached": selection.cached,
+            "left_out": len(selection.reasons),
+            "left_out_bytes": left.get(NOT_READ, 0),
+            "not_held": len(selection.not_held),
+            "not_held_bytes": left.get(NOT_HELD, 0),
+        }
 
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Every question asked (module_reads.ask_cached), every BuiltModule made, every table match, every plan
+    """Every question asked (module_reads.ask_cached), every BuiltModule made, every table match, every load
     described (with what it said), recorded in the order they happened."""
     seen = {"asked": [], "made": [], "match": 0, "match_target": 0, "described": []}
     ask, made, match, match_target, describe = (
-        module_reads.ask_cached, BuiltModule.of.__func__, mtp_table.match, mtp_table.match_target, LoadPlan.describe,
+        module_reads.ask_cached, BuiltModule.of.__func__, mtp_table.match, mtp_table.match_target,
+        robust_module.planned_lines,
     )  # fmt: skip
 
     def asking(model, *args, **kwargs):
@@ -49,16 +81,16 @@ def counted(monkeypatch):
         seen["match_target"] += 1
         return match_target(*args, **kwargs)
 
-    def describing(plan):
-        description = describe(plan)
-        seen["described"].append(description)
-        return description
+    def describing(load):
+        lines = describe(load)
+        seen["described"].append(Described(load, lines))
+        return lines
 
     monkeypatch.setattr(module_reads, "ask_cached", asking)
     monkeypatch.setattr(BuiltModule, "of", classmethod(making))
     monkeypatch.setattr(mtp_table, "match", matching)
     monkeypatch.setattr(mtp_table, "match_target", matching_target)
-    monkeypatch.setattr(LoadPlan, "describe", describing)
+    monkeypatch.setattr(robust_module, "planned_lines", describing)
     return seen
 
 
@@ -98,6 +130,7 @@ def test_a_draft_load_asks_its_module_once_and_matches_its_row_once(tmp_path, ro
          "left_to_draft", "left_to_draft_bytes", "selection_source", "module_class", "selection_note",
          "selection_seconds", "selection_cached", "left_out", "left_out_bytes", "not_held", "not_held_bytes"]
     )  # fmt: skip
+    assert set(description.report_fields) <= set(report)  # every one a field of the report itself
 
 
 def test_without_a_module_nothing_is_asked_and_the_row_still_decides():

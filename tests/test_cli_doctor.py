@@ -14,9 +14,8 @@ import os
 
 import pytest
 import torch
-from helpers.checkpoints import edit_index
+from helpers.checkpoints import edit_index, write_shard
 from helpers.headers import metadata_bytes
-from safetensors.torch import save_file
 
 from mx_strategies import cli
 from mx_strategies.inspect.checkpoint import INDEX_NAME
@@ -93,7 +92,7 @@ def build_case(kind: str, path: str) -> tuple[int, list[tuple[str, str, str | No
         expected = (0, [("unindexed_tensor", _shard(2, 2), "lm_head.weight")])
     elif kind == "unindexed_shard":
         synthetic.write_shards(path, shards)
-        save_file({"extra.weight": _tensor(5)}, os.path.join(path, "consolidated.safetensors"))
+        write_shard(os.path.join(path, "consolidated.safetensors"), {"extra.weight": _tensor(5)})
         expected = (0, [("unindexed_shard", "consolidated.safetensors", None)])
     elif kind == "corrupt_index":
         synthetic.write_shards(path, shards)

@@ -203,8 +203,9 @@ def _lone_stream_worker(rank: int, port: int, out: str, checkpoint: str) -> None
 
     from mx_strategies.stream import runai_plan
     from mx_strategies.inspect.checkpoint import inspect
-    from mx_strategies.plan.planning import plan_for
+    from mx_strategies.plan.planning import plan_of
     from mx_strategies.select.built_module import BuiltModule
+    from mx_strategies.select.selection import select
     from mx_strategies.settings import load_settings
     from mx_strategies.inspect.storage import LocalStore
     from mx_strategies.stream.streaming import VerifiedStream
@@ -222,8 +223,9 @@ def _lone_stream_worker(rank: int, port: int, out: str, checkpoint: str) -> None
             real = runai_plan._no_rank_discovery
             runai_plan._no_rank_discovery = lambda streamer: (workaround.append(1), real(streamer))[1]
             settings = load_settings()
-            plan = plan_for(inspect(LocalStore(checkpoint), settings.discovery_depth), BuiltModule(TARGET), settings,
-                            source_is_target=True)  # fmt: skip
+            inspected = inspect(LocalStore(checkpoint), settings.discovery_depth)
+            selection = select(inspected, BuiltModule(TARGET), settings, source_is_target=True)
+            plan = plan_of(inspected, selection.names, settings)
             reference = reference_of([os.path.join(checkpoint, shard.key) for shard in plan.shards])
             delivered = {}
             with VerifiedStream(plan, settings) as stream:

@@ -16,13 +16,15 @@ from collections import Counter
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from helpers.checkpoints import write_shard
+from safetensors.torch import load_file
 
 from mx_strategies.engine import EngineView
-from mx_strategies.plan.planning import plan_load
+from mx_strategies.plan.planning import plan_of
 from mx_strategies.select.built_module import BuiltModule
+from mx_strategies.select.selection import select_resolved
 from mx_strategies.settings import load_settings
-from mx_strategies.inspect.sources import Candidate
+from mx_strategies.inspect.sources import Candidate, resolve
 from mx_strategies.stream.streaming import VerifiedStream
 from mx_strategies.testing.loopback import S3rverS3, ShapingProxy
 from mx_strategies.stream.tensor_bytes import same_bytes
@@ -38,12 +40,13 @@ class ShapedS3rver(S3rverS3):
 def _checkpoint(folder) -> None:
     for shard in range(SHARDS):
         tensors = {f"model.layers.{shard}.w{j}": torch.randn(64, 32 + j) for j in range(3)}
-        save_file(tensors, os.path.join(folder, f"model-{shard + 1:05d}-of-{SHARDS:05d}.safetensors"))
+        write_shard(os.path.join(folder, f"model-{shard + 1:05d}-of-{SHARDS:05d}.safetensors"), tensors)
 
 
 def _load(uri: str) -> tuple[dict[str, torch.Tensor], object]:
     settings = load_settings()
-    _, plan = plan_load([Candidate("explicit", uri)], BuiltModule(TARGET), settings)
+    resolution = resolve([Candidate("explicit", uri)], settings)
+    plan = plan_of(resolution.checkpoint, select_resolved(resolution, BuiltModule(TARGET), settings).names, settings)
     with VerifiedStream(plan, settings) as stream:
         delivered = {name: tensor.clone() for name, tensor in stream.tensors()}
     return delivered, plan

@@ -36,7 +36,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 from modelexpress.load_strategy import LoadStrategyChain
-from safetensors.torch import save_file
 
 import mx_strategies.robust as robust_module
 from mx_strategies import activation
@@ -49,10 +48,12 @@ from mx_strategies.settings import load_settings
 from mx_strategies.inspect.storage import LocalStore, ObjectInfo
 from mx_strategies.testing import synthetic
 from mx_strategies.engine import EngineView
-from mx_strategies.plan.planning import plan_for
+from mx_strategies.plan.planning import plan_of
 from mx_strategies.select.built_module import BuiltModule
+from mx_strategies.select.selection import select
 from mx_strategies.stream.streaming import VerifiedStream
-from support import CountingAdapter, RecordingModel, make_context, model_config, vllm_config
+from helpers.checkpoints import write_shard
+from helpers.engine import CountingAdapter, RecordingModel, make_context, model_config, vllm_config
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDS = 3
@@ -284,7 +285,7 @@ def test_markup_in_names_prints_as_itself(tmp_path, capsys):
     """A tensor named ``[/bold]x[red]`` and a file named ``model-[red].safetensors`` print literally."""
     folder, _ = damaged_header(tmp_path, "markup_in_a_tensor_name")
     odd = folder / "model-[red].safetensors"
-    save_file({"odd.weight": torch.ones(2)}, str(odd))
+    write_shard(str(odd), {"odd.weight": torch.ones(2)})
     code, report, human = doctor(str(folder), capsys)
     assert code == 1
     assert "[/bold]x[red]" in human
@@ -731,7 +732,7 @@ def _rewrite(path: Path, dtype=None, shape=None, scale: float = 1.0) -> None:
         if shape is not None and t.numel() == 16:
             t = t.reshape(shape)
         tensors[name] = t
-    save_file(tensors, str(path))
+    write_shard(str(path), tensors)
 
 
 WRONG = {"dtype": (torch.int32, (4, 4), "torch.int32[4, 4] (64 bytes)"),
@@ -745,7 +746,8 @@ def test_delivered_tensor_must_match_the_inspected_header(change, tmp_path):
     folder = tmp_path / "ckpt"
     write_base(folder)
     settings = load_settings()
-    plan = plan_for(inspect(LocalStore(str(folder)), settings.discovery_depth), BuiltModule(TARGET), settings, source_is_target=True)
+    checkpoint = inspect(LocalStore(str(folder)), settings.discovery_depth)
+    plan = plan_of(checkpoint, select(checkpoint, BuiltModule(TARGET), settings, source_is_target=True).names, settings)
     stream = VerifiedStream(plan, settings)
     dtype, shape, arrived = WRONG[change]
     with pytest.raises(ContentMismatch) as caught:
@@ -787,7 +789,7 @@ def test_shard_changed_after_inspection_is_refused_unmutated(kind, tmp_path, req
     folder = tmp_path / "ckpt"
     reference = write_base(folder)
     uri = place(kind, folder, request)
-    original = robust_module.plan_resolved  # what a load of one rank plans after the chain, as runai reads ahead
+    original = robust_module.select_resolved  # what a load of one rank selects after the chain, as runai reads ahead
 
     def plan_then_rewrite(*args, **kwargs):
         planned = original(*args, **kwargs)
@@ -797,7 +799,7 @@ def test_shard_changed_after_inspection_is_refused_unmutated(kind, tmp_path, req
             s3.client().upload_file(str(folder / SHARD2), s3.bucket, f"ckpt/{SHARD2}")
         return planned
 
-    monkeypatch.setattr(robust_module, "plan_resolved", plan_then_rewrite)
+    monkeypatch.setattr(robust_module, "select_resolved", plan_then_rewrite)
     monkeypatch.setenv("MX_MODEL_URI", uri)
     assert_refused(run_chain(reference), "changed since they were inspected (before streaming)", f"{uri}/{SHARD2}")
 

@@ -10,9 +10,8 @@ import os
 
 import pytest
 import torch
-from helpers.checkpoints import edit_index, tiny_shards, upload, write_checkpoint, write_unpadded
+from helpers.checkpoints import edit_index, tiny_shards, upload, write_checkpoint, write_shard, write_unpadded
 from helpers.headers import header_order
-from safetensors.torch import save_file
 
 from mx_strategies.inspect.checkpoint import INDEX_NAME, inspect, natural_key
 from mx_strategies.errors import NoCheckpoint
@@ -88,8 +87,8 @@ def test_an_empty_shard_costs_one_request(s3, tmp_path):
     its first read is 1/1024 of the file, so that a probe reads next to no tensor data.)"""
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    save_file({"w": torch.zeros(64, 64)}, str(folder / "model-00001-of-00002.safetensors"))
-    save_file({}, str(folder / "model-00002-of-00002.safetensors"))
+    write_shard(str(folder / "model-00001-of-00002.safetensors"), {"w": torch.zeros(64, 64)})
+    write_shard(str(folder / "model-00002-of-00002.safetensors"), {})
     uri = upload(s3, str(folder), "empty")
     s3.proxy.reset()
     checkpoint = inspect(open_store(uri), DEPTH)
@@ -114,8 +113,8 @@ def test_warnings_do_not_stop_a_load(tmp_path):
     # A tensor the index does not name, and a file it does not name (Mistral's consolidated.safetensors).
     extra = dict(shards[2])
     extra["model.layers.2.extra.weight"] = torch.ones(4)
-    save_file(extra, ckpt.files[2])
-    save_file({"consolidated.weight": torch.ones(4)}, os.path.join(ckpt.path, "consolidated.safetensors"))
+    write_shard(ckpt.files[2], extra)
+    write_shard(os.path.join(ckpt.path, "consolidated.safetensors"), {"consolidated.weight": torch.ones(4)})
 
     checkpoint = inspect(LocalStore(ckpt.path), DEPTH)
 
@@ -148,7 +147,7 @@ def test_every_error_names_its_file_and_tensor(tmp_path):
     }
     # The ghost tensor is reported once its shard reads; a truncated shard cannot say what it lacks.
     os.remove(ckpt.files[1])
-    save_file(shards[1], ckpt.files[1])
+    write_shard(ckpt.files[1], shards[1])
     checkpoint = inspect(LocalStore(ckpt.path), DEPTH)
     assert ("missing_tensor", names[1], "model.layers.1.ghost.weight") in {
         (p.kind, p.file, p.tensor) for p in checkpoint.errors
@@ -165,7 +164,7 @@ def test_unreadable_index_is_an_error(tmp_path):
 
 def test_a_valid_zero_tensor_file_is_empty_not_corrupt(tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2), index=False)
-    save_file({}, os.path.join(ckpt.path, "model-00003-of-00003.safetensors"))
+    write_shard(os.path.join(ckpt.path, "model-00003-of-00003.safetensors"), {})
     checkpoint = inspect(LocalStore(ckpt.path), DEPTH)
     assert checkpoint.errors == []
     assert [s.key for s in checkpoint.shards if s.empty] == ["model-00003-of-00003.safetensors"]

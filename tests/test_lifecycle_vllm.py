@@ -24,8 +24,9 @@ if importlib.util.find_spec("vllm") is None:
 
 import torch  # noqa: E402
 from modelexpress.engines.vllm import adapter as vllm_adapter_module  # noqa: E402
-from modelexpress.engines.vllm.adapter import VllmAdapter, build_vllm_load_context  # noqa: E402
+from modelexpress.engines.vllm.adapter import build_vllm_load_context  # noqa: E402
 from modelexpress.load_strategy import LoadStrategyChain  # noqa: E402
+from helpers.cpu_vllm import POST_LOAD_ON_CPU, cpu_vllm_adapter  # noqa: E402
 from mtp_arch import builders  # noqa: E402
 from mtp_arch.checkpoints import draft_checkpoint  # noqa: E402
 from test_lifecycle import registrations  # noqa: E402,F401 - counts ModelExpress's register_tensors
@@ -42,22 +43,10 @@ from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: 
 from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
 
 
-class CpuPostLoadAdapter(VllmAdapter):
-    """ModelExpress's VllmAdapter, its post-load step on the CPU: ``_process_weights_after_loading`` (0.7.0 and
-    0.8 alike) calls vLLM's ``process_weights_after_loading`` on ``cuda:0``, its ``target_device``; here the
-    same call on the CPU, without its CUDA tensor-attribute capture. Everything else is ModelExpress's."""
-
-    reinits = 0
-
-    def _process_weights_after_loading(self, result):
-        from vllm.model_executor.model_loader.utils import process_weights_after_loading
-
-        process_weights_after_loading(result.model, self.model_config, torch.device("cpu"))
-        return result
-
-    def reinit_for_retry(self, result):
-        type(self).reinits += 1
-        raise AssertionError("the draft was re-initialized")
+# ModelExpress's VllmAdapter, its post-load step on the CPU: ``_process_weights_after_loading`` (0.7.0 and
+# 0.8 alike) calls vLLM's ``process_weights_after_loading`` on ``cuda:0``, its ``target_device``; here the
+# same call on the CPU, without its CUDA tensor-attribute capture. ``reinit_for_retry`` is counted and refused.
+CpuPostLoadAdapter = cpu_vllm_adapter(post_load=POST_LOAD_ON_CPU, refuse_reinit="draft")
 
 
 @pytest.fixture

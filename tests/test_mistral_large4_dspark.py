@@ -59,7 +59,7 @@ from test_mtp_architectures import (  # noqa: E402
 
 from mx_strategies.select import mtp_table  # noqa: E402
 from mx_strategies.engine import engine_view  # noqa: E402
-from mx_strategies.plan.planning import points_at_target, row_layout_for  # noqa: E402
+from mx_strategies.select.selection import points_at_target, row_layout_for  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
 from mx_strategies.testing.synthetic import write_shards  # noqa: E402
@@ -466,8 +466,9 @@ def test_doctor_plans_a_mistral_large4_draft_with_its_row_and_method(tmp_path):
     exactly the ``mtp_dspark.*`` tensors."""
     from mx_strategies.inspect.checkpoint import inspect
     from mx_strategies.cli.doctor import draft_engine
-    from mx_strategies.plan.planning import plan_for
+    from mx_strategies.plan.planning import plan_of
     from mx_strategies.select.built_module import BuiltModule
+    from mx_strategies.select.selection import select
     from mx_strategies.settings import load_settings
     from mx_strategies.inspect.storage import LocalStore
 
@@ -480,5 +481,5 @@ def test_doctor_plans_a_mistral_large4_draft_with_its_row_and_method(tmp_path):
     view, row = draft_engine(checkpoint)
     assert row is not None and row.key == ROW
     assert view.speculative_method == "dspark" and view.architectures == ("MistralLarge4DSparkModel",)
-    plan = plan_for(checkpoint, BuiltModule(view), settings, source_is_target=True)
+    plan = plan_of(checkpoint, select(checkpoint, BuiltModule(view), settings, source_is_target=True).names, settings)
     assert set(plan.expected) == set(draft)

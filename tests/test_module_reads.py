@@ -55,7 +55,7 @@ from test_mtp_architectures import (  # noqa: E402
 from helpers.state import differences, module_state  # noqa: E402
 from mx_strategies.select import kept, module_reads, mtp_table  # noqa: E402
 from mx_strategies.engine import declared_unused, engine_view, vllm_rules  # noqa: E402
-from mx_strategies.plan.planning import points_at_target, row_layout_for  # noqa: E402
+from mx_strategies.select.selection import points_at_target, row_layout_for  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.settings import load_settings  # noqa: E402
 from mx_strategies.inspect.sources import Candidate, probe  # noqa: E402
@@ -368,8 +368,8 @@ def test_a_draft_with_a_checkpoint_of_its_own_is_never_fed_the_targets(speculati
     with model type qwen3 to Qwen3DSparkModel): the engine points them at their own folder."""
     from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
 
-    from mx_strategies.plan.planning import plan_for
     from mx_strategies.select.built_module import BuiltModule
+    from mx_strategies.select.selection import select
 
     target_folder, draft_folder = str(tmp_path / "target"), str(tmp_path / "draft")
     builders.write_config(target_folder, "deepseek_v3")
@@ -399,7 +399,7 @@ def test_a_draft_with_a_checkpoint_of_its_own_is_never_fed_the_targets(speculati
     from mx_strategies.errors import DraftPlanError
 
     with pytest.raises(DraftPlanError, match="has a checkpoint of its own"):
-        plan_for(checkpoint, BuiltModule(engine, question=lambda c: pytest.fail("asked")), load_settings(), source_is_target=True)
+        select(checkpoint, BuiltModule(engine, question=lambda c: pytest.fail("asked")), load_settings(), source_is_target=True)
 
 
 # -- a draft class vLLM's registry knows and the table does not -----------------------------------------
@@ -560,8 +560,9 @@ def test_gemma4_dspark_has_a_checkpoint_of_its_own(detected, tmp_path, vllm_cpu)
     loads it whole and never asks about the target's tensors."""
     from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
 
-    from mx_strategies.plan.planning import plan_for
+    from mx_strategies.plan.planning import plan_of
     from mx_strategies.select.built_module import BuiltModule
+    from mx_strategies.select.selection import select
 
     target_folder, draft_folder = str(tmp_path / "gemma4"), str(tmp_path / "gemma4-dspark")
     builders.write_config(target_folder, "gemma4_target")
@@ -581,8 +582,10 @@ def test_gemma4_dspark_has_a_checkpoint_of_its_own(detected, tmp_path, vllm_cpu)
     engine = engine_view(build_vllm_load_context(vc, spec.draft_model_config))
     assert engine.is_draft and not points_at_target(engine)
     checkpoint = probe(Candidate("model", draft_folder), load_settings())
-    plan = plan_for(checkpoint, BuiltModule(engine, question=lambda c: pytest.fail("asked")), load_settings(), source_is_target=False)
-    assert plan.names is None and sorted(plan.expected) == sorted(own) and plan.selection_source == "whole"
+    selection = select(checkpoint, BuiltModule(engine, question=lambda c: pytest.fail("asked")), load_settings(),
+                       source_is_target=False)  # fmt: skip
+    plan = plan_of(checkpoint, selection.names, load_settings())
+    assert plan.names is None and sorted(plan.expected) == sorted(own) and selection.source == "whole"
 
 
 def test_a_sampled_dry_run_refuses_a_unit_it_was_not_fed_that_lacks_a_stacked_member(tmp_path, vllm_cpu, monkeypatch):  # noqa: F811

@@ -38,8 +38,9 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # vLLM resolves its platform
 import torch  # noqa: E402
 from modelexpress.adapter import StrategyFailed  # noqa: E402
 from modelexpress.engines.vllm import adapter as vllm_adapter_module  # noqa: E402
-from modelexpress.engines.vllm.adapter import VllmAdapter, build_vllm_load_context  # noqa: E402
+from modelexpress.engines.vllm.adapter import build_vllm_load_context  # noqa: E402
 from modelexpress.load_strategy import LoadResult, LoadStrategyChain  # noqa: E402
+from helpers.cpu_vllm import cpu_vllm_adapter  # noqa: E402
 from mtp_arch import builders  # noqa: E402
 from mtp_arch.checkpoints import draft_checkpoint, persistent_buffers, split, write_checkpoint  # noqa: E402
 
@@ -109,20 +110,9 @@ def no_modelexpress_server(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
 
 
-class CpuVllmAdapter(VllmAdapter):
-    """ModelExpress's VllmAdapter without vLLM's post-load pass (it moves layers to cuda:0).
-
-    ``reinit_for_retry`` is counted and refused: a draft rebuilt here is a failure.
-    """
-
-    reinits = 0
-
-    def after_weight_iter_load(self, result):
-        return result
-
-    def reinit_for_retry(self, result):
-        type(self).reinits += 1
-        raise AssertionError("the draft was re-initialized")
+# ModelExpress's VllmAdapter without vLLM's post-load pass (it moves layers to cuda:0);
+# ``reinit_for_retry`` is counted and refused: a draft rebuilt here is a failure.
+CpuVllmAdapter = cpu_vllm_adapter(refuse_reinit="draft")
 
 
 def observe(model: torch.nn.Module) -> dict:
@@ -838,7 +828,7 @@ def test_a_draft_config_with_zero_layers_is_not_reported_as_not_found():
     assert "num_hidden_layers=0" in message and "config.json, which could not be read" in message
     assert "not found" not in message
     # config.json's real count wins over the draft's 0.
-    assert layer_layout({"num_hidden_layers": 0}, {"num_hidden_layers": 61}).num_hidden_layers == 61
+    assert layer_layout({"num_hidden_layers": 0}, {"num_hidden_layers": 61}).first == 61
 
 
 # -- a target leaves its MTP draft's own layers to the draft (MX_ROBUST_TARGET_SELECTION) -------------

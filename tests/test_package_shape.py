@@ -48,13 +48,13 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
     assert below("inspect") == ["checkpoint", "jsonread", "s3_ranged", "sources", "storage"]
     assert below("select") == [
         "built_module", "coverage", "draft", "dry_run", "kept", "module_reads", "mtp_table", "name_sampling",
-        "rank_share", "reads_cache", "twin",
+        "rank_share", "reads_cache", "selection", "twin",
     ]  # fmt: skip
-    assert below("plan") == ["distributed", "planning", "read_ahead"]
-    assert below("stream") == ["completeness", "content_check", "read_ahead", "runai_env", "runai_plan", "streaming",
-                               "tensor_bytes", "write_watch"]
-    assert below("observe") == ["progress", "report", "telemetry"]
-    assert below("engine") == ["sglang", "view", "vllm", "vllm_rules"]
+    assert below("plan") == ["distributed", "planning"]
+    assert below("stream") == ["completeness", "content_check", "delivery", "read_ahead", "runai_env", "runai_plan",
+                               "streaming", "tensor_bytes", "write_watch"]
+    assert below("observe") == ["failures", "progress", "report", "telemetry"]
+    assert below("engine") == ["config", "sglang", "view", "vllm", "vllm_rules"]
     assert below("patches") == ["_versions", "sglang_adapter_state", "sglang_parallel_getters"]
     assert below("modelexpress_plugin") == ["mx_plugin_robust_model_streamer"]  # ModelExpress 0.8's entry
 
@@ -64,6 +64,41 @@ def _structure():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _imports(path: Path) -> list[tuple[str, tuple[str, ...], bool]]:
+    """(module, names, only for type checking) for every ``from ... import`` of a file, resolved to absolute."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    package = "mx_strategies." + ".".join(path.relative_to(Path(mx_strategies.__file__).parent).parts[:-1])
+    typing_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for node in ast.walk(block)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            module = f"{base}.{node.module}" if node.level and node.module else (node.module or base)
+            found.append((module, tuple(a.name for a in node.names), id(node) in typing_only))
+    return found
+
+
+def test_planning_asks_the_selection_nothing_and_the_stream_imports_no_planning():
+    """The plan takes the selection's type and nothing else of select/ (no callback into the table, the
+    conventions or the module); the stream is handed its plan (planning's type only for type checking)."""
+    root = Path(mx_strategies.__file__).parent
+    for path in sorted((root / "plan").glob("*.py")):
+        for module, names, _ in _imports(path):
+            if module.startswith("mx_strategies.select"):
+                assert (module, names) == ("mx_strategies.select.selection", ("Selection",)), (path.name, module, names)
+    for path in sorted((root / "stream").glob("*.py")):
+        for module, names, typing_only in _imports(path):
+            if module.startswith("mx_strategies.plan"):
+                assert typing_only, (path.name, module, names)
 
 
 def test_no_import_cycle_and_no_import_up_the_load_order():

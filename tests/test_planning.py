@@ -1,6 +1,7 @@
-"""The load plan (:mod:`mx_strategies.plan.planning`): the one place that decides what a load streams.
+"""The selection and the load plan (:mod:`mx_strategies.select.selection`, :mod:`mx_strategies.plan.planning`):
+the one place that decides what a load streams.
 
-Unit tests of ``loaded_shards``, ``plan_for`` and ``is_target_source`` on real
+Unit tests of ``loaded_shards``, ``select``/``plan_of`` and ``is_target_source`` on real
 inspected checkpoints, and the promise the plan exists for: ``doctor`` and
 the strategy agree on every checkpoint the tests build (doctor's view is
 planned by the same functions; the strategy's load report says what it
@@ -13,6 +14,7 @@ import json
 import os
 
 import pytest
+import torch
 from helpers.checkpoints import (
     hf_cache,
     tiny_shards,
@@ -22,15 +24,15 @@ from helpers.checkpoints import (
 )
 from helpers.engine import MTP_DRAFT, TARGET, direct_load, model_config, vllm_config
 
-from mx_strategies.inspect.checkpoint import Shard, TensorInfo, inspect
+from mx_strategies.inspect.checkpoint import Shard, TensorInfo, inspect, loaded_shards
 from mx_strategies.cli.doctor import diagnose
 from mx_strategies.engine import EngineView
 from mx_strategies.errors import DraftPlanError, InconsistentCheckpoint
-from mx_strategies.plan import read_ahead
-from mx_strategies.plan.planning import LoadPlan, is_target_source, loaded_shards, narrow_to_model, plan_for, plan_load
+from mx_strategies.plan.planning import LoadPlan, plan_of
 from mx_strategies.select.built_module import BuiltModule
+from mx_strategies.select.selection import is_target_source, layer_of, select, select_resolved
 from mx_strategies.settings import load_settings
-from mx_strategies.inspect.sources import Candidate
+from mx_strategies.inspect.sources import Candidate, resolve
 from mx_strategies.inspect.storage import LocalStore
 from mx_strategies.testing.synthetic import mtp_checkpoint
 
@@ -39,6 +41,12 @@ EAGLE_DRAFT = EngineView(True, "eagle", (), 1, 1, None, {})
 
 def inspected(path: str):
     return inspect(LocalStore(path), load_settings().discovery_depth)
+
+
+def planned(checkpoint, module, settings, *, source_is_target, ask=True):
+    """(selection, plan) of ``module``'s load from ``checkpoint``, as the strategy makes them."""
+    selection = select(checkpoint, module, settings, source_is_target=source_is_target, ask=ask)
+    return selection, plan_of(checkpoint, selection.names, settings)
 
 
 # -- which shards load ---------------------------------------------------------------------
@@ -55,8 +63,8 @@ def test_loaded_shards_leave_empty_ones_out_unless_told(monkeypatch, tmp_path):
 
 def test_target_plan_is_every_tensor_in_plan_order(tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3, empty=(1,)), write_order=[2, 0, 1])
-    plan = plan_for(inspected(ckpt.path), BuiltModule(TARGET), load_settings(), source_is_target=True)
-    assert plan.role == "target" and plan.names is None and plan.convention is None
+    selection, plan = planned(inspected(ckpt.path), BuiltModule(TARGET), load_settings(), source_is_target=True)
+    assert selection.role == "target" and plan.names is None and selection.convention is None
     assert plan.expected == ckpt.order
     assert plan.shard_keys == [ckpt.names[0], ckpt.names[2]]
     assert plan.uris == [ckpt.files[0], ckpt.files[2]]
@@ -67,7 +75,7 @@ def test_a_checkpoint_with_errors_is_not_planned(tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
     os.truncate(ckpt.files[1], 0)
     with pytest.raises(InconsistentCheckpoint, match=f"^checkpoint {ckpt.path} is inconsistent, not loading it: "):
-        plan_for(inspected(ckpt.path), BuiltModule(TARGET), load_settings(), source_is_target=True)
+        select(inspected(ckpt.path), BuiltModule(TARGET), load_settings(), source_is_target=True)
 
 
 # -- drafts ------------------------------------------------------------------------------------
@@ -76,19 +84,19 @@ def test_a_checkpoint_with_errors_is_not_planned(tmp_path):
 @pytest.mark.parametrize("style, convention", [("qwen", "mtp"), ("deepseek", "nextn_layers")])
 def test_mtp_draft_plan_is_its_head_from_the_shards_holding_it(tmp_path, style, convention):
     ck = mtp_checkpoint(str(tmp_path / "ckpt"), style=style, empty_shards=(1,))
-    plan = plan_for(inspected(ck.path), BuiltModule(MTP_DRAFT), load_settings(), source_is_target=True)
-    assert plan.role == "draft" and plan.convention == convention
+    selection, plan = planned(inspected(ck.path), BuiltModule(MTP_DRAFT), load_settings(), source_is_target=True)
+    assert selection.role == "draft" and selection.convention == convention
     assert plan.names == frozenset(ck.draft_names) and set(plan.expected) == ck.draft_names
     assert plan.shard_keys == [ck.shard_names[-1]]
     assert plan.bytes == ck.nbytes(ck.draft_names)
-    assert plan.shared == frozenset()
+    assert selection.shared == frozenset()
 
 
 def test_draft_at_pipeline_parallel_2_also_streams_the_shared_weights(tmp_path):
     ck = mtp_checkpoint(str(tmp_path / "ckpt"), style="qwen")
     draft_pp2 = EngineView(True, "mtp", (), 1, 2, None, {})
-    plan = plan_for(inspected(ck.path), BuiltModule(draft_pp2), load_settings(), source_is_target=True)
-    assert plan.shared == frozenset(ck.shared_names)
+    selection, plan = planned(inspected(ck.path), BuiltModule(draft_pp2), load_settings(), source_is_target=True)
+    assert selection.shared == frozenset(ck.shared_names)
     assert plan.names == frozenset(ck.draft_names | ck.shared_names)
     assert plan.shard_keys == [ck.shard_names[0], ck.shard_names[-2], ck.shard_names[-1]]  # embed, lm_head, head
 
@@ -96,10 +104,10 @@ def test_draft_at_pipeline_parallel_2_also_streams_the_shared_weights(tmp_path):
 def test_a_draft_with_a_checkpoint_of_its_own_loads_it_whole_and_is_never_fed_the_target(tmp_path):
     ck = mtp_checkpoint(str(tmp_path / "ckpt"), style="deepseek")
     checkpoint = inspected(ck.path)
-    whole = plan_for(checkpoint, BuiltModule(EAGLE_DRAFT), load_settings(), source_is_target=False)
-    assert whole.names is None and whole.role == "draft" and set(whole.expected) == set(ck.tensors)
+    selection, whole = planned(checkpoint, BuiltModule(EAGLE_DRAFT), load_settings(), source_is_target=False)
+    assert whole.names is None and selection.role == "draft" and set(whole.expected) == set(ck.tensors)
     with pytest.raises(DraftPlanError, match=r"draft \(method eagle\) has a checkpoint of its own"):
-        plan_for(checkpoint, BuiltModule(EAGLE_DRAFT), load_settings(), source_is_target=True)
+        select(checkpoint, BuiltModule(EAGLE_DRAFT), load_settings(), source_is_target=True)
 
 
 def test_the_target_source_is_mx_model_uri_or_the_targets_own(monkeypatch):
@@ -111,10 +119,12 @@ def test_the_target_source_is_mx_model_uri_or_the_targets_own(monkeypatch):
     assert is_target_source(Candidate("model", "s3://bucket/eagle"), engine, load_settings())
 
 
-def test_plan_load_walks_the_chain_then_plans(tmp_path):
+def test_resolve_walks_the_chain_then_the_load_is_planned(tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
     missing = str(tmp_path / "gone")
-    resolution, plan = plan_load([Candidate("model", missing), Candidate("MX_MODEL_URI", ckpt.path)], BuiltModule(TARGET), load_settings())
+    settings = load_settings()
+    resolution = resolve([Candidate("model", missing), Candidate("MX_MODEL_URI", ckpt.path)], settings)
+    plan = plan_of(resolution.checkpoint, select_resolved(resolution, BuiltModule(TARGET), settings).names, settings)
     assert resolution.candidate == Candidate("MX_MODEL_URI", ckpt.path)
     assert [r.candidate.uri for r in resolution.rejected] == [missing]
     assert plan.expected == ckpt.order
@@ -236,20 +246,33 @@ def _shard(key: str, *names: str) -> Shard:
                  tensors={n: TensorInfo(n, "BF16", (2,), 4) for n in names})  # fmt: skip
 
 
-def test_narrow_to_model_drops_what_the_model_says_it_does_not_load():
-    shards = (_shard("a", "mtp.fc.weight", "model.norm.weight"), _shard("b", "model.layers.1.w"))
-    plan = LoadPlan("s3://b", shards, frozenset({"mtp.fc.weight", "model.norm.weight", "model.layers.1.w"}),
-                    role="draft", shared=frozenset({"model.norm.weight"}))  # fmt: skip
+def _one_by_one(path: str, *shards: tuple[str, ...]):
+    """A checkpoint of tiny float32 tensors, shard by shard as given (the names' order is the plan's where each
+    shard holds one), and its inspection."""
+    ckpt = write_checkpoint(path, [{n: torch.zeros(2) for n in names} for names in shards])
+    return ckpt, inspected(ckpt.path)
+
+
+def test_the_selection_drops_what_the_model_says_it_does_not_load(tmp_path, monkeypatch):
+    """A draft's convention picks ``mtp.*``, ``MX_ROBUST_DRAFT_EXTRA_PREFIXES`` a layer and, at pipeline parallel 2,
+    the shared head; the model's word (``unused``) drops all but ``mtp.*``."""
+    ckpt, checkpoint = _one_by_one(str(tmp_path / "ckpt"), ("mtp.fc.weight", "lm_head.weight"), ("model.layers.1.w",))
+    monkeypatch.setenv("MX_ROBUST_DRAFT_EXTRA_PREFIXES", "model.layers.1.")
+    settings = load_settings()
+    draft_pp2 = EngineView(True, "mtp", (), 1, 2, None, {})
     unused = lambda name: not name.startswith("mtp.")  # noqa: E731 - Qwen3-Next's rule, less embed/head
-    narrowed = narrow_to_model(plan, unused)
+    whole_selection, whole_plan = planned(checkpoint, BuiltModule(draft_pp2), settings, source_is_target=True)
+    assert whole_selection.shared == {"lm_head.weight"}  # what the model's word then drops
+    selection, narrowed = planned(checkpoint, BuiltModule(draft_pp2, unused=unused), settings, source_is_target=True)
     assert narrowed.expected == ["mtp.fc.weight"]
-    assert narrowed.shard_keys == ["a"]  # shard b held only a dropped tensor: not read
-    assert narrowed.unused_by_model == {"model.norm.weight", "model.layers.1.w"}
-    assert narrowed.shared == frozenset()
-    assert narrow_to_model(plan, None) is plan
+    assert narrowed.shard_keys == [ckpt.names[0]]  # shard b held only a dropped tensor: not read
+    assert selection.unused_by_model == {"lm_head.weight", "model.layers.1.w"}
+    assert selection.shared == frozenset()
+    assert whole_selection.unused_by_model == frozenset() and set(whole_plan.expected) == {
+        "mtp.fc.weight", "lm_head.weight", "model.layers.1.w"}  # fmt: skip
     # A target's whole-checkpoint plan is narrowed the same way (vLLM 0.33's targets say it too).
-    full = narrow_to_model(LoadPlan("s3://b", shards, None), unused)
-    assert full.expected == ["mtp.fc.weight"] and full.unused_by_model == {"model.norm.weight", "model.layers.1.w"}
+    target, full = planned(checkpoint, BuiltModule(TARGET, unused=unused), settings, source_is_target=True)
+    assert full.expected == ["mtp.fc.weight"] and target.unused_by_model == {"lm_head.weight", "model.layers.1.w"}
 
 
 def test_a_draft_the_model_says_loads_nothing_is_refused_before_streaming(tmp_path, monkeypatch):
@@ -259,54 +282,66 @@ def test_a_draft_the_model_says_loads_nothing_is_refused_before_streaming(tmp_pa
     settings = load_settings()
     engine = EngineView(True, "mtp", (folder,), 1, 1, {"num_hidden_layers": 2, "num_nextn_predict_layers": 1})
     with pytest.raises(DraftPlanError, match="the model says it loads none of the .* tensors selected for it") as failure:
-        plan_load([Candidate("MX_MODEL_URI", folder)], BuiltModule(engine, unused=lambda name: True), settings)
+        resolution = resolve([Candidate("MX_MODEL_URI", folder)], settings)
+        select_resolved(resolution, BuiltModule(engine, unused=lambda name: True), settings)
     assert failure.value.mutated is False
 
 
-# -- what may stream before the module answers (plan.read_ahead) ---------------------------------
+# -- what may stream before the module answers (LoadPlan.head, Selection.uncertain) ---------------
 
 
 def test_the_head_is_the_plans_first_tensors_within_the_budget_and_the_rest_follows():
     shards = (_shard("a", "x.0", "x.1", "x.2"), _shard("b", "x.3", "x.4"))  # 4 bytes each
     plan = LoadPlan("s3://b", shards, None)
-    first = read_ahead.head(plan, 12)
+    first = plan.head(12)
     assert first.expected == ["x.0", "x.1", "x.2"] and first.shard_keys == ["a"] and first.bytes == 12
-    assert read_ahead.head(plan, 13).expected == ["x.0", "x.1", "x.2"]  # a tensor is never split
-    assert read_ahead.head(plan, 1).expected == ["x.0"]  # a budget smaller than the first still reads it
-    assert read_ahead.head(plan, 1 << 40).expected == plan.expected
-    assert read_ahead.head(plan, 0) is None and read_ahead.head(LoadPlan("s3://b", (), None), 8) is None
-    rest = read_ahead.rest(plan, frozenset(first.expected))
+    assert plan.head(13).expected == ["x.0", "x.1", "x.2"]  # a tensor is never split
+    assert plan.head(1).expected == ["x.0"]  # a budget smaller than the first still reads it
+    assert plan.head(1 << 40).expected == plan.expected
+    assert plan.head(0) is None and LoadPlan("s3://b", (), None).head(8) is None
+    rest = plan.rest(frozenset(first.expected))
     assert rest.expected == ["x.3", "x.4"] and rest.shard_keys == ["b"]
-    assert read_ahead.rest(plan, frozenset(plan.expected)) is None
+    assert plan.rest(frozenset(plan.expected)) is None
     # Only the plan's own names, in its order.
     narrowed = LoadPlan("s3://b", shards, frozenset({"x.1", "x.4"}))
-    assert read_ahead.head(narrowed, 1 << 40).expected == ["x.1", "x.4"]
+    assert narrowed.head(1 << 40).expected == ["x.1", "x.4"]
 
 
-def test_a_drafts_head_leaves_its_embeddings_heads_and_shared_weights_to_the_answer():
+def _foreseen_head(checkpoint, engine, held=None):
+    """The read-ahead's head of ``engine``'s load, selected without asking (a module still to be asked)."""
+    module = BuiltModule(engine, held=held, question=lambda checkpoint: pytest.fail("the module was asked"))
+    selection, plan = planned(checkpoint, module, load_settings(), source_is_target=True, ask=False)
+    return selection, plan.head(1 << 40, selection.uncertain)
+
+
+def test_a_drafts_head_leaves_its_embeddings_heads_and_shared_weights_to_the_answer(tmp_path):
+    """A DeepSeek-style draft (layer N=2) at pipeline parallel 2 also streams the shared ``lm_head.weight``."""
     names = ("model.layers.2.embed_tokens.weight", "model.layers.2.enorm.weight", "model.layers.2.shared_head.head.weight",
              "model.layers.2.eh_proj.weight", "lm_head.weight", "model.norm.weight")  # fmt: skip
-    plan = LoadPlan("s3://b", (_shard("a", *names),), frozenset(names), role="draft", shared=frozenset({"model.norm.weight"}))
-    assert read_ahead.head(plan, 1 << 40).expected == ["model.layers.2.enorm.weight", "model.layers.2.eh_proj.weight"]
+    _, checkpoint = _one_by_one(str(tmp_path / "ckpt"), *((name,) for name in names))
+    draft_pp2 = EngineView(True, "mtp", (), 1, 2, {"num_hidden_layers": 2, "num_nextn_predict_layers": 1}, {})
+    selection, head = _foreseen_head(checkpoint, draft_pp2)
+    assert selection.shared == {"lm_head.weight"} and selection.uncertain == {
+        "model.layers.2.embed_tokens.weight", "model.layers.2.shared_head.head.weight", "lm_head.weight"}  # fmt: skip
+    assert head.expected == ["model.layers.2.enorm.weight", "model.layers.2.eh_proj.weight"]
     # A target's embedding and head are its own: read ahead.
-    target = LoadPlan("s3://b", (_shard("a", *names),), None)
-    assert read_ahead.head(target, 1 << 40).expected == list(names)
+    assert _foreseen_head(checkpoint, TARGET)[1].expected == list(names)
 
 
-def test_a_layer_the_module_does_not_hold_is_not_read_ahead():
+def test_a_layer_the_module_does_not_hold_is_not_read_ahead(tmp_path):
     """A target holds layers 0-1 (``held``: its parameter names); layer 2 is its MTP draft's. Layers are matched
     by container and index, so a module naming its tree otherwise still matches; a module that numbers no
     ``layers`` (a stand-in's flat buffers) says nothing."""
     names = ("model.embed_tokens.weight", "model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.experts.3.w",
              "model.layers.2.eh_proj.weight", "model.layers.2.mlp.experts.3.w", "lm_head.weight")  # fmt: skip
-    plan = LoadPlan("s3://b", (_shard("a", *names),), None)
+    _, checkpoint = _one_by_one(str(tmp_path / "ckpt"), *((name,) for name in names))
     held = frozenset({"model.embed_tokens.weight", "model.layers.0.mlp.gate_up_proj.weight",
                       "model.layers.1.mlp.experts.w13_weight", "lm_head.weight"})  # fmt: skip
     expected = ["model.embed_tokens.weight", "model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.experts.3.w",
                 "lm_head.weight"]  # fmt: skip
-    assert read_ahead.head(plan, 1 << 40, held).expected == expected
+    assert _foreseen_head(checkpoint, TARGET, held)[1].expected == expected
     renamed = frozenset("language_model." + name for name in held)
-    assert read_ahead.head(plan, 1 << 40, renamed).expected == expected
-    assert read_ahead.head(plan, 1 << 40, frozenset({"w0", "w1"})).expected == list(names)
-    assert read_ahead.head(plan, 1 << 40, None).expected == list(names)
-    assert read_ahead.layer_of("model.layers.².w") is None and read_ahead.layer_of("lm_head.weight") is None
+    assert _foreseen_head(checkpoint, TARGET, renamed)[1].expected == expected
+    assert _foreseen_head(checkpoint, TARGET, frozenset({"w0", "w1"}))[1].expected == list(names)
+    assert _foreseen_head(checkpoint, TARGET, None)[1].expected == list(names)
+    assert layer_of("model.layers.².w") is None and layer_of("lm_head.weight") is None

@@ -1,4 +1,4 @@
-"""What a rank holds, read from its module's structure (mx_strategies.select.rank_share), and the plan narrowed by it.
+"""What a rank holds, read from its module's structure (mx_strategies.select.rank_share), and the selection narrowed by it.
 
 The modules here are plain torch modules shaped as vLLM's: placeholders
 whose class is named ``PPMissingLayer`` (vLLM's and SGLang's name), MoE
@@ -14,9 +14,11 @@ import pytest
 import torch
 from helpers.checkpoints import write_checkpoint
 
-from mx_strategies.plan.planning import narrow_to_rank, plan_for
+from mx_strategies.plan.planning import plan_of
 from mx_strategies.select.built_module import BuiltModule
+from mx_strategies.select.module_reads import ModuleReads
 from mx_strategies.select.rank_share import OTHER_EXPERT_RANK, OTHER_STAGE, RankShare, share_of
+from mx_strategies.select.selection import NOT_HELD, select
 from mx_strategies.settings import load_settings
 from mx_strategies.inspect.sources import Candidate, probe
 from helpers.engine import TARGET
@@ -93,23 +95,27 @@ def test_the_structure_narrows_a_table_plan_but_not_the_modules_own_answer(tmp_p
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), [names])
     settings = load_settings()
     checkpoint = probe(Candidate("explicit", ckpt.path), settings)
-    full = plan_for(checkpoint, BuiltModule(TARGET), settings, source_is_target=True)
+
+    def planned(**module):
+        selection = select(checkpoint, BuiltModule(TARGET, **module), settings, source_is_target=True)
+        return selection, plan_of(checkpoint, selection.names, settings)
+
+    _, full = planned()
     share = RankShare(("model.layers.0.",), {"model.layers.2.mlp.experts.": frozenset({2, 3})})
 
-    narrowed = narrow_to_rank(full, share)
+    selection, narrowed = planned(share=share)
     assert set(narrowed.expected) == {"model.embed_tokens.weight", "model.layers.2.norm.weight",
                                       "model.layers.2.mlp.experts.2.down_proj.weight", "lm_head.weight"}  # fmt: skip
-    assert narrowed.not_held == {"model.layers.0.norm.weight", "model.layers.2.mlp.experts.0.down_proj.weight"}
-    assert narrowed.not_held_bytes == 2 * 4 + 2 * 2 * 4
-    assert narrowed.left_out["model.layers.0.norm.weight"] == OTHER_STAGE
-    assert narrowed.bytes == full.bytes - narrowed.not_held_bytes
+    assert selection.not_held == {"model.layers.0.norm.weight", "model.layers.2.mlp.experts.0.down_proj.weight"}
+    assert selection.left_bytes.get(NOT_HELD, 0) == 2 * 4 + 2 * 2 * 4
+    assert selection.reasons["model.layers.0.norm.weight"] == OTHER_STAGE
+    assert narrowed.bytes == full.bytes - selection.left_bytes.get(NOT_HELD, 0)
 
     # The module's own answer already is the rank's share: the structure is not asked again.
-    from dataclasses import replace
-
-    answered = replace(full, selection_source="dry_run")
-    assert narrow_to_rank(answered, share) is answered
-    assert narrow_to_rank(full, None) is full and narrow_to_rank(full, RankShare()) is full
+    everything = frozenset(names)
+    answered, answered_plan = planned(share=share, question=lambda c: ModuleReads(everything, "dry_run"))
+    assert answered.source == "dry_run" and not answered.not_held and answered_plan.expected == full.expected
+    assert planned(share=None)[1] == full and planned(share=RankShare())[1] == full
 
 
 @pytest.mark.parametrize("prefix", ["model.layers.2.mlp.experts.", "layers.2.mlp.experts."])

@@ -40,6 +40,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM's classes: scripts/test.sh installs them")
 
+from helpers.checkpoints import write_shard  # noqa: E402
 from helpers.ranks import run_ranks  # noqa: E402
 from helpers.shares import expert_of, layer_of, probe_bytes, tensor_sizes  # noqa: E402
 from helpers.together import Together, collected_params  # noqa: E402
@@ -144,14 +145,14 @@ def drop_tensors(folder: str, names) -> None:
     """Rewrite ``folder``'s shards (and index) without ``names``: a checkpoint whose index and headers agree."""
     import json
 
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     index_path = os.path.join(folder, "model.safetensors.index.json")
     index = json.load(open(index_path)) if os.path.exists(index_path) else None
     for shard in sorted(Path(folder).glob("*.safetensors")):
         tensors = load_file(str(shard))
         if any(n in tensors for n in names):
-            save_file({n: t for n, t in tensors.items() if n not in names}, str(shard), metadata={"format": "pt"})
+            write_shard(str(shard), {n: t for n, t in tensors.items() if n not in names}, metadata={"format": "pt"})
     if index is not None:
         index["weight_map"] = {n: f for n, f in index["weight_map"].items() if n not in names}
         with open(index_path, "w") as handle:

@@ -19,8 +19,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.checkpoints import write_shard
 from modelexpress import p2p_pb2
-from safetensors.torch import save_file
 
 from mx_strategies.select import mtp_table
 from mx_strategies.inspect.checkpoint import inspect
@@ -28,7 +28,8 @@ from mx_strategies.engine import SGLANG, EngineView, engine_view
 from mx_strategies.errors import DraftPlanError
 from mx_strategies.select.built_module import BuiltModule
 from mx_strategies.engine.sglang import SGLANG_MTP_METHODS, is_mtp_draft
-from mx_strategies.plan.planning import plan_for
+from mx_strategies.plan.planning import plan_of
+from mx_strategies.select.selection import select
 from mx_strategies.settings import load_settings
 from mx_strategies.inspect.storage import LocalStore
 
@@ -40,12 +41,12 @@ def write_names(folder: str, names: list[str], config: dict, *, shards: int = 2,
     for number in range(shards):
         part = names[number::shards]
         file = f"model-{number + 1:05d}-of-{shards:05d}.safetensors"
-        save_file({n: torch.full((2,), float(i), dtype=torch.bfloat16) for i, n in enumerate(part)}, os.path.join(folder, file))
+        write_shard(os.path.join(folder, file), {n: torch.full((2,), float(i), dtype=torch.bfloat16) for i, n in enumerate(part)})
         weight_map.update({n: file for n in part})
     with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
     for file, extra in (unindexed or {}).items():
-        save_file({n: torch.zeros(2, dtype=torch.bfloat16) for n in extra}, os.path.join(folder, file))
+        write_shard(os.path.join(folder, file), {n: torch.zeros(2, dtype=torch.bfloat16) for n in extra})
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f)
     return folder
@@ -60,7 +61,10 @@ def draft(architecture: str, **fields) -> EngineView:
 
 
 def plan(folder: str, engine: EngineView):
-    return plan_for(inspect(LocalStore(folder), 2), BuiltModule(engine), load_settings(), source_is_target=True)
+    """(selection, plan) of ``engine``'s load from ``folder``, the target's checkpoint."""
+    checkpoint, settings = inspect(LocalStore(folder), 2), load_settings()
+    selection = select(checkpoint, BuiltModule(engine), settings, source_is_target=True)
+    return selection, plan_of(checkpoint, selection.names, settings)
 
 
 def layer(prefix: str, *parts: str) -> list[str]:
@@ -83,8 +87,8 @@ def test_deepseek_nextn_without_its_module_takes_layer_n_by_the_nextn_convention
     folder = write_names(str(tmp_path / "ds"), own + skipped + target,
                          {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
                           "num_hidden_layers": 2, "num_nextn_predict_layers": 1})
-    got = plan(folder, draft("DeepseekV3ForCausalLMNextN"))
-    assert got.architecture is None and got.convention == "nextn_layers" and got.selection_source == "convention"
+    chosen, got = plan(folder, draft("DeepseekV3ForCausalLMNextN"))
+    assert chosen.architecture is None and chosen.convention == "nextn_layers" and chosen.source == "convention"
     assert set(got.expected) == set(own) | set(skipped)
 
 
@@ -97,8 +101,8 @@ def test_deepseek_target_in_sglang_without_its_module_streams_the_whole_checkpoi
                          {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
                           "num_hidden_layers": 2, "num_nextn_predict_layers": 1})
     engine = replace(EngineView(False, None, (), 1, 1, None, {}), engine=SGLANG)
-    got = plan(folder, engine)
-    assert got.architecture is None and not got.left_to_draft
+    chosen, got = plan(folder, engine)
+    assert chosen.architecture is None and not chosen.left_to_draft
     assert set(got.expected) == set(target) | set(own)
 
 
@@ -119,8 +123,8 @@ def test_mimo_v2_runner_streams_the_one_mtp_layer_it_serves(tmp_path, index):
     set of parameters, so feeding them all would leave the last one's weights in every runner."""
     # The draft's own hf_config says 1 MTP layer (_config_draft_model sets it); the checkpoint's counts.
     engine = draft("MiMoV2MTP", draft_layer=index, hf_config={"num_nextn_predict_layers": 1})
-    got = plan(_mimo(tmp_path), engine)
-    assert got.architecture == "sglang_mimo_v2_mtp"
+    chosen, got = plan(_mimo(tmp_path), engine)
+    assert chosen.architecture == "sglang_mimo_v2_mtp"
     assert set(got.expected) == {f"model.mtp.layers.{index}.{p}" for p in MIMO_OWN}
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import replace
 from typing import Optional
 
 import pytest
 import torch
-from helpers.checkpoints import DROPPED, replace_without, shard_path, tiny_shards, write_checkpoint
+from helpers.checkpoints import DROPPED, replace_without, shard_path, tiny_shards, write_checkpoint, write_shard
 from helpers.engine import (
     TARGET,
     CountingAdapter,
@@ -29,11 +28,11 @@ from helpers.engine import (
     vllm_config,
 )
 
-from mx_strategies.inspect.checkpoint import inspect
+from mx_strategies.inspect.checkpoint import inspect, loaded_shards
 from mx_strategies.errors import IncompleteDelivery, InconsistentCheckpoint
-from mx_strategies.plan import read_ahead
-from mx_strategies.plan.planning import LoadPlan, loaded_shards, plan_for
+from mx_strategies.plan.planning import LoadPlan, plan_of
 from mx_strategies.select.built_module import BuiltModule
+from mx_strategies.select.selection import select
 from mx_strategies.settings import load_settings
 from mx_strategies.inspect.storage import LocalStore
 from mx_strategies.stream.read_ahead import ReadAhead
@@ -42,7 +41,13 @@ from mx_strategies.stream.tensor_bytes import same_bytes
 
 
 def target_plan(path: str, settings) -> LoadPlan:
-    return plan_for(inspect(LocalStore(path), settings.discovery_depth), BuiltModule(TARGET), settings, source_is_target=True)
+    return planned_target(inspect(LocalStore(path), settings.discovery_depth), settings)
+
+
+def planned_target(checkpoint, settings) -> LoadPlan:
+    """A plain target's plan of ``checkpoint``, as the strategy makes it."""
+    selection = select(checkpoint, BuiltModule(TARGET), settings, source_is_target=True)
+    return plan_of(checkpoint, selection.names, settings)
 
 
 # -- VerifiedStream ----------------------------------------------------------------
@@ -75,8 +80,8 @@ def test_a_read_ahead_delivers_only_what_the_answered_plan_holds_then_the_rest(p
     whole = target_plan(ckpt.path, settings)
     first_two = frozenset(n for shard in whole.shards[:2] for n in shard.tensors)
     assert DROPPED in first_two
-    answered = replace(whole, names=frozenset(n for n in whole.expected if n != DROPPED))
-    head = read_ahead.head(replace(whole, names=first_two), 1 << 30)
+    answered = whole.narrowed(n for n in whole.expected if n != DROPPED)
+    head = whole.narrowed(first_two).head(1 << 30)
     assert set(head.expected) == first_two
 
     delivered = []
@@ -176,8 +181,8 @@ def test_verified_stream_reports_duplicates(tmp_path):
     settings = load_settings()
     checkpoint = inspect(LocalStore(ckpt.path), settings.discovery_depth)
     assert [p.kind for p in checkpoint.errors] == ["duplicate_tensor"]  # the strategy would stop here
-    with pytest.raises(InconsistentCheckpoint):  # and planning is where it stops
-        plan_for(checkpoint, BuiltModule(TARGET), settings, source_is_target=True)
+    with pytest.raises(InconsistentCheckpoint):  # and the selection is where it stops
+        select(checkpoint, BuiltModule(TARGET), settings, source_is_target=True)
     unchecked = LoadPlan(checkpoint.uri, tuple(loaded_shards(checkpoint, settings)), None)
     names: list[str] = []
     with pytest.raises(IncompleteDelivery, match="1 delivered more than once: model.layers.0.input_layernorm.weight"):
@@ -429,8 +434,6 @@ def test_streamed_tensors_are_owned(monkeypatch, tmp_path):
 
 def _f4_checkpoint(folder: str) -> dict[str, torch.Tensor]:
     """safetensors' own file: an F4 weight (header shape [4, 16]: 64 four-bit values) beside a bf16 one."""
-    from safetensors.torch import save_file
-
     generator = torch.Generator().manual_seed(3)
     tensors = {
         "model.layers.0.mlp.down_proj.weight": torch.randint(0, 256, (4, 8), generator=generator, dtype=torch.uint8)
@@ -438,7 +441,7 @@ def _f4_checkpoint(folder: str) -> dict[str, torch.Tensor]:
         "model.layers.0.mlp.down_proj.weight_scale": torch.randn(4, 2, generator=generator).to(torch.bfloat16),
     }
     os.makedirs(folder, exist_ok=True)
-    save_file(tensors, os.path.join(folder, "model.safetensors"))
+    write_shard(os.path.join(folder, "model.safetensors"), tensors)
     return tensors
 
 
@@ -461,7 +464,7 @@ def test_f4_streams_where_runai_packs_it_and_is_refused_by_name_where_it_cannot(
         assert "dtype F4 is valid safetensors, but runai-model-streamer cannot stream it" in problem.message
         return
     assert not checkpoint.problems, checkpoint.problems
-    plan = plan_for(checkpoint, BuiltModule(TARGET), settings, source_is_target=True)
+    plan = planned_target(checkpoint, settings)
     delivered = {}
     with VerifiedStream(plan, settings) as stream:
         for name, tensor in stream.tensors():

@@ -69,6 +69,7 @@ from modelexpress.engines.vllm import adapter as vllm_adapter_module  # noqa: E4
 from modelexpress.engines.vllm.adapter import VllmAdapter, _is_speculative_draft, build_vllm_load_context  # noqa: E402
 from modelexpress.load_strategy import LoadStrategyChain  # noqa: E402
 from helpers.checkpoints import reference_tensors  # noqa: E402
+from helpers.cpu_vllm import cpu_vllm_adapter  # noqa: E402
 from helpers.engine import STRATEGY_LOGGER, RecordingModel  # noqa: E402
 from mx_strategies.testing.engine.models import make_model  # noqa: E402
 from vllm.config import (  # noqa: E402
@@ -339,21 +340,10 @@ def test_robust_chain_with_real_vllm_configs(tmp_path, arch, source, s3, robust,
 # -- vLLM's own model classes, built on the CPU ------------------------------
 
 
-class CpuVllmAdapter(VllmAdapter):
-    """ModelExpress's VllmAdapter with post-load processing left out.
-
-    ``after_weight_iter_load`` runs vLLM's ``process_weights_after_loading``,
-    which needs a GPU for a real vLLM model: it moves every layer with a quant
-    method to the load device (cuda:0) and repacks the weights with vLLM's
-    compiled kernels (torch.ops._C.*, which the CUDA wheel lacks on a CPU).
-    Everything else (apply_weight_iter, identity, ranks) is the real adapter.
-    """
-
-    post_load_calls = 0
-
-    def after_weight_iter_load(self, result):
-        type(self).post_load_calls += 1
-        return result
+# ModelExpress's VllmAdapter with post-load processing left out (counted in ``post_load_calls``):
+# ``after_weight_iter_load`` runs vLLM's ``process_weights_after_loading``, which needs a GPU for a real
+# vLLM model. Everything else (apply_weight_iter, identity, ranks, reinit_for_retry) is the real adapter.
+CpuVllmAdapter = cpu_vllm_adapter()
 
 
 def observe_load_weights(model: torch.nn.Module):

@@ -17,7 +17,7 @@ from sglang_support import builders as sb
 
 from mx_strategies.select import kept, module_reads, mtp_table
 from mx_strategies.engine import SGLANG, EngineView, declared_unused
-from mx_strategies.plan.planning import row_layout_for
+from mx_strategies.select.selection import row_layout_for
 from mx_strategies.settings import load_settings
 from mx_strategies.inspect.sources import Candidate, probe
 from mx_strategies.stream.tensor_bytes import same_bytes
