@@ -7,7 +7,6 @@ puts :class:`RobustModelStreamerStrategy` in the place of ModelExpress's
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import time
 from contextlib import ExitStack, suppress
@@ -16,7 +15,7 @@ from typing import ClassVar, Optional
 
 from modelexpress import envs
 from modelexpress.adapter import EngineAdapter, StrategyFailed
-from modelexpress.load_strategy.base import LoadContext, LoadStrategy, _as_load_result, register_tensors
+from modelexpress.load_strategy.base import LoadContext, _as_load_result, register_tensors
 from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
@@ -78,16 +77,9 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         """Read the settings now, so a bad value fails at activation."""
         return load_settings()
 
-    def supports_explicit_uri(self, ctx: LoadContext) -> bool:
-        if not LoadStrategy.is_available(self, ctx):
-            return False
-        if importlib.util.find_spec("runai_model_streamer") is None:
-            logger.info(f"[Worker {ctx.global_rank}] runai_model_streamer not installed, skipping")
-            return False
-        return True
-
     def is_available(self, ctx: LoadContext) -> bool:
-        """Eligible like ``model_streamer``; never raises (a bad setting skips the strategy)."""
+        """Eligible like ``model_streamer`` (its ``supports_explicit_uri``: runai importable); never raises (a bad
+        setting skips the strategy)."""
         if not self.supports_explicit_uri(ctx):
             return False
         try:
@@ -118,7 +110,9 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         except ConfigurationError as exc:
             raise StrategyFailed(str(exc), mutated=False) from exc
 
-    def _load_from(self, result: LoadResult, ctx: LoadContext, cands: list[Candidate], settings: RobustSettings) -> LoadResult:
+    def _load_from(
+        self, result: LoadResult, ctx: LoadContext, cands: list[Candidate], settings: RobustSettings
+    ) -> LoadResult:
         """Inspect and resolve, select, plan, stream, report: the load, top down."""
         started, result, rank = time.perf_counter(), _as_load_result(result), ctx.global_rank
         engine = engine_view(ctx)
@@ -132,10 +126,11 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             ahead: Optional[ReadAhead] = None
             try:
                 if distributed:
-                    resolution, selection, shares = agreed_selection(ctx.adapter, rank, cands, module, settings, select_resolved)
+                    agreed = agreed_selection(ctx.adapter, rank, cands, module, settings, select_resolved)
+                    resolution, selection, shares = agreed
                 else:
                     resolution, shares = resolve(cands, settings), None
-                    ahead = early.enter_context(self._read_ahead(rank, resolution, module, settings))
+                    ahead = self._read_ahead(early, rank, resolution, module, settings)
                     selection = select_resolved(resolution, module, settings)  # the question, as runai reads ahead
             except MxStrategiesError as exc:
                 self._refuse(rank, f"{engine.role} load not started: {exc}", exc)
@@ -151,7 +146,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             self._publish_07(result, ctx)
         return result
 
-    def _refuse(self, rank: int, message: str, cause: Optional[BaseException] = None, level: int = logging.WARNING) -> None:
+    def _refuse(self, rank: int, message: str, cause: Optional[Exception] = None, level: int = logging.WARNING) -> None:
         """Give the load up before the model is touched: ``mutated=False``, the chain's next strategy loads."""
         logger.log(level, f"[Worker {rank}] {self.name} {message}")
         raise StrategyFailed(str(cause) if cause is not None else message, mutated=False) from cause
@@ -170,9 +165,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             self._refuse(ctx.global_rank, f"{engine_view(ctx).role} reload refused before it started: {self.name} "
                          f"loads cold models only, not a layerwise reload of a live one; ModelExpress's next strategy "
                          f"reloads it", level=logging.INFO)  # fmt: skip
-        super_prepare = getattr(super(), "prepare", None)
-        if super_prepare is not None:
-            super_prepare(result, ctx)
+        if hasattr(super(), "prepare"):  # ModelExpress 0.8's chain: the parent prepares too
+            super().prepare(result, ctx)
 
     def finalize(self, result: LoadResult, ctx: LoadContext) -> None:
         """ModelExpress 0.8 calls this after :meth:`load`: post-load processing and registration, once each."""
@@ -195,9 +189,10 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             raise StrategyFailed(f"post-load processing failed: {exc}", mutated=True) from exc
         finished, load = time.perf_counter(), streamed.load
         timings = load_timings(*streamed.clock, finished, streamed.stream)
-        report = report_of(ctx.global_rank, load.resolution, load.selection, load.plan, streamed.stream, timings, load.shares)
+        report = report_of(ctx.global_rank, load.resolution, load.selection, load.plan, streamed.stream, timings,
+                           load.shares)  # fmt: skip
         # The chain's envelope carries the report; so does the adapter's result where it made a new one (0.7).
-        envelopes = [result] + [processed] if isinstance(processed, LoadResult) and processed is not result else [result]
+        envelopes = [result, processed] if isinstance(processed, LoadResult) and processed is not result else [result]
         attach(report, *envelopes)
         telemetry.record_load(report, ctx, engine=engine_view(ctx).engine, ended=finished)
         logger.info(f"[Worker {ctx.global_rank}] {report.summary()}")
@@ -211,21 +206,26 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         register_tensors(result, ctx)
 
     @staticmethod
-    def _read_ahead(rank: int, resolution: Resolution, module: BuiltModule, settings: RobustSettings) -> ReadAhead:
+    def _read_ahead(
+        early: ExitStack, rank: int, resolution: Resolution, module: BuiltModule, settings: RobustSettings
+    ) -> ReadAhead:
         """runai reading, while the module is asked, the head of the selection made without asking, less what
         only the answer settles (``Selection.uncertain``): what is read early, never what is delivered."""
-        head, limit = None, settings.read_ahead_bytes
+        head = None
         with suppress(MxStrategiesError):  # the answered selection says why, or does without
-            foreseen = select_resolved(resolution, module, settings, ask=False) if limit else None
-            head = plan_of(resolution.checkpoint, foreseen.names, settings).head(limit, foreseen.uncertain) if foreseen else None
-        ahead = ReadAhead(head, settings, loader_extra_config=module.engine.loader_extra_config)
+            foreseen = select_resolved(resolution, module, settings, ask=False) if settings.read_ahead_bytes else None
+            plan = plan_of(resolution.checkpoint, foreseen.names, settings) if foreseen else None
+            head = plan.head(settings.read_ahead_bytes, foreseen.uncertain) if plan else None
+        ahead = early.enter_context(ReadAhead(head, settings, loader_extra_config=module.engine.loader_extra_config))
         if ahead.failed:
             logger.info(f"[Worker {rank}] {module.engine.role}: runai did not read ahead while the module was "
                         f"asked ({ahead.failed}); streaming after its answer")  # fmt: skip
         return ahead
 
-    def _stream(self, result: LoadResult, ctx: LoadContext, load: PlannedLoad, settings: RobustSettings,
-                module: BuiltModule, distributed: bool, ahead: Optional[ReadAhead]) -> tuple[LoadResult, VerifiedStream]:
+    def _stream(
+        self, result: LoadResult, ctx: LoadContext, load: PlannedLoad, settings: RobustSettings, module: BuiltModule,
+        distributed: bool, ahead: Optional[ReadAhead],
+    ) -> tuple[LoadResult, VerifiedStream]:
         """Stream the plan into the model, watched and checked (:func:`.stream.delivery.deliver`)."""
         rank, engine, plan = ctx.global_rank, module.engine, load.plan
         warn = lambda message: logger.warning(f"[Worker {rank}] {message}")  # noqa: E731

@@ -180,44 +180,29 @@ def report_of(
     plan streamed, what the stream saw, and who read what."""
     from ..select.selection import LEFT_TO_DRAFT, NOT_HELD, NOT_READ  # the kinds, where the selection names them
 
-    checkpoint = resolution.checkpoint
-    left_bytes = selection.left_bytes
+    checkpoint, left_bytes = resolution.checkpoint, selection.left_bytes
+    rejected = tuple(Rejected(r.candidate.label, r.candidate.uri, r.reason) for r in resolution.rejected)
     return LoadReport(
-        role=selection.role,
-        rank=rank,
-        source=resolution.candidate.uri,
-        source_label=resolution.candidate.label,
-        rejected=tuple(Rejected(r.candidate.label, r.candidate.uri, r.reason) for r in resolution.rejected),
-        convention=selection.convention,
-        shards=tuple(plan.shard_keys),
-        tensors=len(plan.expected),
-        bytes_streamed=plan.bytes,
-        checkpoint_bytes=checkpoint.data_bytes,
-        metadata_bytes=checkpoint.metadata_bytes,
-        distributed=stream.distributed,
-        delivery_order=stream.delivery_order,
-        held_peak_bytes=stream.held_peak_bytes,
-        timings=timings,
-        unused_by_model=tuple(sorted(selection.unused_by_model)),
-        architecture=selection.architecture,
-        left_to_draft=len(selection.left_to_draft),
-        left_to_draft_bytes=left_bytes.get(LEFT_TO_DRAFT, 0),
-        bytes_from_storage=stream.bytes_from_storage,
-        selection_source=selection.source,
-        module_class=selection.module_class,
-        selection_note=selection.note,
-        selection_seconds=selection.seconds,
-        selection_cached=selection.cached,
-        left_out=len(selection.reasons),
-        left_out_bytes=left_bytes.get(NOT_READ, 0),
-        not_held=len(selection.not_held),
-        not_held_bytes=left_bytes.get(NOT_HELD, 0),
+        # where it came from
+        role=selection.role, rank=rank, source=resolution.candidate.uri, source_label=resolution.candidate.label,
+        rejected=rejected, checkpoint_bytes=checkpoint.data_bytes, metadata_bytes=checkpoint.metadata_bytes,
+        # what the selection decided, and what it left out
+        convention=selection.convention, architecture=selection.architecture, selection_source=selection.source,
+        module_class=selection.module_class, selection_note=selection.note, selection_seconds=selection.seconds,
+        selection_cached=selection.cached, unused_by_model=tuple(sorted(selection.unused_by_model)),
+        left_to_draft=len(selection.left_to_draft), left_to_draft_bytes=left_bytes.get(LEFT_TO_DRAFT, 0),
+        left_out=len(selection.reasons), left_out_bytes=left_bytes.get(NOT_READ, 0),
+        not_held=len(selection.not_held), not_held_bytes=left_bytes.get(NOT_HELD, 0),
+        # what the plan streamed, and what the stream saw
+        shards=tuple(plan.shard_keys), tensors=len(plan.expected), bytes_streamed=plan.bytes,
+        distributed=stream.distributed, delivery_order=stream.delivery_order, held_peak_bytes=stream.held_peak_bytes,
+        bytes_from_storage=stream.bytes_from_storage, read_ahead_bytes=stream.read_ahead_bytes,
+        read_ahead_discarded_bytes=stream.bytes_discarded, timings=timings,
+        # who read what, in a distributed load
         bytes_carried=None if shares is None else stream.bytes_carried,
-        read_ahead_bytes=stream.read_ahead_bytes,
-        read_ahead_discarded_bytes=stream.bytes_discarded,
         host_ranks=() if shares is None else shares.host_ranks,
         ranks=() if shares is None else tuple((r.rank, r.host, r.tensors, r.bytes) for r in shares.ranks),
-    )
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -97,21 +97,10 @@ class Selection:
     def of_kind(self, *kinds: str) -> frozenset[str]:
         return frozenset(n for n, why in self.left_out.items() if why.kind in kinds)
 
-    @property
-    def skipped(self) -> frozenset[str]:
-        return self.of_kind(SKIPPED)
-
-    @property
-    def unused_by_model(self) -> frozenset[str]:
-        return self.of_kind(UNUSED_BY_MODEL)
-
-    @property
-    def left_to_draft(self) -> frozenset[str]:
-        return self.of_kind(LEFT_TO_DRAFT)
-
-    @property
-    def not_held(self) -> frozenset[str]:
-        return self.of_kind(NOT_HELD)
+    skipped = property(lambda self: self.of_kind(SKIPPED), doc="A table row's draft-side names the engine skips.")
+    unused_by_model = property(lambda self: self.of_kind(UNUSED_BY_MODEL), doc="Dropped on the model's own word.")
+    left_to_draft = property(lambda self: self.of_kind(LEFT_TO_DRAFT), doc="A target's MTP draft's own tensors.")
+    not_held = property(lambda self: self.of_kind(NOT_HELD), doc="Other ranks' tensors: stages, experts.")
 
     @property
     def reasons(self) -> dict[str, str]:

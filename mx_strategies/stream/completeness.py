@@ -250,17 +250,8 @@ def refusal_advice(role: str, source: str) -> str:
     )
 
 
-def check_all(
-    model: Any,
-    loaded: LoadedNames,
-    judged: Mapping[str, Layout],
-    writes: Sequence[Write],
-    *,
-    role: str,
-    policy: str,
-    filled_by_engine: Callable[[str], bool] = lambda name: False,
-    on_warning: Callable[[str], None] = lambda message: None,
-) -> None:
+def check_all(model: Any, loaded: LoadedNames, judged: Mapping[str, Layout], writes: Sequence[Write], *, role: str,
+              policy: str, filled_by_engine: Callable[[str], bool], on_warning: Callable[[str], None]) -> None:  # fmt: skip
     """Every check of a finished load, in order: the names the model reported loaded (:func:`check`), what
     the load wrote into the judged parameters (:func:`check_written`), the engine's own per-shard record
     (:func:`check_engine_marks`). Raises IncompleteModel (``mutated=True``) under ``fail``."""
