@@ -227,8 +227,9 @@ def select(
     fed it). ``ask``: False decides without the module's answer (the
     read-ahead's foresight), and names in :attr:`Selection.uncertain` what
     the answer, still to come, may drop; a module with no question to ask
-    (doctor's) is decided by the table and the conventions either way. Raises InconsistentCheckpoint, DraftPlanError
-    or PartialParameters, all before the model is touched.
+    (doctor's) is decided by the table and the conventions either way.
+    Raises InconsistentCheckpoint, DraftPlanError or PartialParameters, all
+    before the model is touched.
     """
     if checkpoint.errors:
         raise InconsistentCheckpoint(describe_errors(checkpoint))
