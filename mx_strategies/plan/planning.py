@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Optional
 
-from ..inspect.checkpoint import Checkpoint, Shard, loaded_shards
+from ..inspect.checkpoint import Checkpoint, Shard, loaded_shards, shards_holding
 from ..inspect.sources import Resolution
 from ..select.selection import Selection
 from ..settings import RobustSettings
@@ -56,7 +56,7 @@ class LoadPlan:
         """This plan less every name not in ``names``, from the shards that still hold one."""
         keep = frozenset(names)
         kept = frozenset(n for n in self.expected if n in keep)
-        return LoadPlan(self.source, tuple(s for s in self.shards if any(n in kept for n in s.tensors)), kept)
+        return LoadPlan(self.source, tuple(shards_holding(self.shards, kept)), kept)
 
     def head(self, limit_bytes: int, leave: frozenset[str] = frozenset()) -> "Optional[LoadPlan]":
         """Its first tensors in plan order, at most ``limit_bytes`` of them (at least one tensor, where the
