@@ -33,7 +33,7 @@ import os
 import sys
 from typing import Optional
 
-from .errors import ActivationError
+from .errors import ActivationError, listed
 
 logger = logging.getLogger("modelexpress.mx_strategies")
 
@@ -50,11 +50,6 @@ def resolve_strategy_class(spec: str) -> type:
         module = importlib.import_module(module_name)
     except Exception as exc:
         raise ActivationError(f"{STRATEGY_ENV}={spec!r}: cannot import {module_name!r}: {exc}") from exc
-    if class_name:
-        cls = getattr(module, class_name, None)
-        if not (inspect.isclass(cls) and issubclass(cls, LoadStrategy)):
-            raise ActivationError(f"{STRATEGY_ENV}={spec!r}: {module_name}.{class_name} is not a LoadStrategy subclass")
-        return cls
     exported = [
         obj
         for obj in vars(module).values()
@@ -63,6 +58,19 @@ def resolve_strategy_class(spec: str) -> type:
         and obj.__module__ == module.__name__
         and not inspect.isabstract(obj)
     ]
+    if class_name:
+        if not hasattr(module, class_name):
+            raise ActivationError(
+                f"{STRATEGY_ENV}={spec!r}: module {module_name!r} has no attribute {class_name!r}; "
+                f"{_offers(exported)}"
+            )
+        cls = getattr(module, class_name)
+        if not (inspect.isclass(cls) and issubclass(cls, LoadStrategy)):
+            raise ActivationError(
+                f"{STRATEGY_ENV}={spec!r}: {module_name}.{class_name} is not a LoadStrategy subclass "
+                f"(it is {_kind(cls)}); {_offers(exported)}"
+            )
+        return cls
     if len(exported) != 1:
         found = ", ".join(c.__name__ for c in exported) or "none"
         raise ActivationError(
@@ -70,6 +78,29 @@ def resolve_strategy_class(spec: str) -> type:
             f"found {found}; name one as module:Class"
         )
     return exported[0]
+
+
+# How many LoadStrategy classes an activation error names before "(and N more)".
+OFFERS_SHOWN = 5
+
+
+def _offers(exported: list) -> str:
+    """What a module offers as ``MX_STRATEGY``'s ``:Class``, for an error that named something else."""
+    if not exported:
+        return "it defines no LoadStrategy subclass"
+    names = sorted(c.__name__ for c in exported)
+    return f"its LoadStrategy subclasses: {listed(names, OFFERS_SHOWN)}"
+
+
+def _kind(obj: object) -> str:
+    """What an attribute is, in a few words (never its value)."""
+    if inspect.isclass(obj):
+        return "a class"
+    if inspect.ismodule(obj):
+        return "a module"
+    if callable(obj):
+        return "a function"
+    return f"a {type(obj).__name__}"
 
 
 def _substitute(strategies: list, cls: type) -> list:

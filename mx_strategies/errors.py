@@ -49,7 +49,9 @@ class ActivationError(ConfigurationError):
 
 
 class StoreError(MxStrategiesError):
-    """A storage location could not be listed or read; the message names it."""
+    """A storage location could not be listed or read; the message names it. An object store's access error
+    also names, on the same line, the variables its client read, those set, what to set next and the section
+    of docs/troubleshooting.md about that store (:func:`mx_strategies.inspect.storage.access_error`)."""
 
 
 class NoCheckpoint(MxStrategiesError):

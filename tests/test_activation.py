@@ -200,14 +200,23 @@ def test_uninstall_gives_the_chain_back(monkeypatch):
             "found none; name one as module:Class",
         ),
         (
-            "mx_strategies.robust:LoadReport",
-            "MX_STRATEGY='mx_strategies.robust:LoadReport': mx_strategies.robust.LoadReport "
-            "is not a LoadStrategy subclass",
+            "mx_strategies.errors:StoreError",
+            "MX_STRATEGY='mx_strategies.errors:StoreError': mx_strategies.errors.StoreError "
+            "is not a LoadStrategy subclass (it is a class); it defines no LoadStrategy subclass",
         ),
         (
-            "mx_strategies.robust:NoSuchClass",
-            "MX_STRATEGY='mx_strategies.robust:NoSuchClass': mx_strategies.robust.NoSuchClass "
-            "is not a LoadStrategy subclass",
+            "mx_strategies.robust:logger",
+            "MX_STRATEGY='mx_strategies.robust:logger': mx_strategies.robust.logger "
+            "is not a LoadStrategy subclass (it is a Logger); its LoadStrategy subclasses: RobustModelStreamerStrategy",
+        ),
+        (  # issue 46: a missing attribute is named as missing, with what the module offers
+            "mx_strategies.robust:Nope",
+            "MX_STRATEGY='mx_strategies.robust:Nope': module 'mx_strategies.robust' has no attribute 'Nope'; "
+            "its LoadStrategy subclasses: RobustModelStreamerStrategy",
+        ),
+        (
+            "json:Nope",
+            "MX_STRATEGY='json:Nope': module 'json' has no attribute 'Nope'; it defines no LoadStrategy subclass",
         ),
     ],
 )

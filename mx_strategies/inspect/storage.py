@@ -257,6 +257,238 @@ class LocalStore:
             return f"unreadable ({exc.strerror or exc})"
 
 
+# -- access errors that say what to do -----------------------------------------------------------
+#
+# A store that cannot be opened, listed or read names, on one line: what failed, the variables its clients
+# read, which of them are set (names only, never values), the one to set or check next, and the section of
+# docs/troubleshooting.md about that store. tests/test_store_errors.py checks every section cited here exists.
+
+TROUBLESHOOTING = "docs/troubleshooting.md"
+DETAIL_CHARS = 300  # of the client's own message: one line, bounded (Azure's carry the whole XML answer)
+
+# What the probe's clients read, per scheme (runai's C++ streamers differ in places: each section of the doc says).
+ACCESS_VARIABLES = {
+    S3_PREFIX: (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_ENDPOINT_URL",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "RUNAI_STREAMER_S3_UNSIGNED",
+    ),
+    GCS_PREFIX: (
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "RUNAI_STREAMER_GCS_CREDENTIAL_FILE",
+        "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS",
+        "STORAGE_EMULATOR_HOST",
+    ),
+    AZURE_PREFIX: (
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "AZURE_STORAGE_ACCOUNT_NAME",
+        "AZURE_STORAGE_ACCOUNT_KEY",
+        "AZURE_STORAGE_SAS_TOKEN",
+        "AZURE_STORAGE_ENDPOINT_SUFFIX",
+    ),
+}
+ANCHORS = {S3_PREFIX: "s3", GCS_PREFIX: "gcs", AZURE_PREFIX: "azure"}
+
+_CONNECTION = frozenset(
+    {
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ConnectionClosedError",
+        "ReadTimeoutError",
+        "ConnectionError",
+        "ConnectionRefusedError",
+        "NewConnectionError",
+        "MaxRetryError",
+        "ProxyConnectionError",
+        "ProtocolError",
+        "TimeoutError",
+        "ServiceRequestError",
+        "TransportError",
+    }
+)
+_REFUSED = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken"})
+_DENIED = frozenset({"AccessDenied", "AllAccessDisabled", "Forbidden", "403", "Unauthorized", "401"})
+_WRONG_REGION = frozenset(
+    {"PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException", "301"}
+)
+
+
+def _error_code(exc: BaseException) -> str:
+    """S3's error code (a ClientError's, a ranged read's), else the exception's type name."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        if code:
+            return str(code)
+    for attribute in ("code", "error_code"):  # a ranged read's (S3's code, or "HTTP 403"); Azure's
+        code = getattr(exc, attribute, None)
+        if isinstance(code, str) and code:
+            return code.removeprefix("HTTP ")
+    return type(exc).__name__
+
+
+def _one_line(text: str, limit: int = DETAIL_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _set(names) -> list[str]:
+    return [name for name in names if os.environ.get(name)]
+
+
+def _s3_next(code: str, is_set: set[str]) -> str:
+    endpoint = "AWS_ENDPOINT_URL" in is_set
+    if code == "NoCredentialsError":
+        return (
+            "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE; RUNAI_STREAMER_S3_UNSIGNED=1 for a "
+            "public bucket)"
+        )
+    if code == "PartialCredentialsError":
+        return "set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+    if code == "ProfileNotFound":
+        return "set AWS_PROFILE to a profile of ~/.aws/config, or unset it"
+    if code in ("ExpiredToken", "TokenRefreshRequired", "RequestExpired"):
+        return "renew AWS_SESSION_TOKEN with its key pair, or the session of AWS_PROFILE"
+    if code in _REFUSED:
+        if not endpoint:
+            return (
+                "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; keys of MinIO or another S3-compatible store need "
+                "AWS_ENDPOINT_URL"
+            )
+        return "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY: the store at AWS_ENDPOINT_URL refused them"
+    if code in _DENIED:
+        return (
+            "grant these credentials s3:ListBucket and s3:GetObject on the bucket, or set AWS_PROFILE to ones that "
+            "have them"
+        )
+    if code in _WRONG_REGION:
+        return "set AWS_REGION to the bucket's region"
+    if code == "SSLError":
+        return "set AWS_CA_BUNDLE to the CA bundle of AWS_ENDPOINT_URL's server"
+    if code in _CONNECTION:
+        if endpoint:
+            return "check AWS_ENDPOINT_URL: nothing answered there (scheme, host and port)"
+        return (
+            "set AWS_ENDPOINT_URL for MinIO or another S3-compatible store (e.g. http://minio:9000); for AWS itself "
+            "check the network path and AWS_REGION"
+        )
+    if code in ("NoSuchBucket", "404", "NotFound"):
+        if endpoint:
+            return "check the bucket name, and that AWS_ENDPOINT_URL is the store that holds it"
+        return "check the bucket name; a bucket of MinIO or another S3-compatible store needs AWS_ENDPOINT_URL"
+    return "check AWS_ENDPOINT_URL and the credentials"
+
+
+def _gcs_next(code: str, is_set: set[str]) -> str:
+    emulator = "STORAGE_EMULATOR_HOST" in is_set
+    if code == "DefaultCredentialsError":
+        files = [n for n in ("RUNAI_STREAMER_GCS_CREDENTIAL_FILE", "GOOGLE_APPLICATION_CREDENTIALS") if n in is_set]
+        if files:
+            return f"point {files[0]} at a readable service-account key file"
+        if emulator:
+            return (
+                "set RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS=1 (an emulator at STORAGE_EMULATOR_HOST takes no "
+                "credentials)"
+            )
+        return (
+            "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file "
+            "(or RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS=1 for a public bucket or an emulator)"
+        )
+    if code in _DENIED or code in ("RefreshError", "InvalidGrant"):
+        return "grant these credentials storage.objects.list and storage.objects.get on the bucket"
+    if code in _CONNECTION:
+        if emulator:
+            return "check STORAGE_EMULATOR_HOST: nothing answered there"
+        return "check the network path to storage.googleapis.com (an emulator needs STORAGE_EMULATOR_HOST)"
+    if code in ("NotFound", "404"):
+        return "check the bucket name" + ("" if emulator else " (an emulator's bucket needs STORAGE_EMULATOR_HOST)")
+    return "check GOOGLE_APPLICATION_CREDENTIALS"
+
+
+# What runai's Azure streamer reads (its release build ignores AZURE_STORAGE_CONNECTION_STRING; docs/faults.md).
+_AZURE_ACCOUNT = (
+    "set AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (runai's streamer reads these, not the "
+    "connection string)"
+)
+
+
+def _azure_next(code: str, is_set: set[str]) -> str:
+    has_key = bool(is_set & {"AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN"})
+    if "AZURE_STORAGE_ACCOUNT_NAME" not in is_set and "AZURE_STORAGE_CONNECTION_STRING" not in is_set:
+        return _AZURE_ACCOUNT
+    if code in ("ClientAuthenticationError", "AuthenticationFailed", "AuthorizationFailure") or code in _DENIED:
+        if "AZURE_STORAGE_CONNECTION_STRING" in is_set:  # the probe takes it before the others
+            return "check AccountName and AccountKey (or SharedAccessSignature) in AZURE_STORAGE_CONNECTION_STRING"
+        if has_key:
+            return "check AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_TOKEN) against AZURE_STORAGE_ACCOUNT_NAME"
+        return "set AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN for AZURE_STORAGE_ACCOUNT_NAME"
+    if code == "CredentialUnavailableError":
+        return "set AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or give the pod a managed identity"
+    if code in _CONNECTION:
+        if "AZURE_STORAGE_CONNECTION_STRING" in is_set:
+            return "check BlobEndpoint in AZURE_STORAGE_CONNECTION_STRING: nothing answered there"
+        return (
+            "check AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ENDPOINT_SUFFIX: nothing answered at "
+            "https://<name>.<suffix>"
+        )
+    if code in ("ResourceNotFoundError", "ContainerNotFound", "404"):
+        return "check the container name and AZURE_STORAGE_ACCOUNT_NAME"
+    if "AZURE_STORAGE_ACCOUNT_NAME" not in is_set:
+        return _AZURE_ACCOUNT
+    return "check AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY"
+
+
+_NEXT = {S3_PREFIX: _s3_next, GCS_PREFIX: _gcs_next, AZURE_PREFIX: _azure_next}
+
+
+def access_hint(scheme: str, exc: BaseException) -> str:
+    """``read A, B (set: B); <what to do>; see docs/troubleshooting.md#<store>`` for an error of ``scheme``'s store."""
+    names = ACCESS_VARIABLES[scheme]
+    is_set = _set(names)
+    step = _NEXT[scheme](_error_code(exc), set(is_set))
+    return (
+        f"read {', '.join(names)} (set: {', '.join(is_set) or 'none'}); {step}; "
+        f"see {TROUBLESHOOTING}#{ANCHORS[scheme]}"
+    )
+
+
+def access_error(scheme: str, what: str, exc: BaseException) -> StoreError:
+    """One line: ``<what>: <Type>: <client message, bounded>; <access_hint>``."""
+    detail = _one_line(f"{type(exc).__name__}: {exc}")
+    return StoreError(f"{what}: {detail}; {access_hint(scheme, exc)}")
+
+
+# Codes of a read or HEAD that are about access (credentials, endpoint), not about the object: those get the hint.
+ACCESS_CODES = (
+    _CONNECTION
+    | _REFUSED
+    | _DENIED
+    | _WRONG_REGION
+    | {
+        "NoCredentialsError",
+        "PartialCredentialsError",
+        "ProfileNotFound",
+        "ExpiredToken",
+        "SSLError",
+        "DefaultCredentialsError",
+        "RefreshError",
+        "ClientAuthenticationError",
+        "CredentialUnavailableError",
+        "AuthenticationFailed",
+        "AuthorizationFailure",
+    }
+)
+
+
+def is_access_problem(exc: BaseException) -> bool:
+    return _error_code(exc) in ACCESS_CODES
+
+
 def _split_bucket(uri: str, scheme: str) -> tuple[str, str]:
     rest = uri[len(scheme) :]
     bucket, _, prefix = rest.partition("/")
@@ -278,11 +510,17 @@ class S3Store:
         if not self.bucket:
             raise StoreError(f"{uri}: no bucket in the URI")
         env = tuple(os.environ.get(v) for v in S3_CLIENT_ENV)
-        self._client = _s3_client(timeout_s, max_attempts, env)
-        self._reader = _s3_reader(timeout_s, max_attempts, env)
+        try:
+            self._client = _s3_client(timeout_s, max_attempts, env)
+            self._reader = _s3_reader(timeout_s, max_attempts, env)
+        except Exception as exc:  # half a key pair, an unknown AWS_PROFILE: no source, not a crash
+            raise access_error(S3_PREFIX, f"{uri}: cannot create an S3 client", exc) from exc
 
-    def _fail(self, what: str, exc: Exception) -> StoreError:
-        return StoreError(f"{what}: {type(exc).__name__}: {exc}")
+    def _fail(self, what: str, exc: Exception, *, always: bool = True) -> StoreError:
+        """``what`` failed with ``exc``; an access problem (or any, with ``always``) says which variables to set."""
+        if always or is_access_problem(exc):
+            return access_error(S3_PREFIX, what, exc)
+        return StoreError(f"{what}: {type(exc).__name__}: {_one_line(str(exc))}")
 
     def list(self, max_depth: int) -> list[ObjectInfo]:
         found: list[ObjectInfo] = []
@@ -315,7 +553,10 @@ class S3Store:
         try:
             return self._reader.read(self.bucket, key, start, length)
         except RangedReadError as exc:
-            raise StoreError(f"{obj.uri}: ranged read of bytes {start}-{start + length - 1} failed: {exc}") from exc
+            what = f"{obj.uri}: ranged read of bytes {start}-{start + length - 1} failed"
+            if is_access_problem(exc):
+                raise StoreError(f"{what}: {_one_line(str(exc))}; {access_hint(S3_PREFIX, exc)}") from exc
+            raise StoreError(f"{what}: {exc}") from exc
         except Exception as exc:  # presigning: credentials or configuration botocore refuses
             raise self._fail(f"{obj.uri}: ranged read of bytes {start}-{start + length - 1} failed", exc) from exc
 
@@ -327,7 +568,7 @@ class S3Store:
             response = getattr(exc, "response", None) or {}
             if response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return "deleted"
-            raise self._fail(f"{obj.uri}: HEAD failed", exc) from exc
+            raise self._fail(f"{obj.uri}: HEAD failed", exc, always=False) from exc
         return _etag(head.get("ETag"))
 
 
@@ -417,13 +658,13 @@ class _BucketStore:
         try:
             self._bucket = self._open(create_client())
         except Exception as exc:  # missing credentials, bad config: no source, not a crash
-            raise StoreError(f"{uri}: cannot create {self.client_name}: {type(exc).__name__}: {exc}") from exc
+            raise access_error(self.scheme, f"{uri}: cannot create {self.client_name}", exc) from exc
 
     def list(self, max_depth: int) -> list[ObjectInfo]:
         try:
             blobs = list(self._list_blobs())
         except Exception as exc:
-            raise StoreError(f"{self.root}: listing failed: {type(exc).__name__}: {exc}") from exc
+            raise access_error(self.scheme, f"{self.root}: listing failed", exc) from exc
         found = []
         for blob in blobs:
             key = blob.name[len(self.prefix) :]
@@ -449,7 +690,7 @@ class _BucketStore:
         try:
             return self._read_range(name, start, length)
         except Exception as exc:
-            raise StoreError(f"{obj.uri}: ranged read failed: {type(exc).__name__}: {exc}") from exc
+            raise self._fail(f"{obj.uri}: ranged read failed", exc) from exc
 
     def identity(self, obj: ObjectInfo) -> Optional[str]:
         name = self._name(obj)
@@ -458,8 +699,14 @@ class _BucketStore:
         except Exception as exc:
             if type(exc).__name__ == self.missing_error:
                 return "deleted"
-            raise StoreError(f"{obj.uri}: metadata read failed: {type(exc).__name__}: {exc}") from exc
+            raise self._fail(f"{obj.uri}: metadata read failed", exc) from exc
         return self._identity_of(found)
+
+    def _fail(self, what: str, exc: Exception) -> StoreError:
+        """A read's failure: with the variables to set when it is about access."""
+        if is_access_problem(exc):
+            return access_error(self.scheme, what, exc)
+        return StoreError(f"{what}: {type(exc).__name__}: {_one_line(str(exc))}")
 
 
 class GcsStore(_BucketStore):
