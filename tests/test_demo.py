@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 from mx_strategies import activation, cli
+from mx_strategies.cli.demo import ReadsCache, bytes_column, reads_cache_line
 
-DEMO_TIMEOUT_S = 240  # it takes ~10 s; the bound only stops a hang
+DEMO_TIMEOUT_S = 240  # 36 to 71 s measured on two busy cores; the bound only stops a hang
+# A size in decimal units (rich's default, or "700 GB" in prose): the demo prints binary units only.
+DECIMAL_SIZE = re.compile(r"\d\s?(?:kB|KB|MB|GB|TB)\b")
 
 
 def _console_script() -> list[str]:
@@ -26,11 +31,14 @@ def _console_script() -> list[str]:
     return [found]
 
 
-def test_console_script_demo_names_each_chosen_source():
+def test_console_script_demo_names_each_chosen_source(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "AWS_"))}
     # A user's stale settings must not change the demo's story.
     env["MX_ROBUST_SOURCE_ORDER"] = "model"
     env["MX_MODEL_URI"] = "s3://somewhere-else/model"
+    # Where the module's answers are kept is the user's to choose, and the demo follows it.
+    reads = tmp_path / "reads"
+    env["MX_ROBUST_READS_CACHE_DIR"] = str(reads)
 
     done = subprocess.run(
         _console_script() + ["demo"],
@@ -49,10 +57,41 @@ def test_console_script_demo_names_each_chosen_source():
         assert f"(a config-only copy?); chose MX_MODEL_URI='{uri}'" in out
     assert out.count("Cannot find any safetensors model weights with") >= 2
     assert "plain ModelExpress 0.7.0 pulled" in out and "plain ModelExpress 0.8 pulled" in out
+    # The 1.0x row says why there is nothing to save: 0.7.0's shard for the Qwen-style draft holds only mtp.*.
+    assert (
+        "qwen3-next-tiny draft: plain ModelExpress 0.7.0 pulled" in out
+        and "1.0x what mx_strategies pulled" in out
+        and "nothing to save here. The shards it chose hold only the draft's own tensors "
+        "(Qwen3-Next style: mtp.* in a shard of its own)" in out
+    )
+    assert "every tensor it streamed is the draft's own: nothing to save over robust here" in out
+    # One unit style: binary units from one function in the tables, the step lines and the final lines.
+    assert "MiB" in out and "KiB" in out
+    assert DECIMAL_SIZE.findall(out) == []
+    # The folder it wrote the module's answers into, and the setting that moves it.
+    assert f"Kept the module's answers (what each model reads) in {reads}/: 4 file(s), 4 written by this run" in out
+    assert "MX_ROBUST_READS_CACHE_DIR moves the folder; empty turns the cache off" in out
+    assert len(list(reads.glob("*.json"))) == 4
     assert "demo finished in" in out
 
 
-def test_demo_json_figures(capsys):
+def test_progress_counts_bytes_in_the_tables_units():
+    column = bytes_column()
+    assert column.render(SimpleNamespace(completed=1536, total=7654321)).plain == "1.5 KiB of 7.3 MiB"
+    assert column.render(SimpleNamespace(completed=100, total=None)).plain == "100 B"
+
+
+def test_reads_cache_line_says_where_and_how_to_change_it():
+    on = reads_cache_line(ReadsCache("/home/u/.cache/mx-strategies/reads", answers=4, written=0))
+    assert "in /home/u/.cache/mx-strategies/reads/: 4 file(s), 0 written by this run" in on
+    assert "MX_ROBUST_READS_CACHE_DIR" in on
+    off = reads_cache_line(ReadsCache(None))
+    assert "not kept: MX_ROBUST_READS_CACHE_DIR is empty" in off and "~/.cache/mx-strategies/reads/" in off
+    assert reads_cache_line(None) == ""
+
+
+def test_demo_json_figures(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("MX_ROBUST_READS_CACHE_DIR", str(tmp_path / "reads"))
     environment_before = dict(os.environ)
 
     code = cli.main(["demo", "--json"])
@@ -116,7 +155,10 @@ def test_demo_json_figures(capsys):
         assert runai["error"] == f"Cannot find any safetensors model weights with `{c['config_only_copy']}`"
         assert runai["bytes_served"] == 0
 
+    assert result["reads_cache"] == {"folder": str(tmp_path / "reads"), "answers": 4, "written": 4}
+
     assert "qwen3-next-tiny draft with mx_strategies.robust" in progress
+    assert DECIMAL_SIZE.findall(progress) == [] and "MiB" in progress
     # The process is left as it was found: environment, ModelExpress's chain.
     assert dict(os.environ) == environment_before
     assert activation.installed_strategy() is None

@@ -37,6 +37,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Optional
 
@@ -166,18 +167,32 @@ def _failure(exc: BaseException) -> str:
 # -- the demo ------------------------------------------------------------------
 
 
+def bytes_column():
+    """A progress column that counts bytes in the tables' units (:func:`_human`), not rich's decimal MB."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class BytesColumn(ProgressColumn):
+        def render(self, task) -> Text:
+            done = _human(int(task.completed))
+            text = done if task.total is None else f"{done} of {_human(int(task.total))}"
+            return Text(text, style="progress.download")
+
+    return BytesColumn()
+
+
 class Display:
     """Progress on the console while steps run, one line per finished step."""
 
     def __init__(self, console) -> None:
-        from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         self.console = console
         self.progress = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
             BarColumn(),
-            DownloadColumn(),
+            bytes_column(),
             TimeElapsedColumn(),
             console=console,
             transient=True,
@@ -226,10 +241,20 @@ class DemoCheckpoint:
 
 
 @dataclass
+class ReadsCache:
+    """Where robust kept the module's answers (MX_ROBUST_READS_CACHE_DIR) during the demo."""
+
+    folder: Optional[str]  # expanded; None: the cache is off
+    answers: int = 0  # answer files in it after the demo
+    written: int = 0  # of which this run wrote
+
+
+@dataclass
 class DemoResult:
     checkpoints: list[dict] = field(default_factory=list)
     loads: list[LoadOutcome] = field(default_factory=list)
     seconds: float = 0.0
+    reads_cache: Optional[ReadsCache] = None
 
     @property
     def ok(self) -> bool:
@@ -242,6 +267,7 @@ class DemoResult:
             "seconds": round(self.seconds, 3),
             "checkpoints": self.checkpoints,
             "loads": [asdict(o) for o in self.loads],
+            "reads_cache": asdict(self.reads_cache) if self.reads_cache else None,
         }
 
 
@@ -362,6 +388,7 @@ def _step_detail(outcome: LoadOutcome) -> str:
 
 
 def _human(count: int) -> str:
+    """Every size the demo prints, in one style: binary units (KiB, MiB, GiB), as ``mx-strategies doctor`` prints."""
     from .doctor import human_bytes
 
     return human_bytes(count)
@@ -415,12 +442,30 @@ def run_demo(console, verbose: bool = False, workdir: Optional[str] = None) -> D
                         )
                     step.detail = ", ".join(c.uri for c in ckpts)
                 result.checkpoints = [_checkpoint_row(c) for c in ckpts]
+                folder = _reads_cache_folder()
+                before = _answer_files(folder)
                 _robust_loads(ckpts, server, display, result)
+                after = _answer_files(folder)
+                result.reads_cache = ReadsCache(folder, len(after), len(after - before))
                 _upstream_loads(ckpts, server, display, result)
             finally:
                 server.__exit__(None, None, None)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _reads_cache_folder() -> Optional[str]:
+    """The folder robust keeps the module's answers in, as the loads will read the setting (None: off)."""
+    from ..settings import load_settings
+
+    folder = load_settings().reads_cache_dir
+    return None if folder is None or str(folder) == "" else str(Path(folder).expanduser())
+
+
+def _answer_files(folder: Optional[str]) -> set[str]:
+    if folder is None or not os.path.isdir(folder):
+        return set()
+    return {name for name in os.listdir(folder) if name.endswith(".json")}
 
 
 def _checkpoint_row(ckpt: DemoCheckpoint) -> dict:
@@ -506,6 +551,9 @@ def render(result: DemoResult, console) -> None:
 
     console.print()
     console.print(_verdict(result))
+    line = reads_cache_line(result.reads_cache)
+    if line:
+        console.print(line)
 
 
 def _loads_table(title: str, loads: list[LoadOutcome]):
@@ -548,6 +596,8 @@ def _explain(console, o: LoadOutcome) -> None:
                 f" [dim](the model skipped {o.tensors_skipped} streamed tensors that belong to the other model, "
                 "as vLLM's models do)[/dim]"
             )
+        elif o.role == "draft" and o.loader.startswith("ModelExpress "):
+            text += " [dim](every tensor it streamed is the draft's own: nothing to save over robust here)[/dim]"
         if o.tensors_left_to_draft:
             text += (
                 f" [dim](not streamed: the MTP draft's own {o.tensors_left_to_draft} tensors, "
@@ -558,10 +608,39 @@ def _explain(console, o: LoadOutcome) -> None:
     console.print(Padding(text, (0, 0, 0, 2)))
 
 
+def reads_cache_line(cache: Optional[ReadsCache]) -> str:
+    """The line saying what the demo left on disk: the module's answers, and the setting that moves them."""
+    if cache is None:
+        return ""
+    if cache.folder is None:
+        return (
+            "The module's answers were not kept: MX_ROBUST_READS_CACHE_DIR is empty. "
+            "Unset, robust keeps them in ~/.cache/mx-strategies/reads/."
+        )
+    from rich.markup import escape
+
+    return (
+        f"Kept the module's answers (what each model reads) in {escape(cache.folder)}/: "
+        f"{cache.answers} file(s), {cache.written} written by this run; a later load of the same model asks "
+        "nothing. MX_ROBUST_READS_CACHE_DIR moves the folder; empty turns the cache off. Deleting it is safe: the next load "
+        "asks again."
+    )
+
+
+def _nothing_to_save(upstream: LoadOutcome, style: str) -> str:
+    """Why a plain draft load costs what robust's does (1.0x): its whole shards hold only the draft's tensors."""
+    naming = f" ({style})" if style else ""
+    return (
+        f": nothing to save here. The shards it chose hold only the draft's own tensors{naming}, so streaming "
+        "them whole streams just the draft; the few KiB either way are headers, the index and config.json."
+    )
+
+
 def _verdict(result: DemoResult) -> str:
     robust_drafts = [o for o in result.loads if o.loader == STRATEGY_SPEC and o.role == "draft"]
     upstream_drafts = [o for o in result.loads if o.loader.startswith("ModelExpress ")]
     robust_by_checkpoint = {o.checkpoint: o for o in robust_drafts}
+    styles = {c["name"]: c.get("style", "") for c in result.checkpoints}
     lines = []
     if result.ok:
         lines.append(
@@ -575,12 +654,17 @@ def _verdict(result: DemoResult) -> str:
         robust = robust_by_checkpoint.get(upstream.checkpoint)
         if robust is not None and upstream.ok and robust.ok and robust.bytes_served:
             whole = upstream.bytes_served >= upstream.checkpoint_bytes
+            if whole:
+                why = "; on a checkpoint of hundreds of GiB that is the whole model again for the draft."
+            elif upstream.tensors_skipped == 0:
+                why = _nothing_to_save(upstream, styles.get(upstream.checkpoint, ""))
+            else:
+                why = (f": whole shards, {upstream.tensors_skipped} tensors of them the other model's, "
+                       "where robust reads the draft's own tensors.")
             lines.append(
                 f"{upstream.checkpoint} draft: plain {upstream.loader} pulled {_human(upstream.bytes_served)} from S3, "
                 f"{upstream.bytes_served / robust.bytes_served:.1f}x what mx_strategies pulled "
-                f"({_human(robust.bytes_served)})"
-                + ("; on a 700 GB checkpoint that is the whole model again for the draft." if whole else
-                   ": whole shards, where robust reads the draft's own tensors.")
+                f"({_human(robust.bytes_served)})" + why
             )
     return "\n".join(lines)
 

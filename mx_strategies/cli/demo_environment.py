@@ -12,17 +12,25 @@ from contextlib import contextmanager
 from typing import Iterator
 
 DEMO_CLEARED_ENV_PREFIXES = ("MX_ROBUST_", "MX_STRATEGIES_CONFIG", "MX_MS_DISTRIBUTED")
+# Kept from the user's environment: it only says where the module's answers are kept (or, empty, that they
+# are not), which changes no figure the demo shows.
+DEMO_KEPT_ENV = ("MX_ROBUST_READS_CACHE_DIR",)
 
 
 @contextmanager
 def demo_environment() -> Iterator[None]:
     """Run without the user's MX_* strategy settings; leave the environment as found.
 
+    ``MX_ROBUST_READS_CACHE_DIR`` (:data:`DEMO_KEPT_ENV`) is kept: the demo writes the module's answers
+    there, as a real load does, and a user who moved that folder expects the demo to follow.
+
     The demo sets MX_STRATEGY and MX_MODEL_URI, LoopbackS3 the AWS_* variables,
     and runai-model-streamer some of its own; all of it is undone.
     """
     saved = dict(os.environ)
     for key in saved:
+        if key in DEMO_KEPT_ENV:
+            continue
         if key.startswith(DEMO_CLEARED_ENV_PREFIXES + ("MX_STRATEGY", "MX_MODEL_URI")):
             del os.environ[key]
     try:
@@ -47,4 +55,4 @@ def quiet_s3_server_logs() -> Iterator[None]:
         logger.setLevel(saved)
 
 
-__all__ = ["DEMO_CLEARED_ENV_PREFIXES", "demo_environment", "quiet_s3_server_logs"]
+__all__ = ["DEMO_CLEARED_ENV_PREFIXES", "DEMO_KEPT_ENV", "demo_environment", "quiet_s3_server_logs"]
