@@ -11,7 +11,7 @@ from .errors import ActivationError, ConfigurationError, MxStrategiesError
 from .observe.report import recent_reports
 from .settings import RobustSettings, load_settings
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ActivationError",

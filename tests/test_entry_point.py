@@ -3,9 +3,10 @@
 vLLM's ``load_general_plugins`` loads every entry point of the
 ``vllm.general_plugins`` group (filtered by ``VLLM_PLUGINS`` when that is
 set). These tests check the installed metadata the same way, both for the
-install the suite runs against (scripts/test.sh installs the package
-normally, not editable) and for a wheel built from this checkout and
-installed into a directory of its own.
+install the suite runs against (scripts/test.sh installs the wheel that
+scripts/build-dist.sh built, not the tree and not editable:
+tests/test_installed_wheel.py checks that) and for a wheel built from this
+checkout and installed into a directory of its own.
 """
 
 from __future__ import annotations
