@@ -343,16 +343,21 @@ def test_human_output_shows_the_chain(tmp_path, capsys, monkeypatch):
     assert "OK: nothing here stops a load" in out
 
 
-# -- usage and access errors: exit 2, one line on stderr ---------------------------------
+# -- usage and access errors: exit 2, one line on stderr (and with --json the error object on stdout) -----
 
 
 def assert_usage_error(capsys, args: list[str], *fragments: str) -> None:
     code, out, err = run_doctor(capsys, *args)
     assert code == 2
-    assert out == ""
     assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in out + err
     for fragment in fragments:
         assert fragment in err
+    if "--json" in args:
+        assert json.loads(out) == {"schema": 1, "ok": False, "exit_status": 2,
+                                   "error": err.strip().removeprefix("mx-strategies doctor: ")}  # fmt: skip
+    else:
+        assert out == ""
 
 
 def test_missing_local_folder_exits_2(tmp_path, capsys):
@@ -370,8 +375,14 @@ def test_missing_bucket_exits_2(capsys, s3, monkeypatch):
     assert_usage_error(capsys, ["s3://no-such-bucket/model"], "s3://no-such-bucket/model", "NoSuchBucket")
 
 
-def test_empty_prefix_exits_2(capsys, s3):
-    assert_usage_error(capsys, [f"s3://{s3.bucket}/nothing-here"], "nothing there")
+def test_empty_prefix_is_no_checkpoint(capsys, s3):
+    """Reached, and nothing to stream: exit 1, as a folder of .bin weights (tests/test_doctor_first_hour.py)."""
+    uri = f"s3://{s3.bucket}/nothing-here"
+    code, report = run_json(capsys, uri)
+    assert code == 1
+    assert [(p["kind"], p["message"]) for p in report["problems"]] == [
+        ("no_checkpoint", f"{uri}: no safetensors here (nothing under this prefix)")
+    ]
 
 
 def test_unreachable_endpoint_exits_2(capsys, monkeypatch):
@@ -394,7 +405,7 @@ def test_azure_without_client_or_credentials_exits_2(capsys, monkeypatch):
 def test_folder_that_is_a_file_exits_2(tmp_path, capsys):
     path = tmp_path / "model.safetensors"
     path.write_bytes(b"\0" * 16)
-    assert_usage_error(capsys, [str(path)], "not a folder")
+    assert_usage_error(capsys, [str(path)], "a file, not a folder", str(tmp_path))
 
 
 def test_nothing_to_inspect_exits_2(capsys):

@@ -10,6 +10,9 @@ instant.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import os
 import sys
 from types import ModuleType
@@ -38,12 +41,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _doctor_json(argv: Sequence[str]) -> bool:
+    """``doctor ... --json``: a usage error still prints doctor's JSON error object on stdout."""
+    words = [a for a in argv if not a.startswith("-")]
+    return bool(words) and words[0] == doctor.NAME and "--json" in argv
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wants_json = _doctor_json(argv)
+    said = io.StringIO()
     try:
-        args = parser.parse_args(argv)
+        with contextlib.redirect_stderr(said) if wants_json else contextlib.nullcontext():
+            args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help/--version exit 0, usage errors 2
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        if wants_json:
+            sys.stderr.write(said.getvalue())
+            if code != 0:
+                lines = [line for line in said.getvalue().splitlines() if line.strip()]
+                reason = lines[-1].split(": error: ", 1)[-1] if lines else "invalid arguments"
+                print(json.dumps(doctor.error_object(reason, code), indent=2))
+        return code
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_usage(sys.stderr)

@@ -11,9 +11,10 @@ it is cheap to run against a 700 GB object-store checkpoint.
 
 Exit status: 0 when nothing found is an error, 1 when something is (the
 robust strategy would refuse to load), 2 for usage or access errors (a
-missing folder, an unreachable endpoint, a missing bucket, a hub id), with
-a one-line reason on stderr. ``--json`` prints one object, documented in
-docs/doctor-json.md.
+missing folder, an unreachable endpoint, a missing bucket, a hub id), 3 when
+``--ask-module`` could not ask a module (and nothing is an error), each with a
+one-line reason on stderr and never a traceback. ``--json`` prints one
+object, on every exit status, documented in docs/doctor-json.md.
 """
 
 from __future__ import annotations
@@ -60,12 +61,13 @@ DESCRIPTION = (
     "duplicate, corrupt or unindexed shards and tensors), the tensors an MTP draft would stream, and, with "
     "--model-weights/--model or MX_MODEL_URI, the source chain mx_strategies.robust would walk. Reads listings, "
     "the index and shard headers only, never tensor data. Exit status: 0 nothing is an error, 1 something is, "
-    "2 usage or access error."
+    "2 usage or access error, 3 --ask-module could not ask a module."
 )
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
+EXIT_MODULE = 3  # --ask-module could not ask a module (and nothing is an error)
 
 SCHEMA_VERSION = 1
 
@@ -114,8 +116,24 @@ class DoctorReport:
         return not self.errors
 
     @property
+    def module_error(self) -> Optional[str]:
+        """--ask-module: why a module could not be asked (one line), or None."""
+        from .module_build import failure
+
+        reason = failure(self.modules)
+        return f"could not ask the module: {reason}" if reason else None
+
+    @property
+    def error(self) -> Optional[str]:
+        """What doctor was asked and could not do, in one line (printed on stderr), or None: the reason for
+        exit 3, and with exit 1 too when --ask-module failed as well."""
+        return self.module_error
+
+    @property
     def exit_code(self) -> int:
-        return EXIT_OK if self.ok else EXIT_PROBLEMS
+        if not self.ok:
+            return EXIT_PROBLEMS  # an error found outranks a module not asked: robust refuses the load anyway
+        return EXIT_MODULE if self.module_error else EXIT_OK
 
     def shards(self) -> list[dict]:
         """Every shard in natural order: those loaded numbered, the skipped ones saying why."""
@@ -167,6 +185,8 @@ class DoctorReport:
             "target": self.target,
             "draft": self.draft,
             "settings": self.settings,
+            "error": self.error,
+            "exit_status": self.exit_code,
         }
         if self.engine is not None:
             result["engine"] = self.engine
@@ -224,9 +244,21 @@ def check_uri_shape(uri: str) -> None:
         )
 
 
+NO_SAFETENSORS = "no safetensors here"
+NO_SAFETENSORS_FILE = "no *.safetensors file"  # how mx_strategies.inspect.checkpoint says it
+
+
 def inspect_uri(uri: str, settings: RobustSettings) -> tuple[Optional[Checkpoint], list[Problem]]:
-    """Headers-only inspection of one URI; access errors raise DoctorUsageError."""
+    """Headers-only inspection of one URI; access errors raise DoctorUsageError.
+
+    A location that holds no safetensors (an empty folder or prefix, a folder of ``.bin`` weights, only
+    ``config.json``) is the problem ``no_checkpoint`` (exit 1), whatever else it holds: it was reached, and
+    mx_strategies.robust would refuse to load from it. Exit 2 is for what could not be reached.
+    """
     check_uri_shape(uri)
+    if not is_object_store_uri(uri) and os.path.isfile(uri):
+        parent = os.path.dirname(os.path.abspath(uri))
+        raise DoctorUsageError(f"{uri}: a file, not a folder; doctor reads the checkpoint's folder: {parent}")
     try:
         store = open_store(
             uri,
@@ -242,12 +274,16 @@ def inspect_uri(uri: str, settings: RobustSettings) -> tuple[Optional[Checkpoint
     except Exception as exc:  # a cloud client failing to start (no credentials, bad config)
         raise DoctorUsageError(f"{uri}: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
     if not listing:
-        where = "prefix" if is_object_store_uri(uri) else "folder"
-        raise DoctorUsageError(f"{uri}: nothing there (empty or missing {where})")
+        where = "nothing under this prefix" if is_object_store_uri(uri) else "the folder is empty"
+        return None, [Problem("no_checkpoint", ERROR, None, None, f"{uri}: {NO_SAFETENSORS} ({where})")]
     try:
         checkpoint = inspect(ListedStore(store, listing), settings.discovery_depth, ProbeLimits.from_settings(settings))
     except NoCheckpoint as exc:
-        return None, [Problem("no_checkpoint", ERROR, None, None, f"{uri}: {exc}")]
+        message = str(exc)
+        if message.startswith(NO_SAFETENSORS_FILE):
+            held = message[len(NO_SAFETENSORS_FILE) :].strip()
+            message = f"{NO_SAFETENSORS} {held}; mx_strategies.robust streams *.safetensors only"
+        return None, [Problem("no_checkpoint", ERROR, None, None, f"{uri}: {message}")]
     except StoreError as exc:
         raise _access_error(uri, exc) from exc
     return checkpoint, list(checkpoint.problems)
@@ -486,6 +522,8 @@ def diagnose(
     :mod:`mx_strategies.plan.planning`, as in
     the strategy.
     """
+    if ask_module and engine != VLLM:
+        raise DoctorUsageError(f"--ask-module builds vLLM's classes; it cannot be combined with --engine {engine}")
     if settings is None:
         try:
             settings = load_settings()
@@ -519,7 +557,14 @@ def diagnose(
         )
     if chain is not None and chain["chosen"] is None:
         problems.insert(0, Problem("no_streamable_source", ERROR, None, None, chain["error"]))
-    support = engine_support(engine)
+    if ask_module:
+        from .module_build import cpu_platform_unless_gpu, quiet_engine
+
+        # Before anything imports vLLM (ModelExpress's adapters do): without a GPU, vLLM's CPU platform.
+        with cpu_platform_unless_gpu(), quiet_engine():
+            support = engine_support(engine)
+    else:
+        support = engine_support(engine)
     problems[:0] = engine_problems(support)
     draft = target = None
     loaded: tuple[str, ...] = ()
@@ -532,18 +577,19 @@ def diagnose(
         loaded = tuple(s.key for s in shards)
     modules = None
     if ask_module and checkpoint is not None:
-        if engine != VLLM:
-            reason = f"--ask-module builds vLLM's classes; --engine {engine} is not supported"
-            modules = {role: {"built": False, "selection_source": None, "reason": reason} for role in ("target", "draft")}
-        else:
-            from .module_build import ask_modules
+        from .module_build import ask_modules
 
-            modules = ask_modules(checkpoint, settings)
+        modules = ask_modules(checkpoint, settings, expect_draft=bool(draft and draft.get("found")))
     return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), loaded, target, support,
                         modules)  # fmt: skip
 
 
 # -- human output --------------------------------------------------------------
+
+
+def plural(count: int, word: str, words: Optional[str] = None) -> str:
+    """``1 tensor``, ``2 tensors``, ``0 shards``."""
+    return f"{count} {word if count == 1 else (words or word + 's')}"
 
 
 def human_bytes(count: int) -> str:
@@ -629,8 +675,8 @@ def render(report: DoctorReport, console) -> None:
         if "index" in source:
             console.print(
                 f"  index: {'yes' if source['index'] else 'no'}, config.json: {'yes' if source['config'] else 'no'}; "
-                f"{summary['tensors']} tensors, {human_bytes(summary['tensor_bytes'])} in "
-                f"{summary['loaded_shards']} of {summary['shards']} shards; "
+                f"{plural(summary['tensors'], 'tensor')}, {human_bytes(summary['tensor_bytes'])} in "
+                f"{summary['loaded_shards']} of {plural(summary['shards'], 'shard')}; "
                 f"read {human_bytes(summary['header_bytes'])} of headers, no tensor data"
             )
         console.print()
@@ -660,7 +706,7 @@ def render(report: DoctorReport, console) -> None:
             )
         console.print(table)
         if len(shown) < len(rows):
-            console.print(f"  ... and {len(rows) - len(shown)} more shards (--json lists all {len(rows)})")
+            console.print(f"  ... and {plural(len(rows) - len(shown), 'more shard')} (--json lists all {len(rows)})")
         console.print()
 
     if data["problems"]:
@@ -671,12 +717,12 @@ def render(report: DoctorReport, console) -> None:
         share = 100.0 * target["bytes"] / target["checkpoint_bytes"] if target["checkpoint_bytes"] else 0.0
         console.print("[bold]Target view[/bold] (what a target load streams with mx_strategies.robust)")
         console.print(
-            f"  {target['tensors']} tensors, {human_bytes(target['bytes'])} ({share:.1f}% of the checkpoint) in "
-            f"{len(target['shards'])} shard(s)"
+            f"  {plural(target['tensors'], 'tensor')}, {human_bytes(target['bytes'])} ({share:.1f}% of the checkpoint) "
+            f"in {plural(len(target['shards']), 'shard')}"
         )
         if target["left_to_draft"]:
             console.print(
-                f"  {target['left_to_draft']} tensors, {human_bytes(target['left_to_draft_bytes'])}, left to the MTP "
+                f"  {plural(target['left_to_draft'], 'tensor')}, {human_bytes(target['left_to_draft_bytes'])}, left to the MTP "
                 f"draft (row {escape(target['architecture'])}; {env_name('target_selection')}=all streams them too)"
             )
         console.print()
@@ -687,7 +733,7 @@ def render(report: DoctorReport, console) -> None:
         if draft["found"]:
             share = 100.0 * draft["bytes"] / draft["checkpoint_bytes"] if draft["checkpoint_bytes"] else 0.0
             console.print(
-                f"  convention {escape(draft['convention'])}: {draft['tensors']} tensors, {human_bytes(draft['bytes'])} "
+                f"  convention {escape(draft['convention'])}: {plural(draft['tensors'], 'tensor')}, {human_bytes(draft['bytes'])} "
                 f"({share:.1f}% of the checkpoint) in {_names(draft['shards'])}"
             )
             if draft["shared_weights"]:
@@ -696,10 +742,15 @@ def render(report: DoctorReport, console) -> None:
             console.print(f"  none found; conventions tried: {escape(draft['conventions_tried'])}")
         arch = draft.get("architecture")
         if arch:
-            skipped = f"; {len(arch['skipped'])} tensors vLLM skips or replaces not streamed" if arch["skipped"] else ""
+            skipped = (
+                f"; {plural(len(arch['skipped']), 'tensor')} the engine skips or replaces not streamed "
+                f"(--json lists them: draft.architecture.skipped)"
+                if arch["skipped"] else ""
+            )  # fmt: skip
             console.print(
-                f"  architecture row {escape(arch['key'])} ({escape(arch['family'])}): draft "
-                f"{escape(arch['draft_architecture'])}, {escape(arch['load_weights'])}{skipped}"
+                f"  architecture row {escape(arch['key'])} ({escape(arch['family'])}): the engine builds the draft "
+                f"as {escape(arch['draft_architecture'])}{skipped}",
+                soft_wrap=True,
             )
         else:
             console.print("  architecture: not in mx_strategies.select.mtp_table; generic conventions")
@@ -711,16 +762,24 @@ def render(report: DoctorReport, console) -> None:
             view = report.modules.get(role) or {}
             if view.get("selection_source"):
                 console.print(
-                    f"  {role}: {view['tensors']} tensors, selection_source={view['selection_source']} "
-                    f"({escape(view['module_class'])}); {escape(view['left_out_summary'])}"
+                    f"  {role}: {plural(view['tensors'], 'tensor')}, selection_source={view['selection_source']} "
+                    f"({escape(view['module_class'])}); {escape(view['left_out_summary'])}",
+                    soft_wrap=True,
                 )
             else:
-                console.print(f"  {role}: not asked: {escape(view.get('reason', ''))}")
+                # One line, unfolded, so that it reads (and greps) as the stderr line does.
+                console.print(f"  {role}: not asked: {escape(view.get('reason', ''))}", soft_wrap=True)
         console.print()
 
     errors, warnings = len(report.errors), len(report.warnings)
-    if report.ok:
-        tail = f" ({warnings} warning{'s' if warnings != 1 else ''})" if warnings else ""
+    if report.ok and report.module_error:
+        tail = f" ({plural(warnings, 'warning')})" if warnings else ""
+        console.print(
+            f"[yellow]Not asked[/yellow]: nothing in the checkpoint stops a load{tail}, but doctor could not ask "
+            f"the module (exit status 3)."
+        )
+    elif report.ok:
+        tail = f" ({plural(warnings, 'warning')})" if warnings else ""
         console.print(f"[green]OK[/green]: nothing here stops a load{tail}.")
     else:
         console.print(
@@ -824,10 +883,29 @@ def run(args: argparse.Namespace) -> int:
                           ask_module=args.ask_module, target_model_weights=args.target_model_weights,
                           target_model=args.target_model)  # fmt: skip
     except DoctorUsageError as exc:
-        print(f"mx-strategies doctor: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error(str(exc), args.json)
+    except Exception as exc:  # noqa: BLE001 - never a traceback: what failed, in one line
+        from .module_build import one_line
+
+        return usage_error(f"doctor failed: {one_line(exc)}", args.json)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
         render(report, console_for(sys.stdout))
+    if report.error:
+        print(f"mx-strategies doctor: {report.error}", file=sys.stderr)
     return report.exit_code
+
+
+def error_object(message: str, status: int = EXIT_USAGE) -> dict:
+    """The ``--json`` object for exit 2: no report, the reason in ``error``."""
+    return {"schema": SCHEMA_VERSION, "ok": False, "exit_status": status, "error": message}
+
+
+def usage_error(message: str, as_json: bool) -> int:
+    """Exit 2: the one line on stderr, and with ``--json`` the error object on stdout."""
+    message = " ".join(message.split())
+    print(f"mx-strategies doctor: {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(error_object(message), indent=2))
+    return EXIT_USAGE

@@ -165,6 +165,11 @@ def mtp_checkpoint(
             "num_nextn_predict_layers": num_nextn_layers,
             "hidden_size": hidden,
             "vocab_size": vocab,
+            # DeepSeek-V3.2's sparse-attention indexer: vLLM's DeepseekV32ForCausalLM config check asserts
+            # index_topk is there, and its indexer reads the other two; without them vLLM refuses the config.
+            "index_topk": 16,
+            "index_n_heads": 2,
+            "index_head_dim": 16,
         }
     with open(os.path.join(path, "config.json"), "w") as handle:
         json.dump(config, handle, indent=1)
