@@ -216,6 +216,11 @@ def test_the_packages_deepseek_checkpoint_is_asked_and_says_why_not_in_one_line(
     assert report["error"] == expected and report["exit_status"] == 3 and report["ok"] is True
     assert report["modules"]["target"]["failed"] is True and report["modules"]["draft"]["failed"] is True
     assert one_line_on_stderr(err) == PREFIX + expected
+    # vLLM's config loader set DeepseekV3Config.model_type = "deepseek_v32" for the process while it was asked;
+    # doctor gives it back, or a DeepSeek-V3 loaded later in this process would get V3.2's MTP draft class.
+    from transformers.models.deepseek_v3 import DeepseekV3Config
+
+    assert DeepseekV3Config.model_type == "deepseek_v3"
 
 
 def test_shards_that_do_not_fit_the_config_name_what_failed_and_vllm_stays_quiet(tmp_path, capsys):

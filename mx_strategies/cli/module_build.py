@@ -68,6 +68,39 @@ def _inspect_in_process() -> Iterator[None]:
         registry._run_in_subprocess = original
 
 
+@contextmanager
+def _config_class_kept(model_type: Any) -> Iterator[None]:
+    """The config class vLLM registers for ``model_type`` keeps its own ``model_type`` after the ask.
+
+    vLLM's config loader registers the class of a model type it maps (``_CONFIG_REGISTRY``) by setting the
+    class attribute: asking a DeepSeek-V3.2 checkpoint sets ``DeepseekV3Config.model_type = "deepseek_v32"``
+    for the whole process (vllm/transformers_utils/config.py, ``_register_config_class``), and every later
+    DeepSeek-V3 config there reads as V3.2 (its MTP draft becomes ``DeepseekV32MTPModel``). doctor asks in
+    the caller's process, so it gives the attribute back.
+    """
+    try:
+        from vllm.transformers_utils.config import _CONFIG_REGISTRY
+
+        config_class = _CONFIG_REGISTRY[model_type] if isinstance(model_type, str) and model_type in _CONFIG_REGISTRY else None
+    except Exception:  # noqa: BLE001 - a vLLM without this registry: nothing to keep
+        config_class = None
+    if config_class is None:
+        yield
+        return
+    own = config_class.__dict__.get("model_type", _UNSET)
+    try:
+        yield
+    finally:
+        if own is _UNSET:
+            if "model_type" in config_class.__dict__:
+                delattr(config_class, "model_type")
+        else:
+            config_class.model_type = own
+
+
+_UNSET = object()
+
+
 # -- the platform: a machine without a GPU asks on the CPU -------------------------------------------------------
 
 CPU_SETTING = "VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES="
@@ -374,6 +407,7 @@ def _ask_modules(checkpoint: Checkpoint, settings: RobustSettings, expect_draft:
         with open(os.path.join(folder, "config.json"), "w") as handle:
             json.dump(checkpoint.config, handle)
         stack.enter_context(_inspect_in_process())
+        stack.enter_context(_config_class_kept(checkpoint.config.get("model_type")))
         try:
             target = ModelConfig(model=folder, max_model_len=256, trust_remote_code=False)
         except Exception as exc:  # noqa: BLE001 - a config vLLM refuses: said, not raised
