@@ -65,6 +65,7 @@ LABELS = {
     "draft": "robust MTP draft",
     "robust_quiet": "robust, progress and metrics off",
     "robust_observed": "robust, progress and metrics on",
+    "robust_runai": "robust, runai reads the files",
 }
 # Only with --observability (benchmarks.observability): robust with progress lines and metrics off, then on.
 OBSERVABILITY_LOADERS = ("robust_quiet", "robust_observed")
@@ -73,8 +74,11 @@ LOADER_ENV = {
     "robust_plan": {"MX_ROBUST_DELIVERY_ORDER": "plan"},
     "robust_quiet": {"MX_ROBUST_PROGRESS_INTERVAL_S": "0", "MX_METRICS_ENABLED": "0"},
     "robust_observed": {"MX_ROBUST_PROGRESS_INTERVAL_S": "0.2", "MX_METRICS_ENABLED": "1"},
+    "robust_runai": {"MX_ROBUST_FILE_READER": "runai"},
 }
-ROBUST_LOADERS = ("robust", "robust_plan", "draft", *OBSERVABILITY_LOADERS)
+# Only with --file-readers (benchmarks.file_readers): robust with runai reading a local folder, warm or cold.
+FILE_READER_LOADERS = ("robust_runai",)
+ROBUST_LOADERS = ("robust", "robust_plan", "draft", *OBSERVABILITY_LOADERS, *FILE_READER_LOADERS)
 BASELINE = "runai_raw"
 LIKE_FOR_LIKE = "runai_copy"
 

@@ -196,7 +196,7 @@ class Site:
         which it leaves to the draft); everything for the others (runai + copy, plain ModelExpress)."""
         if loader == "draft":
             return self.draft_names
-        if loader in ("robust", "robust_plan", "robust_quiet", "robust_observed"):
+        if loader in ("robust", "robust_plan", "robust_quiet", "robust_observed", "robust_runai"):
             return self.target_names
         return list(self.tensors)
 

@@ -88,6 +88,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         help="only compute, names only, the bytes plain ModelExpress 0.7.0 and 0.8 stream (whole "
                              "shards) against robust (per tensor), for the demo's checkpoints and DeepSeek-V3 "
                              "(benchmarks.plain_selection)")  # fmt: skip
+    parser.add_argument("--file-readers", action="store_true",
+                        help="a local --size checkpoint warm and cold: robust's readers against safetensors and runai "
+                             "(benchmarks.file_readers), then exit")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.reps < 1 or args.warmup < 0 or args.memory_reps < 1 or args.engine_reps < 1:
@@ -217,6 +220,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                            "rank_shares": result}, handle, indent=1)  # fmt: skip
         return 0
     os.makedirs(args.workdir, exist_ok=True)
+    if args.file_readers:
+        from .file_readers import render_file_readers, run_file_readers
+
+        result = run_file_readers(args.workdir, args.size, args.reps, args.warmup)
+        print(render_file_readers(result))
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump({"command": " ".join(["python -m benchmarks", *(argv or sys.argv[1:])]),
+                           "machine": machine_info(), "file_readers": result}, handle, indent=1)  # fmt: skip
+        return 0
     if args.observability:
         from .observability import render_observability, run_observability
 

@@ -33,6 +33,7 @@ from .select.selection import select_resolved
 from .settings import RobustSettings, load_settings
 from .stream import completeness
 from .stream.delivery import deliver
+from .stream.file_reader import RUNAI, ReaderChoice, choose_reader
 from .stream.read_ahead import ReadAhead
 from .stream.streaming import VerifiedStream
 
@@ -127,10 +128,10 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             try:
                 if distributed:
                     agreed = agreed_selection(ctx.adapter, rank, cands, module, settings, select_resolved)
-                    resolution, selection, shares = agreed
+                    (resolution, selection, shares), reader = agreed, ReaderChoice(RUNAI, "a distributed load")
                 else:
                     resolution, shares = resolve(cands, settings), None
-                    ahead = self._read_ahead(early, rank, resolution, module, settings)
+                    reader, ahead = self._readers(early, rank, resolution, module, settings)
                     selection = select_resolved(resolution, module, settings)  # the question, as runai reads ahead
             except MxStrategiesError as exc:
                 self._refuse(rank, f"{engine.role} load not started: {exc}", exc)
@@ -138,7 +139,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             for level, line in planned_lines(load):
                 logger.log(level, f"[Worker {rank}] {line}")
             planned = time.perf_counter()
-            result, stream = self._stream(result, ctx, load, settings, module, distributed, ahead)
+            result, stream = self._stream(result, ctx, load, settings, module, distributed, ahead, reader)
         self._streamed = _Streamed(load, stream, (started, planned, time.perf_counter()))
         if not chain_finalizes():
             # ModelExpress 0.7: the strategy finishes its own load; 0.8's chain calls finalize() for that.
@@ -154,13 +155,9 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
     # -- the load's end: once, whichever ModelExpress runs it -----------------
 
     def prepare(self, result: LoadResult, ctx: LoadContext) -> None:
-        """ModelExpress 0.8 calls this before :meth:`load`: a reload of a live model is not ours to do.
-
-        A layerwise reload (``ctx.is_reload``) puts the live model's parameters on the meta device and
-        materializes each layer as its weights arrive; what robust checks (the module's answer against a
-        built model, every write of the load, whole parameters) assumes a cold load into a built model.
-        Refused before anything is touched, so the chain's next strategy reloads.
-        """
+        """ModelExpress 0.8 calls this before :meth:`load`: a layerwise reload of a live model (``ctx.is_reload``,
+        its parameters on the meta device) is refused untouched, as robust's checks assume a cold load into a
+        built model; the chain's next strategy reloads."""
         if getattr(ctx, "is_reload", False):
             self._refuse(ctx.global_rank, f"{engine_view(ctx).role} reload refused before it started: {self.name} "
                          f"loads cold models only, not a layerwise reload of a live one; ModelExpress's next strategy "
@@ -174,11 +171,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             super().finalize(result, ctx)
 
     def post_process(self, result: LoadResult, ctx: LoadContext) -> LoadResult:
-        """The engine's post-load processing, exactly once, then the load's report.
-
-        ModelExpress 0.8 calls it from ``finalize``; on 0.7, :meth:`load` does.
-        Twice would repack or requantize weights already processed (seed 003).
-        """
+        """The engine's post-load processing, exactly once (twice would repack or requantize weights already
+        processed: seed 003), then the load's report. ModelExpress 0.8 calls it from ``finalize``; 0.7, :meth:`load`."""
         streamed = self._streamed
         if streamed is None:  # nothing streamed: nothing of ours to finish
             return result
@@ -206,11 +200,16 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         register_tensors(result, ctx)
 
     @staticmethod
-    def _read_ahead(
+    def _readers(
         early: ExitStack, rank: int, resolution: Resolution, module: BuiltModule, settings: RobustSettings
-    ) -> ReadAhead:
-        """runai reading, while the module is asked, the head of the selection made without asking, less what
-        only the answer settles (``Selection.uncertain``): what is read early, never what is delivered."""
+    ) -> tuple[ReaderChoice, Optional[ReadAhead]]:
+        """Who reads the files (:func:`.stream.file_reader.choose_reader`), and runai reading ahead while the module
+        is asked: the head of the selection made without asking, less what only the answer settles
+        (``Selection.uncertain``); what is read early, never what is delivered. No read-ahead from the page cache."""
+        reader = choose_reader(plan_of(resolution.checkpoint, None, settings).uris, settings.file_reader)
+        logger.info(f"[Worker {rank}] {module.engine.role} files read by {reader.reader}: {reader.why}")
+        if reader.reader != RUNAI:
+            return reader, None
         head = None
         with suppress(MxStrategiesError):  # the answered selection says why, or does without
             foreseen = select_resolved(resolution, module, settings, ask=False) if settings.read_ahead_bytes else None
@@ -220,11 +219,11 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         if ahead.failed:
             logger.info(f"[Worker {rank}] {module.engine.role}: runai did not read ahead while the module was "
                         f"asked ({ahead.failed}); streaming after its answer")  # fmt: skip
-        return ahead
+        return reader, ahead
 
     def _stream(
         self, result: LoadResult, ctx: LoadContext, load: PlannedLoad, settings: RobustSettings, module: BuiltModule,
-        distributed: bool, ahead: Optional[ReadAhead],
+        distributed: bool, ahead: Optional[ReadAhead], reader: ReaderChoice,
     ) -> tuple[LoadResult, VerifiedStream]:
         """Stream the plan into the model, watched and checked (:func:`.stream.delivery.deliver`)."""
         rank, engine, plan = ctx.global_rank, module.engine, load.plan
@@ -232,7 +231,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         stream = VerifiedStream(plan, settings, device=str(ctx.target_device) if distributed else "cpu",
                                 distributed=distributed, loader_extra_config=engine.loader_extra_config,
                                 on_warning=warn, progress=progress.for_load(plan, settings, ctx, engine.role),
-                                carrier=load.carrier, read_ahead=ahead)  # fmt: skip
+                                carrier=load.carrier, read_ahead=ahead, reader=reader)  # fmt: skip
         try:
             result = deliver(stream, result, ctx.adapter.apply_weight_iter, role=engine.role, settings=settings,
                              filled_by_engine=module.filled_by_engine, on_warning=warn)  # fmt: skip

@@ -265,6 +265,17 @@ class RobustSettings(BaseSettings):
             "only (not MX_MS_DISTRIBUTED)."
         ),
     )
+    file_reader: Literal["auto", "page_cache", "runai"] = Field(
+        default="auto",
+        validation_alias="MX_ROBUST_FILE_READER",
+        description=(
+            "Who reads a local checkpoint's files: auto (the page-cache reader where the kernel holds "
+            "every shard in its page cache, as on a restart on the same node; runai's direct reads "
+            "otherwise), page_cache (always copy out of the page cache with preadv, reading the files "
+            "into it where they are not), or runai (runai-model-streamer, direct I/O by default). "
+            "Object stores and distributed loads always stream with runai."
+        ),
+    )
     delivery_order: Literal["arrival", "plan"] = Field(
         default="arrival",
         validation_alias="MX_ROBUST_DELIVERY_ORDER",

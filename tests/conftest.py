@@ -85,6 +85,10 @@ def clean_environment(monkeypatch, tmp_path_factory):
             monkeypatch.delenv(key)
     # Each test asks the module afresh: the dry run's kept answers go to a folder of its own.
     monkeypatch.setenv("MX_ROBUST_READS_CACHE_DIR", str(tmp_path_factory.mktemp("reads-cache")))
+    # The suite's checkpoints are written moments before they load, so the page cache holds them and the
+    # default reader (auto) would read every local load from it: runai's path, which object stores and cold
+    # files take, is what a test gets unless it names the reader (tests/test_file_reader.py reads with both).
+    monkeypatch.setenv("MX_ROBUST_FILE_READER", "runai")
     yield
     activation.uninstall()
 

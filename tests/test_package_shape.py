@@ -51,7 +51,7 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "rank_share", "reads_cache", "selection", "twin",
     ]  # fmt: skip
     assert below("plan") == ["distributed", "planning"]
-    assert below("stream") == ["completeness", "content_check", "delivery", "read_ahead", "runai_env", "runai_plan",
+    assert below("stream") == ["completeness", "content_check", "delivery", "file_reader", "read_ahead", "runai_env", "runai_plan",
                                "streaming", "tensor_bytes", "write_watch"]
     assert below("observe") == ["failures", "progress", "report", "telemetry"]
     assert below("engine") == ["config", "sglang", "view", "vllm", "vllm_rules"]

@@ -197,8 +197,10 @@ class FailingPostLoad(CountingAdapter):
         raise RuntimeError("quantization repack failed")
 
 
+@pytest.mark.parametrize("reader", ["runai", "page_cache"])
 @pytest.mark.parametrize("case", sorted(FAILURES))
-def test_mutation_contract(monkeypatch, tmp_path, case):
+def test_mutation_contract(monkeypatch, tmp_path, case, reader):
+    monkeypatch.setenv("MX_ROBUST_FILE_READER", reader)  # the same contract whichever reader reads the files
     spec = FAILURES[case]
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3))
     spec.prepare(ckpt)

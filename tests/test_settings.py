@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 def default_reads_cache(monkeypatch):
     """The suite's conftest points every test's kept answers at a folder of its own; these tests read the defaults."""
     monkeypatch.delenv("MX_ROBUST_READS_CACHE_DIR", raising=False)
+    monkeypatch.delenv("MX_ROBUST_FILE_READER", raising=False)
 
 
 # Spelled out, not read from the model: this is what the docs promise.
@@ -49,6 +50,7 @@ DEFAULTS = {
     "model_completeness": "fail",
     "verify_content": "off",
     "verify_sample": 8,
+    "file_reader": "auto",
     "delivery_order": "arrival",
     "plan_order_hold_bytes": 1 << 30,
     "read_ahead_bytes": 16 << 30,
@@ -85,6 +87,7 @@ NON_DEFAULTS = {
     "MX_ROBUST_SKIP_EMPTY_SHARDS": ("0", False),
     "MX_ROBUST_COMPLETENESS": ("warn", "warn"),
     "MX_ROBUST_MODEL_COMPLETENESS": ("warn", "warn"),
+    "MX_ROBUST_FILE_READER": ("page_cache", "page_cache"),
     "MX_ROBUST_DELIVERY_ORDER": ("plan", "plan"),
     "MX_ROBUST_PLAN_ORDER_HOLD_BYTES": ("0", 0),
     "MX_ROBUST_READ_AHEAD_BYTES": ("0", 0),
@@ -224,6 +227,7 @@ def test_environment_wins_over_file_and_file_over_defaults(monkeypatch, tmp_path
 INVALID = [
     ("MX_ROBUST_MODEL_COMPLETENESS", "maybe", "Input should be 'fail' or 'warn'"),
     ("MX_ROBUST_DELIVERY_ORDER", "sorted", "Input should be 'arrival' or 'plan'"),
+    ("MX_ROBUST_FILE_READER", "mmap", "Input should be 'auto', 'page_cache' or 'runai'"),
     ("MX_ROBUST_PLAN_ORDER_HOLD_BYTES", "-1",
      "Input should be greater than or equal to 0 (allowed: an integer from 0 to 1099511627776)"),
     ("MX_ROBUST_READ_AHEAD_BYTES", "16GiB",

@@ -90,6 +90,9 @@ class LoadReport:
     host_ranks: tuple[int, ...] = ()  # the ranks of this rank's host that streamed together (distributed)
     # Who reads what, in a distributed load: every rank's (rank, host, tensors, bytes), the same on every rank.
     ranks: tuple[tuple[int, str, int, int], ...] = ()
+    # Who read the files (mx_strategies.stream.file_reader): runai, or the page-cache reader; and why.
+    reader: str = "runai"
+    reader_why: str = ""
 
     @property
     def bytes_arrived(self) -> int:
@@ -135,7 +138,8 @@ class LoadReport:
         return (
             f"{self.role} loaded from {self.source_label}={self.source!r}{convention}: "
             f"{self.tensors} tensors verified, {self.bytes_streamed} of {self.checkpoint_bytes} "
-            f"checkpoint bytes streamed ({share:.1f}%){distributed}{left}{selection} in {self.timings.get('total', 0.0):.2f}s"
+            f"checkpoint bytes streamed ({share:.1f}%){distributed}{left}{selection}, read by {self.reader} "
+            f"in {self.timings.get('total', 0.0):.2f}s"
         )
 
 
@@ -197,7 +201,8 @@ def report_of(
         shards=tuple(plan.shard_keys), tensors=len(plan.expected), bytes_streamed=plan.bytes,
         distributed=stream.distributed, delivery_order=stream.delivery_order, held_peak_bytes=stream.held_peak_bytes,
         bytes_from_storage=stream.bytes_from_storage, read_ahead_bytes=stream.read_ahead_bytes,
-        read_ahead_discarded_bytes=stream.bytes_discarded, timings=timings,
+        read_ahead_discarded_bytes=stream.bytes_discarded, timings=timings, reader=stream.reader.reader,
+        reader_why=stream.reader.why,
         # who read what, in a distributed load
         bytes_carried=None if shares is None else stream.bytes_carried,
         host_ranks=() if shares is None else shares.host_ranks,

@@ -32,6 +32,7 @@ from ..inspect.checkpoint import source_changes
 from .content_check import ContentCheck
 from ..errors import ContentMismatch, IncompleteDelivery, StreamBroken, StreamStartError
 from ..settings import RobustSettings
+from .file_reader import RUNAI, PageCacheReader, ReaderChoice
 from .read_ahead import ReadAhead
 from .runai_env import claim_backend, streamer_environment, streamer_variables
 
@@ -193,14 +194,19 @@ class VerifiedStream:
         progress: Any = None,  # a progress.ProgressLog, told of every tensor (None: no progress lines)
         carrier: Optional[LoadPlan] = None,
         read_ahead: Optional["ReadAhead"] = None,
+        reader: Optional[ReaderChoice] = None,
     ) -> None:
         """``carrier``: what runai streams when it is more than ``plan`` (the union of the shares of
         this host's ranks, :func:`.distributed.agreed_shares`); only ``plan``'s tensors reach the model.
         ``read_ahead``: a stream of the load's foreseen head, started before ``plan`` was answered
         (:mod:`.read_ahead`): what of it ``plan`` holds is delivered first, the rest dropped, and
-        ``plan``'s other tensors streamed after it."""
+        ``plan``'s other tensors streamed after it. ``reader``: which reader reads the files
+        (:func:`.file_reader.choose_reader`; None: runai); the page-cache reader reads a load of one rank."""
         if read_ahead is not None and (carrier is not None or distributed):
             raise ValueError("a read-ahead serves a load of one rank, streamed on its own")
+        self.reader = reader if reader is not None else ReaderChoice(RUNAI, "runai streams")
+        if self.reader.reader != RUNAI and (carrier is not None or distributed or read_ahead is not None):
+            raise ValueError("the page-cache reader reads a load of one rank, without a read-ahead")
         self.plan = plan
         self._ahead = read_ahead if read_ahead is not None and read_ahead.live else None
         self.bytes_discarded = 0  # read ahead, then not in the answered plan: never delivered
@@ -276,7 +282,8 @@ class VerifiedStream:
             self._iter = self._after_read_ahead()
             self._first = next(self._iter, None)
         elif self.carrier.shards:
-            self._streamer = PlannedStreamer().__enter__()
+            reader = PlannedStreamer if self.reader.reader == RUNAI else PageCacheReader
+            self._streamer = reader().__enter__()
             # The probe's headers, not a second read of them (runai_plan).
             self._streamer.stream_plan(self.carrier, device=self.device, is_distributed=self.distributed)
             self._from_storage = self._streamer.bytes_from_storage()

@@ -239,20 +239,21 @@ STOPPED = "stopped before streaming"
 
 
 def drop_from_stream(monkeypatch, dropped: str) -> None:
-    """Make runai's stream silently lose ``dropped`` (vLLM #38991: 335 of 447 tensors dropped).
+    """Make the stream silently lose ``dropped`` (vLLM #38991: 335 of 447 tensors dropped), whichever reader
+    reads it (runai, or the page-cache reader).
 
     The shard on disk stays as inspected, so only the delivery ledger can
     notice; rewriting the file instead is refused before streaming (its
     identity changed).
     """
-    from mx_strategies.stream import runai_plan
+    from mx_strategies.stream import file_reader, runai_plan
 
-    original = runai_plan.PlannedStreamer.get_tensors
+    for reader in (runai_plan.PlannedStreamer, file_reader.PageCacheReader):
 
-    def get_tensors(self):
-        return ((name, tensor) for name, tensor in original(self) if name != dropped)
+        def get_tensors(self, original=reader.get_tensors):
+            return ((name, tensor) for name, tensor in original(self) if name != dropped)
 
-    monkeypatch.setattr(runai_plan.PlannedStreamer, "get_tensors", get_tensors)
+        monkeypatch.setattr(reader, "get_tensors", get_tensors)
 
 
 def racing(change) -> type:
