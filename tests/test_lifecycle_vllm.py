@@ -49,6 +49,16 @@ from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
 CpuPostLoadAdapter = cpu_vllm_adapter(post_load=POST_LOAD_ON_CPU, refuse_reinit="draft")
 
 
+@pytest.fixture(autouse=True)
+def mla_dims_amx_packs(monkeypatch):
+    """DeepSeek-V3's MLA with a latent rank and a no-RoPE head of 32, not the matrix's 16: where the CPU has AMX
+    tiles, vLLM's post-load pass picks its AMX MLA backend, which VNNI-packs ``kv_b_proj``'s two halves
+    (vllm/v1/attention/backends/mla/amx_mla.py, ``convert_weight_packed``) and refuses an input of 16 features
+    ("invalid weight input features 16"). Real models' ranks are hundreds; the verdict must not depend on the CPU."""
+    config = dict(builders.TARGET_CONFIGS["deepseek_v3"], kv_lora_rank=32, qk_nope_head_dim=32)
+    monkeypatch.setitem(builders.TARGET_CONFIGS, "deepseek_v3", config)
+
+
 @pytest.fixture
 def post_processing(monkeypatch):
     """Every call of vLLM's ``process_weights_after_loading`` (ModelExpress imports it at call time)."""

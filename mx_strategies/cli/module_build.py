@@ -137,19 +137,24 @@ def cpu_platform_unless_gpu() -> Iterator[Optional[str]]:
 
     vLLM's CUDA wheel on a machine without a GPU detects no platform and ``VllmConfig`` then fails with
     ``RuntimeError: Failed to infer device type``; ``VLLM_TARGET_DEVICE=cpu`` makes vLLM pick its CPU platform
-    first (``vllm/platforms/__init__.py``, ``resolve_current_platform_cls_qualname``). Only set when unset and
-    the platform is not resolved yet; restored on exit (vLLM keeps the platform it resolved). Yields the value
-    set (also when an earlier call set it while vLLM resolved its platform), or None.
+    first (``vllm/platforms/__init__.py``, ``resolve_current_platform_cls_qualname``). ``CUDA_VISIBLE_DEVICES=``
+    too where it is unset: vLLM 0.34's CPU platform refuses a config on x86 without Triton ("requires Triton
+    (triton-cpu)"), and counts the CUDA wheel's Triton present without a driver only where that variable is set
+    and empty (``vllm/triton_utils/importing.py``). Only set when unset and the platform is not resolved yet;
+    restored on exit (vLLM keeps the platform it resolved). Yields the value set (also when an earlier call set
+    it while vLLM resolved its platform), or None.
     """
     global _chose_cpu
     if _platform_resolved() or "VLLM_TARGET_DEVICE" in os.environ or _cuda_visible():
         yield "cpu" if _chose_cpu and _platform_resolved() else None
         return
-    os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    added = {"VLLM_TARGET_DEVICE": "cpu", **({} if "CUDA_VISIBLE_DEVICES" in os.environ else {"CUDA_VISIBLE_DEVICES": ""})}
+    os.environ.update(added)
     try:
         yield "cpu"
     finally:
-        os.environ.pop("VLLM_TARGET_DEVICE", None)
+        for name in added:
+            os.environ.pop(name, None)
         _chose_cpu = _chose_cpu or _platform_resolved()
 
 
