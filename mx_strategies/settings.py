@@ -271,9 +271,9 @@ class RobustSettings(BaseSettings):
         description=(
             "Who reads a local checkpoint's files: auto (the page-cache reader where the kernel holds "
             "every shard in its page cache, as on a restart on the same node; runai's direct reads "
-            "otherwise), page_cache (always copy out of the page cache with preadv, reading the files "
-            "into it where they are not), or runai (runai-model-streamer, direct I/O by default). "
-            "Object stores and distributed loads always stream with runai."
+            "otherwise), page_cache (always the page-cache reader: each file mapped under a read lease, "
+            "or read with preadv where no lease can be had), or runai (runai-model-streamer, direct I/O "
+            "by default). Object stores and distributed loads always stream with runai."
         ),
     )
     delivery_order: Literal["arrival", "plan"] = Field(

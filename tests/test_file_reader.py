@@ -137,48 +137,109 @@ def test_auto_reads_warm_files_from_the_page_cache_and_cold_ones_with_runai(monk
         assert report["read_ahead_bytes"] == 0  # nothing to gain from reading ahead what memory holds
 
 
-def test_a_file_cut_short_under_the_page_cache_reader_is_a_clean_error(disk_folder):
-    """Read after the identity re-check passed (the reader alone): the error names the file and the tensor,
-    nothing reads past the end, no SIGBUS."""
+def leases_here(folder: str) -> bool:
+    """Whether this file system grants this process a read lease (ext4, xfs, tmpfs do; NFS does not)."""
+    import fcntl
+
+    probe = os.path.join(folder, ".lease-probe")
+    with open(probe, "wb"):
+        pass
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+
+
+def _plan(folder: str):
     from mx_strategies.inspect.sources import Candidate, resolve
     from mx_strategies.plan.planning import plan_of
     from mx_strategies.settings import load_settings
 
+    settings = load_settings()
+    return plan_of(resolve([Candidate("explicit", folder)], settings).checkpoint, None, settings)
+
+
+def _read_all(plan) -> tuple[dict[str, torch.Tensor], int]:
+    with PageCacheReader() as reader:
+        reader.stream_plan(plan)
+        got = {name: tensor.clone() for name, tensor in reader.get_tensors()}
+    return got, reader.mapped_files
+
+
+@pytest.mark.parametrize("thread", ["main", "other"])
+def test_the_page_cache_reader_maps_under_a_lease_in_the_main_thread_and_reads_elsewhere(disk_folder, thread):
+    """A mapping under a read lease where the main thread can take the lease's signal; preadv anywhere else.
+    The tensors are what safetensors reads either way, in plan order."""
+    import threading
+
     folder = os.path.join(disk_folder, "ckpt")
     paths = checkpoint(folder)
-    settings = load_settings()
-    plan = plan_of(resolve([Candidate("explicit", folder)], settings).checkpoint, None, settings)
-    size = os.path.getsize(paths[1])
-    os.truncate(paths[1], size - 1000)
+    plan = _plan(folder)
+    if thread == "main":
+        got, mapped = _read_all(plan)
+    else:
+        out = {}
+        worker = threading.Thread(target=lambda: out.update(result=_read_all(plan)))
+        worker.start()
+        worker.join()
+        got, mapped = out["result"]
+    assert mapped == (2 if thread == "main" and leases_here(disk_folder) else 0)
+    assert list(got) == plan.expected
+    for name, tensor in reference_of(paths).items():
+        assert same_bytes(got[name], tensor) and got[name].dtype == tensor.dtype and got[name].shape == tensor.shape
+
+
+def test_a_file_cut_short_before_it_is_read_is_a_clean_error(disk_folder):
+    """Cut after inspection (the load's identity re-check would stop it first; the reader alone here): the
+    error names the file and the tensor, nothing is read past the end, no SIGBUS."""
+    folder = os.path.join(disk_folder, "ckpt")
+    paths = checkpoint(folder)
+    plan = _plan(folder)
+    os.truncate(paths[1], os.path.getsize(paths[1]) - 1000)
     with PageCacheReader() as reader:
         reader.stream_plan(plan)
         with pytest.raises(OSError) as raised:
             for _ in reader.get_tensors():
                 pass
-    assert str(raised.value).startswith(f"{paths[1]}: ends before tensor big does (read ")
+    assert str(raised.value).startswith(f"{paths[1]}: ends before tensor big does (")
 
 
-def test_the_page_cache_reader_holds_back_at_most_its_bound(disk_folder):
-    """One reader thread ahead of the consumer, bounded: with a bound below one tensor, one tensor of data waits
-    (an empty tensor takes no room)."""
-    from mx_strategies.inspect.sources import Candidate, resolve
-    from mx_strategies.plan.planning import plan_of
-    from mx_strategies.settings import load_settings
+def test_a_writer_waits_for_the_load_and_the_load_stops_at_the_next_tensor(disk_folder):
+    """Another process truncating a file while it is read under the mapping: the kernel makes it wait (the read
+    lease) and tells this process, whose next tensor is an error naming the file; the writer goes on once the
+    reader let go. The process is alive to say so: no SIGBUS."""
+    import subprocess
+    import sys
 
+    if not leases_here(disk_folder):
+        pytest.skip("this file system grants no read lease: the reader reads with preadv (the test above)")
     folder = os.path.join(disk_folder, "ckpt")
-    checkpoint(folder)
-    settings = load_settings()
-    plan = plan_of(resolve([Candidate("explicit", folder)], settings).checkpoint, None, settings)
-    with PageCacheReader(ahead_bytes=1) as reader:
+    paths = checkpoint(folder)
+    plan = _plan(folder)
+    with PageCacheReader() as reader:
         reader.stream_plan(plan)
-        stream = reader.get_tensors()
-        first = next(stream)
-        time.sleep(0.2)  # the thread reads the next tensor, then waits for room
-        waiting = [item for item in list(reader._queue.queue) if isinstance(item, tuple)]
-        assert waiting and sum(1 for _, _, nbytes in waiting if nbytes) == 1
-        names = [first[0]] + [name for name, _ in stream]
-    assert names == plan.expected  # plan order
-    assert reader.bytes_from_storage() == plan.bytes
+        tensors = reader.get_tensors()
+        next(tensors)  # the first file is mapped, under its lease
+        writer = subprocess.Popen([sys.executable, "-c", f"import os; os.truncate({paths[0]!r}, 100)"])
+        deadline = time.monotonic() + 30
+        while not reader._broken and time.monotonic() < deadline:
+            time.sleep(0.05)  # the lease's signal is handled here
+        assert writer.poll() is None  # still waiting for the lease
+        assert os.path.getsize(paths[0]) > 100
+        with pytest.raises(OSError) as raised:
+            next(tensors)
+    assert writer.wait(timeout=30) == 0
+    assert os.path.getsize(paths[0]) == 100
+    assert str(raised.value) == (
+        f"{paths[0]}: another process opened a file of the load for writing or truncated it while it was read "
+        "(its read lease was broken); not loading a file that changes"
+    )
 
 
 def test_a_distributed_load_is_not_the_page_cache_readers(disk_folder):

@@ -9,25 +9,26 @@ the device again at runai's pace (about 1.7 GB/s here), where safetensors'
 :func:`choose_reader` decides once per load: where every shard of a local
 checkpoint is already in the page cache (asked of the kernel with
 ``mincore(2)`` over a sample of each file's pages, the headers' cost), the
-:class:`PageCacheReader` copies the plan's tensors out of the cache with
-``preadv``; otherwise runai streams (direct I/O on a cold file, its own
-buffered fallback where a file system refuses ``O_DIRECT``). Object stores
-always stream with runai. ``MX_ROBUST_FILE_READER`` overrides the choice.
+:class:`PageCacheReader` hands the plan's tensors out of the cache;
+otherwise runai streams (direct I/O on a cold file, its own buffered
+fallback where a file system refuses ``O_DIRECT``). Object stores always
+stream with runai. ``MX_ROBUST_FILE_READER`` overrides the choice.
 
-The page-cache reader hands out tensors that own their memory (no mapping of
-the file outlives a read, so a file cut short mid-load is a clean error, not
-a ``SIGBUS``), in plan order, one reader thread ahead of the consumer and at
-most ``ahead_bytes`` of tensors waiting.
+The page-cache reader maps each file under a read lease, so that no
+process can cut it short under the mapping during the load, and reads with
+``preadv`` where no lease can be had (:class:`PageCacheReader`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import mmap
 import os
-import queue
+import signal
 import threading
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
@@ -136,90 +137,127 @@ def resident_pages(path: str) -> Optional[tuple[int, int]]:
 
 
 class PageCacheReader:
-    """Reads a plan's tensors from local files with ``preadv``, in plan order, one thread ahead.
+    """Hands a plan's tensors out of the page cache, in plan order, as the model asks for them.
 
     The interface of :class:`.runai_plan.PlannedStreamer` that :class:`.streaming.VerifiedStream` uses:
-    ``stream_plan``, ``get_tensors``, ``bytes_from_storage``, and a context manager that stops the reader
-    thread and closes the files.
+    ``stream_plan``, ``get_tensors``, ``bytes_from_storage``, and a context manager that gives back what it holds.
+
+    Each file is mapped and its tensors are views of the mapping (one copy, the model's, as safetensors'
+    ``load_file`` does), but only under a read lease (``fcntl(F_SETLEASE, F_RDLCK)``): while the lease is held
+    no process can open the file for writing or truncate it without first being made to wait and this process
+    told (``SIGIO``), so a file cut short under the mapping (a ``SIGBUS``, the process killed) cannot happen
+    during the load. A broken lease fails the load at the next tensor, naming the file; the writer waits for
+    that. Where a lease cannot be taken (not the file's owner and no ``CAP_LEASE``, a file system without
+    leases, a file open for writing, a load outside the main thread, which alone can take the signal), the
+    file is read with ``preadv`` into memory of each tensor's own: two copies, never a mapping.
     """
 
-    def __init__(self, ahead_bytes: int = 256 << 20) -> None:
-        self._ahead_bytes = max(1, ahead_bytes)
-        self._queue: "queue.Queue[object]" = queue.Queue()
-        self._room = threading.Condition()
-        self._waiting = 0  # bytes read and not yet taken
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+    def __init__(self) -> None:
+        self._work: list[tuple[Shard, list[TensorInfo]]] = []
         self._bytes = 0
+        self._fds: list[int] = []
+        self._leased: list[int] = []
+        self._broken = False
+        self._previous_handler: object = None
+        self.mapped_files = 0  # files read through a leased mapping (the others with preadv)
 
     def __enter__(self) -> "PageCacheReader":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._stop.set()
-        with self._room:
-            self._room.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._release()
 
     def stream_plan(self, plan: "LoadPlan", *, device: str = "cpu", is_distributed: bool = False) -> None:
-        """Start reading the plan's tensors (``device`` cpu and not distributed only: runai does those)."""
+        """Take the plan's files (``device`` cpu and not distributed only: runai does those)."""
         if device != "cpu" or is_distributed:
             raise ValueError("the page-cache reader reads into host memory for one rank")
-        work = [(shard, [t for t in shard.tensors.values() if plan.names is None or t.name in plan.names])
-                for shard in plan.shards]  # fmt: skip
-        self._bytes = sum(t.nbytes for _, infos in work for t in infos)
-        self._thread = threading.Thread(target=self._read_all, args=(work,), name="mx-page-cache", daemon=True)
-        self._thread.start()
+        self._work = [(shard, sorted((t for t in shard.tensors.values() if plan.names is None or t.name in plan.names),
+                                     key=lambda t: t.start or 0))
+                      for shard in plan.shards]  # fmt: skip
+        self._bytes = sum(t.nbytes for _, infos in self._work for t in infos)
 
     def bytes_from_storage(self) -> int:
         return self._bytes
 
     def get_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, tensor) in plan order; what the reader thread raised, raised here."""
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            name, tensor, nbytes = item
-            with self._room:
-                self._waiting -= nbytes
-                self._room.notify_all()
-            yield name, tensor
-
-    def _read_all(self, work: list[tuple[Shard, list[TensorInfo]]]) -> None:
+        """(name, tensor) in plan order."""
         try:
-            for shard, infos in work:
+            for shard, infos in self._work:
                 if not infos:
                     continue
                 fd = os.open(shard.uri, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                try:
-                    for info in sorted(infos, key=lambda t: t.start or 0):
-                        tensor = read_tensor(fd, shard.uri, info)
-                        with self._room:
-                            while self._waiting and self._waiting + info.nbytes > self._ahead_bytes:
-                                if self._stop.is_set():
-                                    return
-                                self._room.wait(0.5)
-                            if self._stop.is_set():
-                                return
-                            self._waiting += info.nbytes
-                        self._queue.put((info.name, tensor, info.nbytes))
-                finally:
-                    os.close(fd)
-            self._queue.put(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-            self._queue.put(exc)
+                self._fds.append(fd)
+                mapped = self._mapped(fd, shard.uri)
+                for info in infos:
+                    if self._broken:
+                        raise OSError(
+                            f"{shard.uri}: another process opened a file of the load for writing or truncated it "
+                            "while it was read (its read lease was broken); not loading a file that changes"
+                        )
+                    if mapped is not None:
+                        yield info.name, tensor_of(mapped, shard.uri, info)
+                    else:
+                        yield info.name, read_tensor(fd, shard.uri, info)
+        finally:
+            self._release()
+
+    def _mapped(self, fd: int, path: str) -> Optional[torch.Tensor]:
+        """The file mapped (bytes, private: a write by the model stays its own) under a read lease, or None."""
+        if not self._lease(fd):
+            return None
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return None
+        self.mapped_files += 1
+        return torch.frombuffer(mmap.mmap(fd, size, access=mmap.ACCESS_COPY), dtype=torch.uint8)
+
+    def _lease(self, fd: int) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        if self._previous_handler is None:
+            self._previous_handler = signal.signal(signal.SIGIO, self._lease_broken)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        except OSError:
+            return False
+        self._leased.append(fd)
+        return True
+
+    def _lease_broken(self, signum, frame) -> None:
+        self._broken = True
+
+    def _release(self) -> None:
+        """Leases given back (a waiting writer goes on), files closed, the signal's handler restored."""
+        for fd in self._leased:
+            with suppress(OSError):
+                fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        for fd in self._fds:
+            with suppress(OSError):
+                os.close(fd)
+        self._leased, self._fds = [], []
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGIO, self._previous_handler)
+            self._previous_handler = None
+
+
+def _dtype_and_shape(path: str, info: TensorInfo) -> tuple[torch.dtype, tuple[int, ...]]:
+    dtype = runai_dtypes().get(info.dtype)
+    if dtype is None or info.start is None:
+        raise OSError(f"{path}: cannot read tensor {info.name} ({info.dtype}) from the page cache")
+    return dtype, storage_shape(info.dtype, tuple(info.shape))
+
+
+def tensor_of(mapped: torch.Tensor, path: str, info: TensorInfo) -> torch.Tensor:
+    """One tensor as a view of its file's mapping, as runai hands it out (dtype, shape)."""
+    dtype, shape = _dtype_and_shape(path, info)
+    if info.start + info.nbytes > mapped.numel():
+        raise OSError(f"{path}: ends before tensor {info.name} does ({mapped.numel()} bytes)")
+    return mapped[info.start : info.start + info.nbytes].view(dtype).reshape(shape)
 
 
 def read_tensor(fd: int, path: str, info: TensorInfo) -> torch.Tensor:
     """One tensor read from its byte range into memory of its own, as runai hands it out (dtype, shape)."""
-    dtype = runai_dtypes().get(info.dtype)
-    if dtype is None or info.start is None:
-        raise OSError(f"{path}: cannot read tensor {info.name} ({info.dtype}) from the page cache")
+    dtype, shape = _dtype_and_shape(path, info)
     buffer = torch.empty(info.nbytes, dtype=torch.uint8)
     view, done = memoryview(buffer.numpy()), 0
     while done < info.nbytes:
@@ -227,7 +265,7 @@ def read_tensor(fd: int, path: str, info: TensorInfo) -> torch.Tensor:
         if got == 0:
             raise OSError(f"{path}: ends before tensor {info.name} does (read {done} of its {info.nbytes} bytes)")
         done += got
-    return buffer.view(dtype).reshape(storage_shape(info.dtype, tuple(info.shape)))
+    return buffer.view(dtype).reshape(shape)
 
 
 __all__ = ["PAGE_CACHE", "READERS", "RUNAI", "PageCacheReader", "ReaderChoice", "choose_reader", "resident_pages"]
