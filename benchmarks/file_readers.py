@@ -12,7 +12,9 @@ order rotating each round:
 
 Each loader runs on a **warm** page cache (the files read once just before) and on a **cold** one (each file
 ``fsync``-ed and dropped with ``posix_fadvise(DONTNEED)`` just before). Figures: median seconds, GB/s, and
-the process's CPU seconds per load (user + system, every thread). runai resolves its file-system strategy once
+the process's CPU seconds per load (user + system, every thread); then the resident memory one warm load adds,
+in a child process per loader (:func:`benchmarks.runs.measure_peaks`; file pages a loader maps count there,
+though they are the page cache's, shared and reclaimable). runai resolves its file-system strategy once
 per process, so runai's other readers (``RUNAI_STREAMER_FS_STRATEGY``) would each need a process of their own:
 not measured here. Targets: robust warm at least 0.8x safetensors + copy; robust cold at least runai's default
 reader (1.0x, within this machine's noise).
@@ -28,7 +30,7 @@ import time
 
 from . import BenchError
 from .checkpoints import cached_checkpoint, describe_site, human
-from .runs import Harness
+from .runs import Harness, measure_peaks
 
 LOADERS = ("safetensors", "runai_copy", "robust", "robust_runai")
 STATES = ("warm", "cold")
@@ -84,6 +86,11 @@ def run_file_readers(workdir: str, size: int, reps: int, warmup: int) -> dict:
                 samples[(loader, state)]["seconds"].append(seconds)
                 samples[(loader, state)]["cpu_seconds"].append(cpu)
     harness.release()
+    try:  # one child per loader, the files warm (the children before it read them)
+        peaks = measure_peaks(site, list(LOADERS), workdir, reps=1)
+    except BenchError as exc:
+        print(f"[file readers] peak memory not measured: {exc}", flush=True)
+        peaks = {}
     rows = {}
     for (loader, state), sample in samples.items():
         median = statistics.median(sample["seconds"])
@@ -96,6 +103,7 @@ def run_file_readers(workdir: str, size: int, reps: int, warmup: int) -> dict:
     return {
         "checkpoint": folder, "bytes": site.data_bytes, "reps": reps, "warmup": warmup, "rows": rows,
         "robust_readers": {state: sorted(r) for state, r in readers.items()},
+        "peak_rss_added_warm": {loader: peak["added"] for loader, peak in peaks.items()},
         "targets": [
             {"name": "robust vs safetensors load_file + copy, warm page cache", "value": warm, "target": TARGET_WARM,
              "met": warm >= TARGET_WARM},
@@ -113,6 +121,10 @@ def render_file_readers(result: dict) -> str:
     ]
     for row in result["rows"].values():
         lines.append(f"{row['loader']:14s} {row['state']:5s} {row['median_s']:9.3f} {row['gb_per_s']:7.2f} {row['cpu_s']:7.2f}")
+    peaks = result.get("peak_rss_added_warm") or {}
+    if peaks:
+        lines.append("peak RSS added by one warm load (mapped file pages count; they are the page cache's): " + ", ".join(
+            f"{loader} {added / 2**20:.0f} MiB" for loader, added in peaks.items()))
     readers = result["robust_readers"]
     lines.append(f"robust (auto) read with: warm {', '.join(readers['warm'])}; cold {', '.join(readers['cold'])}")
     for target in result["targets"]:
