@@ -61,6 +61,7 @@ from mx_strategies.testing.engine.check import (  # noqa: E402
     WIRE_OVERHEAD,
     compared_counts,
     robust_env,
+    rank_reports,
     robust_load_problems,
     same_model_problems,
     spec_decode_problems,
@@ -122,6 +123,10 @@ class Engines(EngineSet):
             configs[f"{short}-old-robust"] = dict(
                 model=uri, load_format="modelexpress", env={**robust, **OLD_DRAFT_CONFIG}, **common
             )
+        # A restart on a node that already read the checkpoint: robust on the local copy ds-default has just read
+        # (every page in the page cache), so its default reader maps the files (issue 48).
+        configs["ds-robust-local"] = dict(model=self.local["deepseek_v3"], load_format="modelexpress",
+                                          env=robust_env(self.local["deepseek_v3"]))  # fmt: skip
         corrupt = self.uris["deepseek_v3-corrupt"]
         configs["ds-robust-corrupt"] = dict(
             model=corrupt,
@@ -141,7 +146,7 @@ def engines(tmp_path_factory, request):
         engines.prepare()
         # Two one-worker engines at a time, each pair started by the first test that reads one of them.
         engines.batch(["ds-default", "ds-robust"], ["qn-default", "qn-robust"], ["ds-robust-corrupt", "ds-plain"],
-                         ["ds-runai", "qn-old-runai"], ["ds-old-robust", "qn-old-robust"])  # fmt: skip
+                         ["ds-runai", "qn-old-runai"], ["ds-old-robust", "qn-old-robust"], ["ds-robust-local"])  # fmt: skip
         try:
             yield engines
         finally:
@@ -183,6 +188,22 @@ def test_robust_loads_what_the_default_loader_loads(engines, arch):
     # Speculative decoding ran, with the same counts as over the default loader's weights.
     assert spec_decode_problems(robust, default) == []
     assert robust.result["metrics"]["vllm:spec_decode_num_drafts"] > 0
+
+
+@pytest.mark.timeout(TWO_ENGINES)
+def test_a_warm_local_folder_is_read_from_the_page_cache_into_the_same_model(engines):
+    """The real engine on a local folder whose pages the kernel holds: robust's default reader maps the files
+    under a read lease, and the model is the default loader's, bit for bit, target and draft."""
+    default = _started(engines.get("ds-default"))
+    local = _started(engines.get("ds-robust-local"))
+    _assert_same_model(default, local)
+    folder = engines.local["deepseek_v3"]
+    assert robust_load_problems(local, engines.manifests["deepseek_v3"], folder, label="model") == []
+    for reports in rank_reports(local):
+        for report in reports:
+            assert report["reader"] == "page_cache", report
+            assert report["reader_why"].startswith("the files are in the page cache"), report
+            assert report["files_mapped"] > 0 and report["read_ahead_bytes"] == 0, report
 
 
 @pytest.mark.timeout(TWO_ENGINES)

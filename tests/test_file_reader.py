@@ -135,6 +135,9 @@ def test_auto_reads_warm_files_from_the_page_cache_and_cold_ones_with_runai(monk
     assert f", read by {reader} in " in robust_messages(caplog)
     if reader == PAGE_CACHE:
         assert report["read_ahead_bytes"] == 0  # nothing to gain from reading ahead what memory holds
+        assert report["files_mapped"] == (2 if leases_here(disk_folder) else 0)  # both shards, under a lease
+    else:
+        assert report["files_mapped"] == 0
 
 
 def leases_here(folder: str) -> bool:

@@ -93,6 +93,7 @@ class LoadReport:
     # Who read the files (mx_strategies.stream.file_reader): runai, or the page-cache reader; and why.
     reader: str = "runai"
     reader_why: str = ""
+    files_mapped: int = 0  # of them, files the page-cache reader mapped under a read lease (the rest: preadv)
 
     @property
     def bytes_arrived(self) -> int:
@@ -202,7 +203,7 @@ def report_of(
         distributed=stream.distributed, delivery_order=stream.delivery_order, held_peak_bytes=stream.held_peak_bytes,
         bytes_from_storage=stream.bytes_from_storage, read_ahead_bytes=stream.read_ahead_bytes,
         read_ahead_discarded_bytes=stream.bytes_discarded, timings=timings, reader=stream.reader.reader,
-        reader_why=stream.reader.why,
+        reader_why=stream.reader.why, files_mapped=stream.files_mapped,
         # who read what, in a distributed load
         bytes_carried=None if shares is None else stream.bytes_carried,
         host_ranks=() if shares is None else shares.host_ranks,

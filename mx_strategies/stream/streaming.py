@@ -225,6 +225,7 @@ class VerifiedStream:
         self._warned_unordered = False
         self._env = None
         self._streamer = None
+        self._files_mapped = 0
         self._started = False
         self._from_storage: Optional[int] = 0  # nothing planned: nothing read
         self._iter = None
@@ -319,6 +320,7 @@ class VerifiedStream:
             if self._ahead is not None:
                 self._ahead.close()
             if self._streamer is not None:
+                self._files_mapped = getattr(self._streamer, "mapped_files", 0)
                 self._streamer.__exit__(exc_type, exc, tb)
                 self._streamer = None
         finally:
@@ -393,6 +395,11 @@ class VerifiedStream:
     def read_ahead_bytes(self) -> int:
         """The bytes runai read ahead, before the plan was answered (0: no read-ahead)."""
         return 0 if self._ahead is None else self._ahead.bytes
+
+    @property
+    def files_mapped(self) -> int:
+        """Files the page-cache reader mapped under a read lease (0: runai read, or preadv without a lease)."""
+        return getattr(self._streamer, "mapped_files", 0) if self._streamer is not None else self._files_mapped
 
     @property
     def held_peak_bytes(self) -> int:
