@@ -178,6 +178,18 @@ def quiet_logging() -> None:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
 
+def _write_section(args, argv: Optional[list[str]], name: str, result: dict, *, machine: bool) -> None:
+    """With --json: the command, the machine where asked, and one section's result (a section run alone)."""
+    if not args.json:
+        return
+    report = {"command": " ".join(["python -m benchmarks", *(argv or sys.argv[1:])])}
+    if machine:
+        report["machine"] = machine_info()
+    report[name] = result
+    with open(args.json, "w") as handle:
+        json.dump(report, handle, indent=1)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     if args.child:
@@ -204,20 +216,14 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         result = run_plain_selection()
         print(render_plain_selection(result))
-        if args.json:
-            with open(args.json, "w") as handle:
-                json.dump({"command": " ".join(["python -m benchmarks", *(argv or sys.argv[1:])]),
-                           "plain_selection": result}, handle, indent=1)  # fmt: skip
+        _write_section(args, argv, "plain_selection", result, machine=False)
         return 0
     if args.rank_shares:
         from .rank_shares import render_rank_shares, run_rank_shares
 
         result = run_rank_shares()
         print(render_rank_shares(result))
-        if args.json:
-            with open(args.json, "w") as handle:
-                json.dump({"command": " ".join(["python -m benchmarks", *(argv or sys.argv[1:])]),
-                           "rank_shares": result}, handle, indent=1)  # fmt: skip
+        _write_section(args, argv, "rank_shares", result, machine=False)
         return 0
     os.makedirs(args.workdir, exist_ok=True)
     if args.file_readers:
@@ -225,20 +231,14 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         result = run_file_readers(args.workdir, args.size, args.reps, args.warmup)
         print(render_file_readers(result))
-        if args.json:
-            with open(args.json, "w") as handle:
-                json.dump({"command": " ".join(["python -m benchmarks", *(argv or sys.argv[1:])]),
-                           "machine": machine_info(), "file_readers": result}, handle, indent=1)  # fmt: skip
+        _write_section(args, argv, "file_readers", result, machine=True)
         return 0
     if args.observability:
         from .observability import render_observability, run_observability
 
         result = run_observability(args.workdir, args.size, args.reps, args.warmup, args.load_timeout)
         print(render_observability(result))
-        if args.json:
-            with open(args.json, "w") as handle:
-                json.dump({"command": " ".join(["python -m benchmarks", *(argv or sys.argv[1:])]),
-                           "machine": machine_info(), "observability": result}, handle, indent=1)  # fmt: skip
+        _write_section(args, argv, "observability", result, machine=True)
         return 0
     wanted = tuple(l for l in LOADERS if l in args.loaders.split(","))
     report = {

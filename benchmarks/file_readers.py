@@ -23,7 +23,6 @@ reader (1.0x, within this machine's noise).
 from __future__ import annotations
 
 import gc
-import os
 import resource
 import statistics
 import time
@@ -31,25 +30,12 @@ import time
 from . import BenchError
 from .checkpoints import cached_checkpoint, describe_site, human
 from .runs import Harness, measure_peaks
+from mx_strategies.testing.page_cache import cold, warm
 
 LOADERS = ("safetensors", "runai_copy", "robust", "robust_runai")
 STATES = ("warm", "cold")
 TARGET_WARM = 0.8  # robust / (safetensors + copy), throughput, warm page cache
 TARGET_COLD = 1.0  # robust / runai's default reader + copy, throughput, cold page cache
-
-
-def _warm(paths: list[str]) -> None:
-    for path in paths:
-        with open(path, "rb", buffering=0) as handle:
-            while handle.read(16 << 20):
-                pass
-
-
-def _cold(paths: list[str]) -> None:
-    for path in paths:
-        with open(path, "rb") as handle:
-            os.fsync(handle.fileno())
-            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def _cpu_seconds() -> float:
@@ -69,7 +55,7 @@ def run_file_readers(workdir: str, size: int, reps: int, warmup: int) -> dict:
         order = LOADERS[turn % len(LOADERS):] + LOADERS[: turn % len(LOADERS)]
         for loader in order:
             gc.collect()
-            (_warm if state == "warm" else _cold)(site.shard_uris)
+            (warm if state == "warm" else cold)(site.shard_uris)
             cpu, started = _cpu_seconds(), time.perf_counter()
             delivered = harness.run(loader)
             seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu
@@ -98,17 +84,17 @@ def run_file_readers(workdir: str, size: int, reps: int, warmup: int) -> dict:
             "loader": loader, "state": state, "seconds": sample["seconds"], "median_s": median,
             "gb_per_s": site.data_bytes / median / 1e9, "cpu_s": statistics.median(sample["cpu_seconds"]),
         }  # fmt: skip
-    warm = rows["safetensors/warm"]["median_s"] / rows["robust/warm"]["median_s"]
-    cold = rows["runai_copy/cold"]["median_s"] / rows["robust/cold"]["median_s"]
+    warm_ratio = rows["safetensors/warm"]["median_s"] / rows["robust/warm"]["median_s"]
+    cold_ratio = rows["runai_copy/cold"]["median_s"] / rows["robust/cold"]["median_s"]
     return {
         "checkpoint": folder, "bytes": site.data_bytes, "reps": reps, "warmup": warmup, "rows": rows,
         "robust_readers": {state: sorted(r) for state, r in readers.items()},
         "peak_rss_added_warm": {loader: peak["added"] for loader, peak in peaks.items()},
         "targets": [
-            {"name": "robust vs safetensors load_file + copy, warm page cache", "value": warm, "target": TARGET_WARM,
-             "met": warm >= TARGET_WARM},
-            {"name": "robust vs runai's default reader + copy, cold page cache", "value": cold, "target": TARGET_COLD,
-             "met": cold >= TARGET_COLD},
+            {"name": "robust vs safetensors load_file + copy, warm page cache", "value": warm_ratio, "target": TARGET_WARM,
+             "met": warm_ratio >= TARGET_WARM},
+            {"name": "robust vs runai's default reader + copy, cold page cache", "value": cold_ratio, "target": TARGET_COLD,
+             "met": cold_ratio >= TARGET_COLD},
         ],
     }  # fmt: skip
 

@@ -215,6 +215,7 @@ def overlap(folder: str, ask) -> dict:
     from mx_strategies.settings import load_settings
     from mx_strategies.stream.read_ahead import ReadAhead
     from mx_strategies.stream.streaming import VerifiedStream
+    from mx_strategies.testing.page_cache import cold
 
     data = os.path.join(folder, "bytes")
     os.makedirs(data)
@@ -228,10 +229,7 @@ def overlap(folder: str, ask) -> dict:
     budgets = {"three quarters": plan.bytes * 3 // 4, "whole": plan.bytes}
 
     def uncached() -> None:
-        for path in paths:
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        cold(paths)
 
     def stream(ahead=None) -> None:
         with VerifiedStream(plan, settings, read_ahead=ahead) as verified:

@@ -22,6 +22,7 @@ from helpers.engine import chain_load, direct_load, model_config, robust_message
 from mx_strategies import recent_reports
 from mx_strategies.stream.file_reader import PAGE_CACHE, RUNAI, PageCacheReader, choose_reader, resident_pages
 from mx_strategies.stream.tensor_bytes import same_bytes
+from mx_strategies.testing.page_cache import cold, warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,20 +73,6 @@ def checkpoint(folder: str) -> list[str]:
     first = write_shard(os.path.join(folder, "model-00001-of-00002.safetensors"), TENSORS)
     second = write_shard(os.path.join(folder, "model-00002-of-00002.safetensors"), {"big": torch.randn(512, 1024)})
     return [first, second]
-
-
-def warm(paths: list[str]) -> None:
-    for path in paths:
-        with open(path, "rb") as handle:
-            while handle.read(1 << 20):
-                pass
-
-
-def cold(paths: list[str]) -> None:
-    for path in paths:
-        with open(path, "rb") as handle:
-            os.fsync(handle.fileno())
-            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def test_the_kernel_says_which_files_it_holds(disk_folder):
