@@ -92,7 +92,7 @@ def test_the_kernel_says_which_files_it_holds(disk_folder):
     # The setting decides where it names a reader; an object store is runai's whatever the setting.
     assert choose_reader(paths, "page_cache").reader == PAGE_CACHE
     warm(paths)
-    assert choose_reader(paths, "runai") == choose_reader(paths, "runai")
+    assert choose_reader(paths, "runai").reader == RUNAI  # warm files too, when the setting says runai
     assert choose_reader(paths, "runai").why == "MX_ROBUST_FILE_READER=runai"
     s3 = choose_reader(["s3://bucket/model/model-00001-of-00002.safetensors"], "page_cache")
     assert (s3.reader, s3.why) == (RUNAI, "an object store (s3://)")
