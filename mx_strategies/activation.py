@@ -165,7 +165,9 @@ def install(cls: type) -> bool:
 
     @functools.wraps(original)
     def execute_load_strategies(model, ctx, strategies):
-        return original(model, ctx, _substitute(list(strategies), cls))
+        chain = _substitute(list(strategies), cls)
+        shape = getattr(cls, "shape_chain", None)  # the strategy's say over the rest of the chain (robust's guard)
+        return original(model, ctx, shape(chain) if shape is not None else chain)
 
     setattr(execute_load_strategies, _WRAPPED_MARK, original)
     execute_load_strategies.__mx_strategies_class__ = cls

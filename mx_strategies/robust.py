@@ -19,6 +19,7 @@ from modelexpress.load_strategy.base import LoadContext, _as_load_result, regist
 from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
+from .chain_guard import guarded
 from .engine import engine_view, withhold_sglang_draft
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .inspect.sources import Candidate, Resolution, candidates, resolve
@@ -77,6 +78,12 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
     def validate_settings(cls) -> RobustSettings:
         """Read the settings now, so a bad value fails at activation."""
         return load_settings()
+
+    @classmethod
+    def shape_chain(cls, strategies: list) -> list:
+        """ModelExpress's chain with robust in it: its local-folder readers ask robust's inspection first
+        (:mod:`.chain_guard`)."""
+        return guarded(strategies, cls.name)
 
     def is_available(self, ctx: LoadContext) -> bool:
         """Eligible like ``model_streamer`` (its ``supports_explicit_uri``: runai importable); never raises (a bad

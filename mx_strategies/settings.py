@@ -120,6 +120,17 @@ class RobustSettings(BaseSettings):
             "without MX_MODEL_URI."
         ),
     )
+    guard_chain: bool = Field(
+        default=True,
+        validation_alias="MX_ROBUST_GUARD_CHAIN",
+        description=(
+            "Before ModelExpress's strategies that load the engine's own local folder without the default "
+            "loader's checks (instant_tensor, gds) run, robust inspects that folder as it would for its own "
+            "load; a folder it would refuse (a shard missing or cut short, tensors the model needs absent) "
+            "or an object-store model is kept from them, and robust's chain decides the load. Whole folders "
+            "go to them unchanged. Set to false to let them read any folder, as ModelExpress does."
+        ),
+    )
     discovery_depth: int = Field(
         default=3,
         ge=0,

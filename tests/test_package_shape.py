@@ -42,7 +42,7 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
     below = lambda stage: sorted(m.rsplit(".", 1)[1] for m in RUNTIME_MODULES if m.startswith(f"mx_strategies.{stage}."))  # noqa: E731
     top = sorted(m.split(".", 1)[1] for m in RUNTIME_MODULES if m.count(".") == 1)
     assert top == [
-        "activation", "engine", "errors", "inspect", "modelexpress_plugin", "observe", "patches", "plan", "releases",
+        "activation", "chain_guard", "engine", "errors", "inspect", "modelexpress_plugin", "observe", "patches", "plan", "releases",
         "robust", "select", "settings", "stream", "thread_pools",
     ]  # fmt: skip
     assert below("inspect") == ["checkpoint", "jsonread", "s3_ranged", "sources", "storage"]
