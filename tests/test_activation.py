@@ -344,3 +344,66 @@ def test_modelexpress_rl_chain_gets_the_substitution(checkpoint, monkeypatch, ca
     assert _eligible(caplog) == ["robust_model_streamer", "default"]
     assert _tried(caplog) == ["robust_model_streamer"]
     _assert_weights_from_checkpoint(model, checkpoint)
+
+
+# -- robust's say over the chain's local-folder readers (mx_strategies.chain_guard) ----------------------------
+
+
+class InstantTensorAdapter(CountingAdapter):
+    """The stand-in adapter with ModelExpress's InstantTensor hooks: CUDA-like, and a reader that records each call
+    (InstantTensor's own reader needs CUDA; tests/test_chain_guard.py runs vLLM's real path on real folders)."""
+
+    def __init__(self, make_model) -> None:
+        super().__init__(make_model)
+        self.instanttensor_calls = 0
+
+    def is_cuda_alike(self) -> bool:
+        return True
+
+    def build_instanttensor_weight_iter(self, model=None):
+        self.instanttensor_calls += 1
+        return iter(())
+
+
+def test_an_object_store_model_is_kept_from_instant_tensor(monkeypatch, caplog):
+    """robust told to stream an ``s3://`` model without MX_MODEL_URI (MX_ROBUST_REQUIRE_MODEL_URI=false): ModelExpress
+    0.8 skips InstantTensor only for an object-store MX_MODEL_URI, 0.7 never; robust keeps it off either way."""
+    from mx_strategies.testing.loopback import S3_ENV, free_port
+
+    for key, value in S3_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens: robust fails to list
+    monkeypatch.setenv("MX_ROBUST_PROBE_TIMEOUT_S", "1")
+    monkeypatch.setenv("MX_ROBUST_PROBE_MAX_ATTEMPTS", "1")
+    monkeypatch.delenv("MX_MODEL_URI", raising=False)
+    monkeypatch.setenv("MX_ROBUST_REQUIRE_MODEL_URI", "false")
+    activation.install(RobustModelStreamerStrategy)
+    make = lambda: RecordingModel({"w": torch.ones(2)})  # noqa: E731
+    adapter = InstantTensorAdapter(make)
+    with caplog.at_level(logging.INFO):
+        with pytest.raises(RuntimeError, match="No loading strategy succeeded"):
+            LoadStrategyChain.run(make(), make_context(model_config(model="s3://bucket/ckpt/"), adapter))
+
+    assert adapter.instanttensor_calls == 0 and adapter.reinit_calls == 0
+    (line,) = messages(caplog, "modelexpress.mx_strategies.chain_guard", logging.WARNING)
+    assert line == (
+        "[Worker 0] instant_tensor kept off s3://bucket/ckpt/: robust would refuse it: the engine's model is the "
+        "object-store URI s3://bucket/ckpt/, which the engine's own readers take for a hub id; robust streams it; "
+        "robust_model_streamer decides this load (MX_ROBUST_GUARD_CHAIN=false lets instant_tensor read it)"
+    )
+
+
+def test_without_robust_the_chains_readers_are_not_wrapped(checkpoint):
+    """Nothing of the guard where robust is not in the chain: ModelExpress's instances, untouched."""
+    from modelexpress.load_strategy.default_strategy import DefaultStrategy
+    from modelexpress.load_strategy.instant_tensor_strategy import InstantTensorStrategy
+    from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
+
+    from mx_strategies.chain_guard import guarded
+
+    chain = [InstantTensorStrategy(), ModelStreamerStrategy(), DefaultStrategy()]
+    assert guarded(chain, RobustModelStreamerStrategy.name) is chain
+    assert all("load" not in vars(strategy) for strategy in chain)
+    robust_chain = [InstantTensorStrategy(), RobustModelStreamerStrategy(), DefaultStrategy()]
+    guarded(robust_chain, RobustModelStreamerStrategy.name)
+    assert ["load" in vars(strategy) for strategy in robust_chain] == [True, False, False]
