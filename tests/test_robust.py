@@ -127,8 +127,9 @@ def test_configuration_error_is_a_value_error_and_not_pydantic_settings_error():
 
 @pytest.mark.parametrize("mutated", [False, True])
 @pytest.mark.parametrize("cls", [errors.StreamBroken, errors.ContentMismatch, errors.IncompleteDelivery])
-def test_stream_errors_carry_mutated_into_strategy_failed(monkeypatch, tmp_path, cls, mutated):
-    """The strategy converts what the error says, whatever the stream's own ledger says."""
+def test_stream_errors_raised_while_the_engine_holds_the_stream_are_mutated(monkeypatch, tmp_path, cls, mutated):
+    """Raised inside the engine's apply_weight_iter, a stream error is mutated=True whatever it says: the engine's
+    code ran (before the hand-over, robust's errors keep their word: tests/test_faults.py's refused starts)."""
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
     monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
 
@@ -138,12 +139,15 @@ def test_stream_errors_carry_mutated_into_strategy_failed(monkeypatch, tmp_path,
 
     attempt = direct_load(model_config(), ckpt.reference, adapter_cls=Raising)
     assert isinstance(attempt.error, StrategyFailed)
-    assert attempt.error.mutated is mutated
+    assert attempt.error.mutated is True
     assert str(attempt.error) == "injected"
     assert isinstance(attempt.error.__cause__, cls)
 
 
-def test_an_engine_error_is_mutated_when_a_tensor_reached_the_model(monkeypatch, tmp_path):
+def test_an_engine_error_is_mutated_once_the_engine_holds_the_stream(monkeypatch, tmp_path):
+    """Mutated whether or not a tensor reached the model: an engine's load_weights may change the model before it
+    takes its first tensor, and robust cannot see that (ModelExpress's rule for apply_weight_iter; before, robust
+    answered mutated=False when no tensor had been taken, a guess in its own favour)."""
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
     monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
 
@@ -156,7 +160,7 @@ def test_an_engine_error_is_mutated_when_a_tensor_reached_the_model(monkeypatch,
             next(iter(weights_iter))
             raise RuntimeError("engine failed after one tensor")
 
-    assert direct_load(model_config(), ckpt.reference, adapter_cls=BeforeReading).error.mutated is False
+    assert direct_load(model_config(), ckpt.reference, adapter_cls=BeforeReading).error.mutated is True
     assert direct_load(model_config(), ckpt.reference, adapter_cls=AfterOne).error.mutated is True
 
 

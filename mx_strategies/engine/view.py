@@ -113,28 +113,43 @@ def model_identity(hf_config: Any) -> tuple[tuple[str, ...], Optional[str]]:
     )
 
 
+# The model hooks that name checkpoint tensors the model does not load, each ``(self, name) -> bool``: vLLM's
+# ``is_unused_checkpoint_weight`` (its loader skips shards holding only such names), and ``skip_checkpoint_weight``
+# (vLLM PR #58016, shipped by forks: its loader drops such tensors before reading them; a fork's model may raise
+# when one reaches its load_weights).
+UNUSED_HOOKS = ("is_unused_checkpoint_weight", "skip_checkpoint_weight")
+
+
 def declared_unused(model: Any) -> Optional[Callable[[str], bool]]:
     """The model's own statement of checkpoint names it does not load, or None when it makes none.
 
-    vLLM's ``is_unused_checkpoint_weight(name)`` (defined by Qwen3-Next's,
-    Qwen3.5's, Nemotron-H's, DeepSeek-V3.2's and DeepSeek-V4's MTP classes in
-    0.32; ``interfaces_base.py`` in 0.33). Only a method the model's class
+    Any of :data:`UNUSED_HOOKS` the model's class defines: vLLM's
+    ``is_unused_checkpoint_weight(name)`` (defined by Qwen3-Next's, Qwen3.5's,
+    Nemotron-H's, DeepSeek-V3.2's and DeepSeek-V4's MTP classes in 0.32;
+    ``interfaces_base.py`` in 0.33) and ``skip_checkpoint_weight(name)``; a
+    name either calls unused is unused. Only a method the model's class
     defines counts: a base default that answers False for every name says
     nothing. It is an upper bound: a name it calls unused is never loaded; a
     name it does not may still be skipped (embedding and head copies).
     """
     if model is None:
         return None
-    owner = next((cls for cls in type(model).__mro__ if "is_unused_checkpoint_weight" in vars(cls)), None)
-    if owner is None or owner.__module__.endswith("interfaces_base"):
+    hooks = []
+    for hook in UNUSED_HOOKS:
+        owner = next((cls for cls in type(model).__mro__ if hook in vars(cls)), None)
+        if owner is not None and not owner.__module__.endswith("interfaces_base"):
+            hooks.append(getattr(model, hook))
+    if not hooks:
         return None
-    bound = getattr(model, "is_unused_checkpoint_weight")
 
     def unused(name: str) -> bool:
-        try:
-            return bool(bound(name))
-        except Exception:  # noqa: BLE001 - a model that cannot answer makes no statement about the name
-            return False
+        for bound in hooks:
+            try:
+                if bound(name):
+                    return True
+            except Exception:  # noqa: BLE001 - a model that cannot answer makes no statement about the name
+                continue
+        return False
 
     return unused
 

@@ -38,7 +38,7 @@ class BuiltModule:
     """What the built module (and its engine) answer for one load; every field read once, at :meth:`of`."""
 
     engine: EngineView
-    # The model's own word on checkpoint names it never loads (vLLM's is_unused_checkpoint_weight).
+    # The model's own word on checkpoint names it never loads (is_unused_checkpoint_weight, skip_checkpoint_weight).
     unused: Optional[Callable[[str], bool]] = None
     # A target's parameter and buffer names: a layer it holds stays in a table-decided plan.
     held: Optional[frozenset[str]] = None

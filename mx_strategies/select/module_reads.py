@@ -44,7 +44,7 @@ SOURCES = ("dry_run", "table", "convention", "whole")
 # Why a name is not streamed (stable codes: the cache stores them, reports show the text).
 NOT_READ = "not read by the module's load_weights (dry run)"
 INFERRED_NOT_READ = "not read by the module's load_weights (dry run of names of the same template)"
-DECLARED_UNUSED = "the model declares it unused (is_unused_checkpoint_weight)"
+DECLARED_UNUSED = "the model declares it unused (is_unused_checkpoint_weight, skip_checkpoint_weight)"
 REPLACED = "written only into parameters the engine replaces after loading (the target's embedding/head)"
 OVERWRITTEN = "a later checkpoint tensor overwrites the same parameter whole"
 

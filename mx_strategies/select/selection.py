@@ -171,7 +171,7 @@ class Selection:
             picked = f"table row {self.architecture}" if self.architecture else f"convention {self.convention}"
             lines.append((logging.WARNING, (
                 f"{role}: {picked} selected {len(self.unused_by_model)} tensor(s) the model says it does not "
-                f"load (is_unused_checkpoint_weight); not streaming them: {shown}"
+                f"load (is_unused_checkpoint_weight, skip_checkpoint_weight); not streaming them: {shown}"
             )))  # fmt: skip
         if self.gaps:
             lines.append((logging.WARNING, (
@@ -425,7 +425,7 @@ def _narrowed(selection: Selection, checkpoint: Checkpoint, full: list[str], mod
         if streamed and all(n in left_out for n in streamed):
             raise DraftPlanError(
                 f"{selection.role} load from {checkpoint.uri}: the model says it loads none of the "
-                f"{len(streamed)} tensors selected for it (is_unused_checkpoint_weight)"
+                f"{len(streamed)} tensors selected for it (is_unused_checkpoint_weight, skip_checkpoint_weight)"
             )
     share = module.share
     if share is not None and not share.whole and selection.source not in MODULE_ANSWERED:

@@ -31,7 +31,7 @@ def deliver(
     """``apply(result, tensors)`` fed from ``stream``, watched and checked; returns what ``apply`` returned.
 
     Raises what the stream, the engine or the checks raise: robust's errors say whether the model was
-    touched (``mutated``); the engine's own are the caller's to judge (``stream.touched``).
+    touched (``mutated``) before the engine holds the stream; after that (``stream.handed_over``) the caller counts every failure as mutated.
     """
     model = result.model
     judged = kept.judged_parameters(model, filled_by_engine) if model is not None else {}

@@ -220,6 +220,9 @@ class VerifiedStream:
         self.ledger = DeliveryLedger(plan.expected)
         self.bytes_delivered = 0
         self.exhausted = False
+        # Whether the engine's weight loading holds the stream (tensors() was handed to it): from then on, what it
+        # did before a failure is not robust's to know.
+        self.handed_over = False
         self._settled = False
         self._on_warning = on_warning
         self._warned_unordered = False
@@ -332,7 +335,12 @@ class VerifiedStream:
             self.closed_at = time.perf_counter()
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The plan's tensors, checked in, in arrival order or (opt-in) plan order."""
+        """The plan's tensors, checked in, in arrival order or (opt-in) plan order, for the engine's weight
+        loading: from this call on, the engine holds the stream (:attr:`handed_over`)."""
+        self.handed_over = True
+        return self._tensors()
+
+    def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self._in_order is None:
             for name, tensor in self._arrivals():
                 yield self._check_in(name, tensor)
