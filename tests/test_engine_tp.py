@@ -299,11 +299,12 @@ def test_tp2_not_distributed_reads_everything_on_every_rank(engines):
 STAMP = re.compile(r" (\d\d):(\d\d):(\d\d) \[")
 ROBUST_END = re.compile(
     r"\[Worker (?P<rank>\d+)\] robust_model_streamer (?P<how>target load not started|"
-    r"failed before any tensor reached the model|failed after the model was touched): (?P<why>.*)"
+    r"failed before the engine's weight loading began|failed after the engine's weight loading began): (?P<why>.*)"
 )
 NOT_STARTED = "target load not started"
-BEFORE_TOUCH = "failed before any tensor reached the model"
-AFTER_TOUCH = "failed after the model was touched"
+# robust's words (mutated=False before the engine's weight loading holds the stream; mutated=True after it).
+BEFORE_TOUCH = "failed before the engine's weight loading began"
+AFTER_TOUCH = "failed after the engine's weight loading began"
 NO_STRATEGY = "No loading strategy succeeded"
 
 
@@ -384,7 +385,8 @@ def test_tp2_one_rank_loses_the_store_mid_stream_every_rank_ends_bounded(engines
     """Rank 1's connections to the store are cut after CUT_AFTER bytes of its share. runai's
     staging buffer (1 GiB) holds a rank's whole share of this model, so no broadcast has happened:
     rank 1 fails after runai's retries, runai destroys its process group, and that ends rank 0's
-    gloo broadcast at once. Both fail before any tensor reached the model (mutated=False)."""
+    gloo broadcast at once. Both fail while starting the stream, before the engine's weight loading held it
+    (mutated=False)."""
     run = engines.get("tp2-stream-fault")
     assert engines.cutting["tp2-stream-fault"].cut_at is not None, "the proxy never cut: rank 1 read less than CUT_AFTER"
     # runai's distributed streamer ran on both ranks, and each says how it ended.
