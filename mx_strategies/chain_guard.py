@@ -66,6 +66,11 @@ def engine_folder(model_config: Any) -> Optional[str]:
     return str(value) if value else None
 
 
+def object_store_refusal(folder: str) -> str:
+    """Why an object-store ``model`` is kept from the engine's own readers (doctor says it in the same words)."""
+    return f"the engine's model is the object-store URI {folder}, which the engine's own readers take for a hub id; robust streams it"
+
+
 def folder_verdict(model: Any, ctx: Any, settings: Any) -> Optional[FolderVerdict]:
     """What robust's inspection says of the folder ``ctx``'s engine reads; None where robust cannot judge it
     (no folder, a hub id the engine downloads, a module robust does not load)."""
@@ -73,8 +78,7 @@ def folder_verdict(model: Any, ctx: Any, settings: Any) -> Optional[FolderVerdic
     if folder is None:
         return None
     if is_object_store_uri(folder):
-        return FolderVerdict(folder, f"the engine's model is the object-store URI {folder}, which the engine's own "
-                                     f"readers take for a hub id; robust streams it")  # fmt: skip
+        return FolderVerdict(folder, object_store_refusal(folder))
     if not os.path.isdir(folder):
         return None
     module = BuiltModule.of(model, engine_view(ctx), settings, ctx.global_rank)
@@ -154,4 +158,4 @@ def _guarded_load(strategy: Any, verdicts: _Verdicts, robust_name: str) -> Calla
     return guarded_load
 
 
-__all__ = ["FOLDER_READERS", "FolderVerdict", "engine_folder", "folder_verdict", "guarded"]
+__all__ = ["FOLDER_READERS", "SETTING", "FolderVerdict", "engine_folder", "folder_verdict", "guarded", "object_store_refusal"]

@@ -429,3 +429,48 @@ def test_help_exits_0(capsys):
     out = capsys.readouterr().out
     assert "--model-weights" in out and "--json" in out
 
+
+
+# -- ModelExpress's strategy chain, as a deployment will run it (mx_strategies.cli.strategy_chain) --------------
+
+# The installed ModelExpress's chain (0.7.0 and 0.8 alike), robust in model_streamer's place.
+CHAIN = ["rdma", "server-cache", "instant_tensor", "robust_model_streamer", "gds", "default"]
+
+
+def test_doctor_shows_the_chain_and_keeps_the_folder_readers_off_a_broken_folder(tmp_path, capsys, monkeypatch):
+    from helpers.checkpoints import delete_file, tiny_shards, write_checkpoint
+
+    monkeypatch.setenv("MX_INSTANT_TENSOR", "1")
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3))
+    delete_file(ckpt.files[1])
+    missing = f"{ckpt.files[1]}: named by model.safetensors.index.json for 3 tensor(s) but not found"
+
+    code, report = run_json(capsys, "--model", ckpt.path)
+
+    view = report["strategies"]
+    assert view["order"] == CHAIN and view["error"] is None and view["folder"] == ckpt.path
+    rows = {row["name"]: row for row in view["strategies"]}
+    for reader in ("instant_tensor", "gds"):
+        assert rows[reader]["robust"].startswith(f"kept off: checkpoint {ckpt.path} is inconsistent") and missing in rows[reader]["robust"]
+    assert rows["instant_tensor"]["available"] is False and rows["instant_tensor"]["why"] == "no CUDA device"
+    assert rows["default"]["robust"] == "not asked (reads no local folder unchecked)"
+    assert code == 1
+
+    code, out, _ = run_doctor(capsys, "--model", ckpt.path)
+    assert "ModelExpress's strategy chain, in order" in out and "kept off" in out
+
+
+def test_doctor_says_a_whole_folder_is_allowed_and_the_setting_turns_the_guard_off(tmp_path, capsys, monkeypatch):
+    from helpers.checkpoints import tiny_shards, write_checkpoint
+
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
+    _, report = run_json(capsys, "--model", ckpt.path)
+    rows = {row["name"]: row for row in report["strategies"]["strategies"]}
+    assert rows["instant_tensor"]["robust"] == "allowed: the folder is consistent (the module's answer is asked at load)"
+
+    monkeypatch.setenv("MX_INSTANT_TENSOR", "0")
+    monkeypatch.setenv("MX_ROBUST_GUARD_CHAIN", "false")
+    _, report = run_json(capsys, "--model", ckpt.path)
+    rows = {row["name"]: row for row in report["strategies"]["strategies"]}
+    assert (rows["instant_tensor"]["available"], rows["instant_tensor"]["why"]) == (False, "MX_INSTANT_TENSOR disabled")
+    assert rows["instant_tensor"]["robust"] == "not asked: MX_ROBUST_GUARD_CHAIN=false"

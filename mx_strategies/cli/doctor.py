@@ -102,6 +102,7 @@ class DoctorReport:
     target: Optional[dict] = None  # what a target load streams (target_view)
     engine: Optional[dict] = None  # the engine planned for, and whether ModelExpress offers robust there
     modules: Optional[dict] = None  # --ask-module: what vLLM's target and draft modules read (module_build)
+    strategies: Optional[dict] = None  # ModelExpress's strategy chain as it will run (strategy_chain)
 
     @property
     def errors(self) -> list[Problem]:
@@ -194,6 +195,8 @@ class DoctorReport:
             result["chain"] = self.chain
         if self.modules is not None:
             result["modules"] = self.modules
+        if self.strategies is not None:
+            result["strategies"] = self.strategies
         return result
 
 
@@ -580,8 +583,11 @@ def diagnose(
         from .module_build import ask_modules
 
         modules = ask_modules(checkpoint, settings, expect_draft=bool(draft and draft.get("found")))
+    from .strategy_chain import strategy_chain_view
+
+    strategies = strategy_chain_view(model, settings) if engine == VLLM else None
     return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), loaded, target, support,
-                        modules)  # fmt: skip
+                        modules, strategies)  # fmt: skip
 
 
 # -- human output --------------------------------------------------------------
@@ -771,6 +777,8 @@ def render(report: DoctorReport, console) -> None:
                 console.print(f"  {role}: not asked: {escape(view.get('reason', ''))}", soft_wrap=True)
         console.print()
 
+    if report.strategies is not None:
+        _render_strategies(report.strategies, console)
     errors, warnings = len(report.errors), len(report.warnings)
     if report.ok and report.module_error:
         tail = f" ({plural(warnings, 'warning')})" if warnings else ""
@@ -787,6 +795,26 @@ def render(report: DoctorReport, console) -> None:
             + (f", {warnings} warning{'s' if warnings != 1 else ''}" if warnings else "")
             + ": mx_strategies.robust would refuse this load; other loaders may drop or miss weights."
         )
+
+
+def _render_strategies(view: dict, console) -> None:
+    """ModelExpress's strategy chain, in order: offered here or not, what each reads, robust's verdict."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if view["error"]:
+        console.print(f"ModelExpress's strategy chain could not be read: {escape(view['error'])}", soft_wrap=True)
+        console.print()
+        return
+    folder = f" (the engine's model: {view['folder']})" if view["folder"] else ""
+    table = Table(title=escape(f"ModelExpress's strategy chain, in order{folder}"), title_justify="left")
+    for column in ("strategy", "here", "reads", "robust's inspection"):
+        table.add_column(column, overflow="fold")
+    for row in view["strategies"]:
+        here = {True: "[green]offered[/green]", False: "[dim]not offered[/dim]", None: "at load"}[row["available"]]
+        table.add_row(row["name"], f"{here}: {escape(row['why'])}", escape(row["reads"]), escape(row["robust"]))
+    console.print(table)
+    console.print()
 
 
 def _render_problems(problems: list[dict], root: str, console) -> None:
