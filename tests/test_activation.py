@@ -407,3 +407,35 @@ def test_without_robust_the_chains_readers_are_not_wrapped(checkpoint):
     robust_chain = [InstantTensorStrategy(), RobustModelStreamerStrategy(), DefaultStrategy()]
     guarded(robust_chain, RobustModelStreamerStrategy.name)
     assert ["load" in vars(strategy) for strategy in robust_chain] == [True, False, False]
+
+
+def test_one_ranks_broken_copy_keeps_every_ranks_folder_reader_off(tmp_path):
+    """Two ranks (gloo, world 2), each with its own copy of the engine's folder: rank 1's lacks a shard the index
+    names. Their readers load together (InstantTensor's iterator uses the ranks' group), so rank 0's whole copy is
+    kept from it too, saying whose copy; neither rank's InstantTensor runs, and no rank hangs."""
+    from helpers.checkpoints import delete_file, tiny_shards, write_checkpoint
+    from helpers.ranks import run_ranks
+
+    from mx_strategies.testing.loopback import free_port
+
+    whole = write_checkpoint(str(tmp_path / "rank0"), tiny_shards(3))
+    broken = write_checkpoint(str(tmp_path / "rank1"), tiny_shards(3))
+    delete_file(broken.files[1])
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MX_")}
+    env.update(MX_ROBUST_FILE_READER="runai", PYTHONPATH=os.pathsep.join(sys.path))
+    envs = [dict(env, MX_MODEL_URI=whole.path), dict(env, MX_MODEL_URI=broken.path)]
+    args = [dict(rank=0, port=port, folder=whole.path, whole=whole.path),
+            dict(rank=1, port=port, folder=broken.path, whole=whole.path)]  # fmt: skip
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chain_guard", "rank.py")
+
+    rank0, rank1 = run_ranks(script, tmp_path, args, envs, timeout=120)
+
+    assert rank0["instanttensor_calls"] == rank1["instanttensor_calls"] == 0
+    missing = f"{broken.files[1]}: named by model.safetensors.index.json for 3 tensor(s) but not found"
+    (line1,) = rank1["kept_off"]
+    assert line1.startswith(f"[Worker 1] instant_tensor kept off {broken.path}: robust would refuse it: ") and missing in line1
+    (line0,) = rank0["kept_off"]
+    assert line0.startswith(f"[Worker 0] instant_tensor kept off {broken.path}: robust would refuse it: another rank's copy: ")
+    assert rank0["outcome"] == "loaded"  # rank 0's robust loads its whole copy; rank 1's refuses its own
+    assert "No loading strategy succeeded" in rank1["outcome"]
