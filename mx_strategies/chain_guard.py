@@ -110,7 +110,12 @@ class _Verdicts:
             return None  # robust skips itself with the reason; the chain runs as ModelExpress's
         if not settings.guard_chain:
             return None
-        return folder_verdict(model, ctx, settings)
+        try:
+            return folder_verdict(model, ctx, settings)
+        except Exception as exc:  # noqa: BLE001 - the guard never breaks a load ModelExpress would make
+            logger.warning(f"[Worker {getattr(ctx, 'global_rank', 0)}] robust could not judge the engine's folder "
+                           f"({type(exc).__name__}: {exc}); ModelExpress's readers read it unjudged")  # fmt: skip
+            return None
 
     @staticmethod
     def _agreed(verdict: Optional[FolderVerdict], ctx: Any) -> Optional[FolderVerdict]:

@@ -439,3 +439,28 @@ def test_one_ranks_broken_copy_keeps_every_ranks_folder_reader_off(tmp_path):
     assert line0.startswith(f"[Worker 0] instant_tensor kept off {broken.path}: robust would refuse it: another rank's copy: ")
     assert rank0["outcome"] == "loaded"  # rank 0's robust loads its whole copy; rank 1's refuses its own
     assert "No loading strategy succeeded" in rank1["outcome"]
+
+
+def test_a_guard_that_cannot_judge_leaves_the_reader_as_modelexpress_has_it(tmp_path, monkeypatch, caplog):
+    """robust's own failure to judge (here an inspection that raises what no checkpoint raises) never stops a load
+    ModelExpress would make: one line, and InstantTensor reads the folder."""
+    from helpers.checkpoints import tiny_shards, write_checkpoint
+
+    from mx_strategies import chain_guard
+
+    def broken(*args, **kwargs):
+        raise KeyError("inspection bug")
+
+    monkeypatch.setattr(chain_guard, "folder_verdict", broken)
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
+    monkeypatch.setenv("MX_MODEL_URI", ckpt.path)
+    activation.install(RobustModelStreamerStrategy)
+    make = lambda: RecordingModel(ckpt.reference)  # noqa: E731
+    adapter = InstantTensorAdapter(make)
+    with caplog.at_level(logging.INFO):
+        LoadStrategyChain.run(make(), make_context(model_config(model=ckpt.path), adapter))
+
+    assert adapter.instanttensor_calls == 1
+    (line,) = messages(caplog, "modelexpress.mx_strategies.chain_guard", logging.WARNING)
+    assert line == ("[Worker 0] robust could not judge the engine's folder (KeyError: 'inspection bug'); "
+                    "ModelExpress's readers read it unjudged")
