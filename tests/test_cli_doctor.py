@@ -474,3 +474,15 @@ def test_doctor_says_a_whole_folder_is_allowed_and_the_setting_turns_the_guard_o
     rows = {row["name"]: row for row in report["strategies"]["strategies"]}
     assert (rows["instant_tensor"]["available"], rows["instant_tensor"]["why"]) == (False, "MX_INSTANT_TENSOR disabled")
     assert rows["instant_tensor"]["robust"] == "not asked: MX_ROBUST_GUARD_CHAIN=false"
+
+
+def test_doctor_reads_each_strategy_by_modelexpress_own_rule_for_the_engine(tmp_path, capsys):
+    """SGLang's adapter in ModelExpress has no InstantTensor iterator: never offered there, whatever the node."""
+    from helpers.checkpoints import tiny_shards, write_checkpoint
+
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
+    _, report = run_json(capsys, "--model", ckpt.path, "--engine", "sglang")
+    rows = {row["name"]: row for row in report["strategies"]["strategies"]}
+    assert report["strategies"]["order"] == CHAIN
+    assert (rows["instant_tensor"]["available"], rows["instant_tensor"]["why"]) == (
+        False, "ModelExpress's sglang adapter does not override build_instanttensor_weight_iter")  # fmt: skip

@@ -585,7 +585,7 @@ def diagnose(
         modules = ask_modules(checkpoint, settings, expect_draft=bool(draft and draft.get("found")))
     from .strategy_chain import strategy_chain_view
 
-    strategies = strategy_chain_view(model, settings) if engine == VLLM else None
+    strategies = strategy_chain_view(model, settings, engine)
     return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), loaded, target, support,
                         modules, strategies)  # fmt: skip
 

@@ -17,11 +17,13 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from ..chain_guard import FOLDER_READERS, SETTING, object_store_refusal
+from ..engine import missing_hooks
 from ..errors import MxStrategiesError
 from ..inspect.checkpoint import Checkpoint
 from ..inspect.sources import Candidate, probe
 from ..inspect.storage import is_object_store_uri
 from ..select.selection import describe_errors
+from ..releases import VLLM
 from ..settings import RobustSettings
 
 ROBUST = "robust_model_streamer"
@@ -35,8 +37,8 @@ class _Captured(Exception):
         self.strategies = strategies
 
 
-def installed_order() -> tuple[list[str], Optional[str]]:
-    """The strategy names the installed ModelExpress's chain holds, in order, robust in its place; and why the
+def installed_order() -> tuple[list[Any], Optional[str]]:
+    """The strategies the installed ModelExpress's chain holds, in order, robust in its place; and why the
     order could not be read (None when it was)."""
     import modelexpress.load_strategy as chain
 
@@ -51,8 +53,7 @@ def installed_order() -> tuple[list[str], Optional[str]]:
     try:
         chain.LoadStrategyChain.run(None, SimpleNamespace(global_rank=0))
     except _Captured as captured:
-        strategies = activation._substitute(captured.strategies, RobustModelStreamerStrategy)
-        return [getattr(s, "name", type(s).__name__) for s in strategies], None
+        return activation._substitute(captured.strategies, RobustModelStreamerStrategy), None
     except Exception as exc:  # noqa: BLE001 - a plugin folder that does not load: said, not raised
         return [], f"{type(exc).__name__}: {exc}"
     finally:
@@ -69,10 +70,14 @@ def _cuda() -> bool:
         return False
 
 
-def availability(name: str, settings: RobustSettings) -> tuple[Optional[bool], str]:
-    """Whether ``name`` is offered here, and why (None: doctor cannot tell without the engine)."""
+def availability(strategy: Any, settings: RobustSettings, engine: str) -> tuple[Optional[bool], str]:
+    """Whether ``strategy`` is offered here, and why (None: doctor cannot tell without the engine)."""
     from modelexpress import envs
 
+    name = getattr(strategy, "name", type(strategy).__name__)
+    missing = missing_hooks(engine, tuple(getattr(strategy, "requires", ())))
+    if missing:  # ModelExpress's own rule: the engine's adapter overrides every hook the strategy requires
+        return False, f"ModelExpress's {engine} adapter does not override {', '.join(missing)}"
     if name == "rdma":
         return None, "needs a ModelExpress server with a peer serving this model (P2P); asked at load"
     if name == "server-cache":
@@ -152,13 +157,14 @@ def _inspected(folder: Optional[str], settings: RobustSettings) -> "Checkpoint |
         return str(exc)
 
 
-def strategy_chain_view(folder: Optional[str], settings: RobustSettings) -> dict:
+def strategy_chain_view(folder: Optional[str], settings: RobustSettings, engine: str = VLLM) -> dict:
     """The ``--json`` object's ``strategies``: the order, and one row per strategy, for the engine's ``folder``."""
     checkpoint = _inspected(folder, settings)
-    order, error = installed_order()
+    strategies, error = installed_order()
+    order = [getattr(s, "name", type(s).__name__) for s in strategies]
     rows = []
-    for name in order:
-        available, why = availability(name, settings)
+    for name, strategy in zip(order, strategies):
+        available, why = availability(strategy, settings, engine)
         rows.append({"name": name, "available": available, "why": why, "reads": READS.get(name, "unknown (a plugin)"),
                      "robust": robust_verdict(name, folder, checkpoint, settings)})  # fmt: skip
     return {"order": order, "error": error, "strategies": rows, "folder": folder}
