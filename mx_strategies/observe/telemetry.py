@@ -69,7 +69,7 @@ ROLES = ("target", "draft", "other")
 SOURCE_KINDS = ("s3", "gs", "az", "local", "other")
 ORIGINS = ("storage", "peers")
 SELECTION_SOURCES = ("dry_run", "table", "convention", "whole", "other")
-#: Why a load was given up. ``refused``: before any tensor reached the model; ``failed``: after.
+#: Why a load was given up. ``refused``: ``mutated=False`` (before the engine's weight loading held the stream); ``failed``: after.
 FAILURE_REASONS = (
     "no_source",
     "inconsistent_checkpoint",
