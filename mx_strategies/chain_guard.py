@@ -123,7 +123,7 @@ class _Verdicts:
         if gather is None or not _several_ranks():
             return verdict
         refusals = [v for v in gather(verdict) if isinstance(v, FolderVerdict) and v.refused]
-        if verdict is not None and verdict.refused or not refusals:
+        if (verdict is not None and verdict.refused) or not refusals:
             return verdict
         first = refusals[0]
         return FolderVerdict(first.folder, f"another rank's copy: {first.refusal}")
