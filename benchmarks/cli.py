@@ -91,6 +91,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--file-readers", action="store_true",
                         help="a local --size checkpoint warm and cold: robust's readers against safetensors and runai "
                              "(benchmarks.file_readers), then exit")
+    parser.add_argument("--chain-guard", action="store_true",
+                        help="time robust's verdict on a whole local folder before InstantTensor loads it (vLLM's "
+                             "DeepSeek-V3 classes, its full name set; benchmarks.chain_guard), then exit")  # fmt: skip
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.reps < 1 or args.warmup < 0 or args.memory_reps < 1 or args.engine_reps < 1:
@@ -232,6 +235,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         result = run_file_readers(args.workdir, args.size, args.reps, args.warmup)
         print(render_file_readers(result))
         _write_section(args, argv, "file_readers", result, machine=True)
+        return 0
+    if args.chain_guard:
+        from .chain_guard import render_chain_guard, run_chain_guard
+
+        result = run_chain_guard(args.workdir, args.reps)
+        print(render_chain_guard(result))
+        _write_section(args, argv, "chain_guard", result, machine=True)
         return 0
     if args.observability:
         from .observability import render_observability, run_observability

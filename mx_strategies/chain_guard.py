@@ -19,8 +19,13 @@ robust would refuse is kept from them (``StrategyFailed(mutated=False)``
 before their code runs, one log line with the reason and the setting), and
 robust's chain decides the load; a whole folder goes to them unchanged.
 Ranks agree (``all_gather_state``): one rank's refusal keeps every rank's
-reader off, as their readers load together. ``MX_ROBUST_GUARD_CHAIN=false``
+reader off, as their readers load together. ``MX_ROBUST_GUARD_CHAIN=off``
 turns this off.
+
+What it costs a whole folder is robust's inspection (``auto``, the default: the
+index vouches for what the files hold, and the headers are checked against
+it; the module is asked only where there is no index) or that and the module's
+answer (``module``): ``python -m benchmarks --chain-guard``, docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -85,7 +90,10 @@ def folder_verdict(model: Any, ctx: Any, settings: Any) -> Optional[FolderVerdic
     if module.bypassed:
         return None
     try:
-        select_resolved(resolve([Candidate("model", folder)], settings), module, settings)
+        resolution = resolve([Candidate("model", folder)], settings)
+        # Without an index only the module can say whether the shards hold what it needs.
+        ask = settings.guard_chain == "module" or resolution.checkpoint.index is None
+        select_resolved(resolution, module, settings, ask=ask)
     except MxStrategiesError as exc:
         return FolderVerdict(folder, str(exc))
     return FolderVerdict(folder, None)
@@ -108,7 +116,7 @@ class _Verdicts:
             settings = load_settings()
         except ConfigurationError:
             return None  # robust skips itself with the reason; the chain runs as ModelExpress's
-        if not settings.guard_chain:
+        if settings.guard_chain == "off":
             return None
         try:
             return folder_verdict(model, ctx, settings)
@@ -154,7 +162,7 @@ def _guarded_load(strategy: Any, verdicts: _Verdicts, robust_name: str) -> Calla
         verdict = verdicts.of(getattr(result, "model", result), ctx)
         if verdict is not None and verdict.refused:
             message = (f"{strategy.name} kept off {verdict.folder}: robust would refuse it: {verdict.refusal}; "
-                       f"{robust_name} decides this load ({SETTING}=false lets {strategy.name} read it)")  # fmt: skip
+                       f"{robust_name} decides this load ({SETTING}=off lets {strategy.name} read it)")  # fmt: skip
             logger.warning(f"[Worker {ctx.global_rank}] {message}")
             raise StrategyFailed(message, mutated=False)
         return load(result, ctx)

@@ -120,15 +120,18 @@ class RobustSettings(BaseSettings):
             "without MX_MODEL_URI."
         ),
     )
-    guard_chain: bool = Field(
-        default=True,
+    guard_chain: Literal["auto", "module", "off"] = Field(
+        default="auto",
         validation_alias="MX_ROBUST_GUARD_CHAIN",
         description=(
             "Before ModelExpress's strategies that load the engine's own local folder without the default "
             "loader's checks (instant_tensor, gds) run, robust inspects that folder as it would for its own "
             "load; a folder it would refuse (a shard missing or cut short, tensors the model needs absent) "
             "or an object-store model is kept from them, and robust's chain decides the load. Whole folders "
-            "go to them unchanged. Set to false to let them read any folder, as ModelExpress does."
+            "go to them unchanged. auto: the listing, index and headers, and the module's answer where the "
+            "folder has no index (only the module can then say what is missing); module: the module's answer "
+            "always, as robust's own load asks it (more time before the reader starts); off: they read any "
+            "folder, as ModelExpress does."
         ),
     )
     discovery_depth: int = Field(

@@ -389,7 +389,7 @@ def test_an_object_store_model_is_kept_from_instant_tensor(monkeypatch, caplog):
     assert line == (
         "[Worker 0] instant_tensor kept off s3://bucket/ckpt/: robust would refuse it: the engine's model is the "
         "object-store URI s3://bucket/ckpt/, which the engine's own readers take for a hub id; robust streams it; "
-        "robust_model_streamer decides this load (MX_ROBUST_GUARD_CHAIN=false lets instant_tensor read it)"
+        "robust_model_streamer decides this load (MX_ROBUST_GUARD_CHAIN=off lets instant_tensor read it)"
     )
 
 

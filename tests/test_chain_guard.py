@@ -160,7 +160,7 @@ def test_with_robust_instant_tensor_never_reads_a_folder_robust_refuses(
     assert instanttensor_reads == []  # InstantTensor's reader never ran
     (kept_off,) = [r.getMessage() for r in caplog.records if r.name == GUARD_LOGGER]
     assert KEPT_OFF.format(folder=folder) in kept_off and says in kept_off
-    assert "(MX_ROBUST_GUARD_CHAIN=false lets instant_tensor read it)" in kept_off
+    assert "(MX_ROBUST_GUARD_CHAIN=off lets instant_tensor read it)" in kept_off
     # robust's own verdict, the same refusal, before the model was touched; no rebuild
     (robust_failed,) = [r for r in recent_reports() if r["role"] == "target"]
     assert robust_failed["outcome"] == "failed" and robust_failed["mutated"] is False and says in robust_failed["error"]
@@ -238,7 +238,7 @@ def test_the_setting_lets_instant_tensor_read_any_folder(target, tmp_path, monke
     folder = _copy(target, str(tmp_path / "ckpt"))
     absent = no_index(folder)
     monkeypatch.setenv("MX_MODEL_URI", folder)
-    monkeypatch.setenv("MX_ROBUST_GUARD_CHAIN", "false")
+    monkeypatch.setenv("MX_ROBUST_GUARD_CHAIN", "off")
     _scramble(target[1])
 
     loaded = _chain(monkeypatch, target, folder)  # ModelExpress's way: InstantTensor serves the shards there
@@ -246,3 +246,28 @@ def test_the_setting_lets_instant_tensor_read_any_folder(target, tmp_path, monke
     assert instanttensor_reads == [_shards(folder)] and absent
     truth = target[5]
     assert [n for n, p in loaded.named_parameters() if not same_bytes(p.data, truth[n])]  # and leaves the rest
+
+
+def test_an_index_that_omits_a_tensor_the_model_needs_is_caught_when_the_module_is_asked(
+    target, tmp_path, monkeypatch, caplog, robust, instanttensor_reads
+):
+    """A consistent folder whose index and files both lack one member of a stacked parameter (an exporter's slip).
+    ``auto`` (the default) takes the index's word, as the headers agree with it, and InstantTensor reads it;
+    ``module`` asks the module, as robust's own load does, and keeps InstantTensor off naming the part."""
+    missing = "model.layers.0.mlp.up_proj.weight"
+    folder = str(tmp_path / "ckpt")
+    write_checkpoint(folder, {n: t for n, t in target[4].items() if n != missing}, shards=3)
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setenv("MX_ROBUST_GUARD_CHAIN", "module")
+
+    with pytest.raises(RuntimeError, match="No loading strategy succeeded"):
+        _chain(monkeypatch, target, folder)
+
+    assert instanttensor_reads == []
+    (kept_off,) = [r.getMessage() for r in caplog.records if r.name == GUARD_LOGGER]
+    assert f"target load from {folder} refused before streaming: 1 parameter(s) the checkpoint fills only in part" in kept_off
+    assert f"the checkpoint lacks {missing}" in kept_off
+
+    monkeypatch.setenv("MX_ROBUST_GUARD_CHAIN", "auto")
+    _chain(monkeypatch, target, folder)
+    assert instanttensor_reads == [_shards(folder)]

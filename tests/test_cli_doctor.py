@@ -466,14 +466,18 @@ def test_doctor_says_a_whole_folder_is_allowed_and_the_setting_turns_the_guard_o
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
     _, report = run_json(capsys, "--model", ckpt.path)
     rows = {row["name"]: row for row in report["strategies"]["strategies"]}
+    assert rows["instant_tensor"]["robust"] == "allowed: the folder is consistent"  # its index vouches (auto)
+    monkeypatch.setenv("MX_ROBUST_GUARD_CHAIN", "module")
+    _, report = run_json(capsys, "--model", ckpt.path)
+    rows = {row["name"]: row for row in report["strategies"]["strategies"]}
     assert rows["instant_tensor"]["robust"] == "allowed: the folder is consistent (the module's answer is asked at load)"
 
     monkeypatch.setenv("MX_INSTANT_TENSOR", "0")
-    monkeypatch.setenv("MX_ROBUST_GUARD_CHAIN", "false")
+    monkeypatch.setenv("MX_ROBUST_GUARD_CHAIN", "off")
     _, report = run_json(capsys, "--model", ckpt.path)
     rows = {row["name"]: row for row in report["strategies"]["strategies"]}
     assert (rows["instant_tensor"]["available"], rows["instant_tensor"]["why"]) == (False, "MX_INSTANT_TENSOR disabled")
-    assert rows["instant_tensor"]["robust"] == "not asked: MX_ROBUST_GUARD_CHAIN=false"
+    assert rows["instant_tensor"]["robust"] == "not asked: MX_ROBUST_GUARD_CHAIN=off"
 
 
 def test_doctor_reads_each_strategy_by_modelexpress_own_rule_for_the_engine(tmp_path, capsys):

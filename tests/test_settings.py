@@ -38,7 +38,7 @@ DEFAULTS = {
     "model_uri": None,
     "source_order": ["model_weights", "model", "MX_MODEL_URI"],
     "require_model_uri": True,
-    "guard_chain": True,
+    "guard_chain": "auto",
     "discovery_depth": 3,
     "probe_timeout_s": 20.0,
     "max_discovery_entries": 100_000,
@@ -78,7 +78,7 @@ NON_DEFAULTS = {
     "MX_MODEL_URI": ("s3://models/qwen3-next", "s3://models/qwen3-next"),
     "MX_ROBUST_SOURCE_ORDER": ("MX_MODEL_URI , model", ["MX_MODEL_URI", "model"]),
     "MX_ROBUST_REQUIRE_MODEL_URI": ("false", False),
-    "MX_ROBUST_GUARD_CHAIN": ("false", False),
+    "MX_ROBUST_GUARD_CHAIN": ("module", "module"),
     "MX_ROBUST_DISCOVERY_DEPTH": ("0", 0),
     "MX_ROBUST_PROBE_TIMEOUT_S": ("2.5", 2.5),
     "MX_ROBUST_MAX_DISCOVERY_ENTRIES": ("5000", 5000),
@@ -342,8 +342,7 @@ INVALID = [
      "Input should be a valid boolean, unable to interpret input (allowed: true or false; 1/0, yes/no, on/off also work)"),
     ("MX_ROBUST_REQUIRE_MODEL_URI", "2",
      "Input should be a valid boolean, unable to interpret input (allowed: true or false; 1/0, yes/no, on/off also work)"),
-    ("MX_ROBUST_GUARD_CHAIN", "instant_tensor",
-     "Input should be a valid boolean, unable to interpret input (allowed: true or false; 1/0, yes/no, on/off also work)"),
+    ("MX_ROBUST_GUARD_CHAIN", "false", "Input should be 'auto', 'module' or 'off'"),
 ]  # fmt: skip
 
 

@@ -132,8 +132,8 @@ def robust_verdict(name: str, folder: Optional[str], checkpoint: "Checkpoint | s
         return "robust itself: refuses what it would not load whole, before the model is touched"
     if name not in FOLDER_READERS:
         return "not asked (reads no local folder unchecked)"
-    if not settings.guard_chain:
-        return f"not asked: {SETTING}=false"
+    if settings.guard_chain == "off":
+        return f"not asked: {SETTING}=off"
     if folder is None:
         return "no engine model given (--model): judged at load"
     if is_object_store_uri(folder):
@@ -144,7 +144,9 @@ def robust_verdict(name: str, folder: Optional[str], checkpoint: "Checkpoint | s
         return f"kept off: {checkpoint}"
     if checkpoint.errors:
         return f"kept off: {describe_errors(checkpoint)}"
-    return "allowed: the folder is consistent (the module's answer is asked at load)"
+    if checkpoint.index is None or settings.guard_chain == "module":
+        return "allowed: the folder is consistent (the module's answer is asked at load)"
+    return "allowed: the folder is consistent"
 
 
 def _inspected(folder: Optional[str], settings: RobustSettings) -> "Checkpoint | str | None":
