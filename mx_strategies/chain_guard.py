@@ -39,7 +39,7 @@ from modelexpress.adapter import StrategyFailed
 
 from .engine import engine_view
 from .errors import ConfigurationError, MxStrategiesError
-from .inspect.sources import Candidate, resolve
+from .inspect.sources import Candidate, Resolution, engine_model, resolve
 from .inspect.storage import is_object_store_uri
 from .select.built_module import BuiltModule
 from .select.selection import select_resolved
@@ -59,44 +59,50 @@ class FolderVerdict:
 
     folder: str
     refusal: Optional[str] = None  # why robust would refuse it; None: robust would load it whole
+    module_asked: bool = False  # whether the verdict asks the built module what it reads (else inspection alone)
 
     @property
     def refused(self) -> bool:
         return self.refusal is not None
 
 
-def engine_folder(model_config: Any) -> Optional[str]:
-    """The folder the engine's own readers load (vLLM's ``model``, SGLang's ``model_path``)."""
-    value = getattr(model_config, "model", None) or getattr(model_config, "model_path", None)
-    return str(value) if value else None
-
-
-def object_store_refusal(folder: str) -> str:
-    """Why an object-store ``model`` is kept from the engine's own readers (doctor says it in the same words)."""
-    return f"the engine's model is the object-store URI {folder}, which the engine's own readers take for a hub id; robust streams it"
+def judge_folder(
+    folder: str, settings: Any, module: Callable[[], Optional[BuiltModule]], resolution: Optional[Resolution] = None
+) -> Optional[FolderVerdict]:
+    """robust's word on the engine's ``folder``; None where robust cannot judge it (a hub id the engine downloads,
+    a module robust does not load). ``module`` makes the module to ask (None: one robust does not load), only for a
+    local folder; ``resolution``: the folder's inspection where the caller has made it already (doctor's chain).
+    The one verdict: the guard's at load (:func:`folder_verdict`) and doctor's (``mx_strategies.cli.strategy_chain``)."""
+    if is_object_store_uri(folder):
+        return FolderVerdict(folder, f"the engine's model is the object-store URI {folder}, which the engine's own "
+                                     f"readers take for a hub id; robust streams it")  # fmt: skip
+    if not os.path.isdir(folder):
+        return None
+    built = module()
+    if built is None:
+        return None
+    ask = False
+    try:
+        resolution = resolution or resolve([Candidate("model", folder)], settings)
+        # Under auto the index vouches for what the files hold; without one only the module can say.
+        ask = settings.guard_chain == "module" or resolution.checkpoint.index is None
+        select_resolved(resolution, built, settings, ask=ask)
+    except MxStrategiesError as exc:
+        return FolderVerdict(folder, str(exc), ask)
+    return FolderVerdict(folder, None, ask)
 
 
 def folder_verdict(model: Any, ctx: Any, settings: Any) -> Optional[FolderVerdict]:
-    """What robust's inspection says of the folder ``ctx``'s engine reads; None where robust cannot judge it
-    (no folder, a hub id the engine downloads, a module robust does not load)."""
-    folder = engine_folder(getattr(ctx, "model_config", None))
+    """What robust's inspection says of the folder ``ctx``'s engine reads (:func:`judge_folder`) at load."""
+    folder = engine_model(getattr(ctx, "model_config", None))
     if folder is None:
         return None
-    if is_object_store_uri(folder):
-        return FolderVerdict(folder, object_store_refusal(folder))
-    if not os.path.isdir(folder):
-        return None
-    module = BuiltModule.of(model, engine_view(ctx), settings, ctx.global_rank)
-    if module.bypassed:
-        return None
-    try:
-        resolution = resolve([Candidate("model", folder)], settings)
-        # Without an index only the module can say whether the shards hold what it needs.
-        ask = settings.guard_chain == "module" or resolution.checkpoint.index is None
-        select_resolved(resolution, module, settings, ask=ask)
-    except MxStrategiesError as exc:
-        return FolderVerdict(folder, str(exc))
-    return FolderVerdict(folder, None)
+
+    def module() -> Optional[BuiltModule]:
+        built = BuiltModule.of(model, engine_view(ctx), settings, ctx.global_rank)
+        return None if built.bypassed else built
+
+    return judge_folder(folder, settings, module)
 
 
 class _Verdicts:
@@ -171,4 +177,6 @@ def _guarded_load(strategy: Any, verdicts: _Verdicts, robust_name: str) -> Calla
     return guarded_load
 
 
-__all__ = ["FOLDER_READERS", "SETTING", "FolderVerdict", "engine_folder", "folder_verdict", "guarded", "object_store_refusal"]
+__all__ = [
+    "FOLDER_READERS", "SETTING", "FolderVerdict", "folder_verdict", "guarded", "judge_folder",
+]  # fmt: skip

@@ -585,7 +585,9 @@ def diagnose(
         modules = ask_modules(checkpoint, settings, expect_draft=bool(draft and draft.get("found")))
     from .strategy_chain import strategy_chain_view
 
-    strategies = strategy_chain_view(model, settings, engine)
+    # The engine's model as the source chain inspected it, where the chain chose it (no second read of its headers).
+    inspected = resolution if resolution is not None and resolution.candidate.label == "model" else None
+    strategies = strategy_chain_view(model, settings, BuiltModule(target_engine(engine)), inspected)
     return DoctorReport(source, checkpoint, problems, draft, chain, settings_view(settings), loaded, target, support,
                         modules, strategies)  # fmt: skip
 

@@ -106,7 +106,7 @@ _UNSET = object()
 CPU_SETTING = "VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES="
 
 
-def _cuda_visible() -> bool:
+def cuda_visible() -> bool:
     """Whether a CUDA device is visible to this process (torch asked without creating a context)."""
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False
@@ -145,7 +145,7 @@ def cpu_platform_unless_gpu() -> Iterator[Optional[str]]:
     it while vLLM resolved its platform), or None.
     """
     global _chose_cpu
-    if _platform_resolved() or "VLLM_TARGET_DEVICE" in os.environ or _cuda_visible():
+    if _platform_resolved() or "VLLM_TARGET_DEVICE" in os.environ or cuda_visible():
         yield "cpu" if _chose_cpu and _platform_resolved() else None
         return
     added = {"VLLM_TARGET_DEVICE": "cpu", **({} if "CUDA_VISIBLE_DEVICES" in os.environ else {"CUDA_VISIBLE_DEVICES": ""})}

@@ -4,27 +4,24 @@ available here and why, what it reads, and whether robust's inspection lets it.
 The order is the installed ModelExpress's own: its ``LoadStrategyChain.run`` builds the list (0.7's fixed six;
 0.8's with the plugin ``MX_LOAD_PLUGIN`` names inserted), caught before it runs, with robust in the place the
 activation gives it. Availability is read from the environment as each strategy's ``is_available`` reads it
-(without an engine: no adapter to ask, so CUDA is ``torch.cuda.is_available()``). Robust's verdict for the
-local-folder readers (:data:`mx_strategies.chain_guard.FOLDER_READERS`) comes from the inspection doctor already
-made of the engine's ``model``; the module's answer (a folder of some shards without an index) is asked at load.
+(without an engine: no adapter to ask, so a CUDA device is one visible to torch). Robust's verdict for the
+local-folder readers (:data:`mx_strategies.chain_guard.FOLDER_READERS`) is the guard's own
+(:func:`mx_strategies.chain_guard.judge_folder`) on the engine's ``model``, with no module to ask: where the load
+would ask it (a folder without an index, or ``MX_ROBUST_GUARD_CHAIN=module``), the row says so.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from ..chain_guard import FOLDER_READERS, SETTING, object_store_refusal
+from ..chain_guard import FOLDER_READERS, SETTING, FolderVerdict, judge_folder
 from ..engine import missing_hooks
-from ..errors import MxStrategiesError
-from ..inspect.checkpoint import Checkpoint
-from ..inspect.sources import Candidate, probe
-from ..inspect.storage import is_object_store_uri
-from ..select.selection import describe_errors
-from ..releases import VLLM
+from ..inspect.sources import Resolution
+from ..select.built_module import BuiltModule
 from ..settings import RobustSettings
+from .module_build import cuda_visible
 
 ROBUST = "robust_model_streamer"
 
@@ -61,15 +58,6 @@ def installed_order() -> tuple[list[Any], Optional[str]]:
     return [], "ModelExpress's chain ran no strategy list"
 
 
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001
-        return False
-
-
 def availability(strategy: Any, settings: RobustSettings, engine: str) -> tuple[Optional[bool], str]:
     """Whether ``strategy`` is offered here, and why (None: doctor cannot tell without the engine)."""
     from modelexpress import envs
@@ -85,12 +73,11 @@ def availability(strategy: Any, settings: RobustSettings, engine: str) -> tuple[
     if name == "instant_tensor":
         if not envs.MX_INSTANT_TENSOR:
             return False, "MX_INSTANT_TENSOR disabled"
-        uri = (settings.model_uri or "").strip().lower()
-        if is_object_store_uri(uri) and _skips_object_store_uri():
+        if _skips_for_object_store_uri():
             return False, "MX_MODEL_URI is an object-store URI (ModelExpress 0.8 skips it then)"
         if importlib.util.find_spec("instanttensor") is None:
             return False, "the instanttensor package is not installed"
-        if not _cuda():
+        if not cuda_visible():
             return False, "no CUDA device"
         return True, "MX_INSTANT_TENSOR on (the default), instanttensor installed, a CUDA device"
     if name in (ROBUST, "model_streamer"):
@@ -100,7 +87,7 @@ def availability(strategy: Any, settings: RobustSettings, engine: str) -> tuple[
             return True, "MX_ROBUST_REQUIRE_MODEL_URI=false: offered with or without MX_MODEL_URI"
         return (True, "MX_MODEL_URI is set") if settings.model_uri else (False, "MX_MODEL_URI is not set")
     if name == "gds":
-        if not _cuda():
+        if not cuda_visible():
             return False, "no CUDA device"
         return None, "a CUDA device; GPUDirect Storage is asked at load"
     if name == "default":
@@ -108,11 +95,13 @@ def availability(strategy: Any, settings: RobustSettings, engine: str) -> tuple[
     return None, "not one of ModelExpress's strategies (a plugin): asked at load"
 
 
-def _skips_object_store_uri() -> bool:
-    """ModelExpress 0.8's InstantTensor steps aside for an object-store MX_MODEL_URI; 0.7's does not."""
+def _skips_for_object_store_uri() -> bool:
+    """Whether the installed InstantTensor steps aside for this MX_MODEL_URI: ModelExpress 0.8's own test (an
+    object-store URI); 0.7 has none and never does."""
     from modelexpress.load_strategy import instant_tensor_strategy
 
-    return hasattr(instant_tensor_strategy, "_has_object_store_model_uri")
+    skips = getattr(instant_tensor_strategy, "_has_object_store_model_uri", None)
+    return bool(skips is not None and skips())
 
 
 READS = {
@@ -126,8 +115,8 @@ READS = {
 }
 
 
-def robust_verdict(name: str, folder: Optional[str], checkpoint: "Checkpoint | str", settings: RobustSettings) -> str:
-    """Whether robust lets ``name`` read the engine's folder (only the folder readers are asked)."""
+def robust_verdict(name: str, verdict: Optional[FolderVerdict], folder: Optional[str], settings: RobustSettings) -> str:
+    """Whether robust lets ``name`` read the engine's folder (only the folder readers are asked), in words."""
     if name == ROBUST:
         return "robust itself: refuses what it would not load whole, before the model is touched"
     if name not in FOLDER_READERS:
@@ -136,39 +125,30 @@ def robust_verdict(name: str, folder: Optional[str], checkpoint: "Checkpoint | s
         return f"not asked: {SETTING}=off"
     if folder is None:
         return "no engine model given (--model): judged at load"
-    if is_object_store_uri(folder):
-        return f"kept off: {object_store_refusal(folder)}"
-    if not os.path.isdir(folder):
+    if verdict is None:
         return "not judged: not a local folder (a hub id the engine downloads)"
-    if isinstance(checkpoint, str):
-        return f"kept off: {checkpoint}"
-    if checkpoint.errors:
-        return f"kept off: {describe_errors(checkpoint)}"
-    if checkpoint.index is None or settings.guard_chain == "module":
+    if verdict.refused:
+        return f"kept off: {verdict.refusal}"
+    if verdict.module_asked:
         return "allowed: the folder is consistent (the module's answer is asked at load)"
     return "allowed: the folder is consistent"
 
 
-def _inspected(folder: Optional[str], settings: RobustSettings) -> "Checkpoint | str | None":
-    """robust's inspection of a local folder (headers only), or why it finds no checkpoint there."""
-    if folder is None or is_object_store_uri(folder) or not os.path.isdir(folder):
-        return None
-    try:
-        return probe(Candidate("model", folder), settings)
-    except MxStrategiesError as exc:
-        return str(exc)
+def strategy_chain_view(
+    folder: Optional[str], settings: RobustSettings, module: BuiltModule, resolution: Optional[Resolution] = None
+) -> dict:
+    """The ``--json`` object's ``strategies``: the order, and one row per strategy, for the engine's ``folder``.
 
-
-def strategy_chain_view(folder: Optional[str], settings: RobustSettings, engine: str = VLLM) -> dict:
-    """The ``--json`` object's ``strategies``: the order, and one row per strategy, for the engine's ``folder``."""
-    checkpoint = _inspected(folder, settings)
+    ``module``: doctor's stand-in for the built module (no question: the load asks it); ``resolution``: doctor's
+    inspection of ``folder`` where its source chain made one."""
+    verdict = judge_folder(folder, settings, lambda: module, resolution) if folder is not None else None
     strategies, error = installed_order()
     order = [getattr(s, "name", type(s).__name__) for s in strategies]
     rows = []
     for name, strategy in zip(order, strategies):
-        available, why = availability(strategy, settings, engine)
+        available, why = availability(strategy, settings, module.engine.engine)
         rows.append({"name": name, "available": available, "why": why, "reads": READS.get(name, "unknown (a plugin)"),
-                     "robust": robust_verdict(name, folder, checkpoint, settings)})  # fmt: skip
+                     "robust": robust_verdict(name, verdict, folder, settings)})  # fmt: skip
     return {"order": order, "error": error, "strategies": rows, "folder": folder}
 
 

@@ -66,6 +66,12 @@ def no_source(rejected: list[Rejection]) -> NoStreamableSource:
     return NoStreamableSource(f"no candidate source holds streamable safetensors: {detail}", rejected)
 
 
+def engine_model(model_config: object) -> Optional[str]:
+    """The engine's own ``model``, what its readers load: vLLM's ``model``, SGLang's ``model_path``."""
+    value = getattr(model_config, "model", None) or getattr(model_config, "model_path", None)
+    return value if isinstance(value, str) and value else None
+
+
 def candidates(model_config: object, settings: RobustSettings, vllm_config: Any = None) -> list[Candidate]:
     """The configured candidates, in order, skipping unset ones and repeats.
 
@@ -75,7 +81,7 @@ def candidates(model_config: object, settings: RobustSettings, vllm_config: Any 
     """
     values = {
         "model_weights": getattr(model_config, "model_weights", None),
-        "model": getattr(model_config, "model", None) or getattr(model_config, "model_path", None),
+        "model": engine_model(model_config),
         "MX_MODEL_URI": settings.model_uri,
     }
     derived = target_subfolder(model_config, vllm_config)
