@@ -19,7 +19,7 @@ import modelexpress.load_strategy as chain_module
 import pytest
 import torch
 from helpers.engine import CHAIN_LOGGER, STRATEGY_LOGGER, CountingAdapter, RecordingModel, make_context, messages
-from helpers.engine import model_config
+from helpers.engine import InstantTensorAdapter, model_config
 from modelexpress.load_strategy import LoadResult, LoadStrategyChain
 from safetensors.torch import load_file
 
@@ -347,22 +347,6 @@ def test_modelexpress_rl_chain_gets_the_substitution(checkpoint, monkeypatch, ca
 
 
 # -- robust's say over the chain's local-folder readers (mx_strategies.chain_guard) ----------------------------
-
-
-class InstantTensorAdapter(CountingAdapter):
-    """The stand-in adapter with ModelExpress's InstantTensor hooks: CUDA-like, and a reader that records each call
-    (InstantTensor's own reader needs CUDA; tests/test_chain_guard.py runs vLLM's real path on real folders)."""
-
-    def __init__(self, make_model) -> None:
-        super().__init__(make_model)
-        self.instanttensor_calls = 0
-
-    def is_cuda_alike(self) -> bool:
-        return True
-
-    def build_instanttensor_weight_iter(self, model=None):
-        self.instanttensor_calls += 1
-        return iter(())
 
 
 def test_an_object_store_model_is_kept_from_instant_tensor(monkeypatch, caplog):

@@ -22,24 +22,16 @@ def main(args: dict) -> dict:
     import torch
     import torch.distributed as dist
     from helpers.checkpoints import reference_tensors
+    from helpers.engine import InstantTensorAdapter
     from modelexpress.load_strategy import LoadStrategyChain
 
     from mx_strategies import activation
     from mx_strategies.robust import RobustModelStreamerStrategy
-    from mx_strategies.testing.standin import StandInAdapter, StandInModel, load_context, model_config
+    from mx_strategies.testing.standin import StandInModel, load_context, model_config
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args['port']}", rank=args["rank"], world_size=2)
 
-    class RankAdapter(StandInAdapter):
-        instanttensor_calls = 0
-
-        def is_cuda_alike(self) -> bool:
-            return True
-
-        def build_instanttensor_weight_iter(self, model=None):
-            type(self).instanttensor_calls += 1
-            return iter(())
-
+    class RankAdapter(InstantTensorAdapter):
         def all_gather_state(self, state):
             states = [None, None]
             dist.all_gather_object(states, state)
@@ -65,7 +57,7 @@ def main(args: dict) -> dict:
         outcome = str(exc)
     dist.destroy_process_group()
     del torch
-    return {"instanttensor_calls": RankAdapter.instanttensor_calls, "kept_off": records, "outcome": outcome}
+    return {"instanttensor_calls": adapter.instanttensor_calls, "kept_off": records, "outcome": outcome}
 
 
 if __name__ == "__main__":

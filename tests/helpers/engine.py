@@ -75,6 +75,22 @@ def chain_load(monkeypatch, uri: str, reference, *, mc=None, names=None):
     return run_chain(mc if mc is not None else model_config(), reference, names)
 
 
+class InstantTensorAdapter(CountingAdapter):
+    """The stand-in adapter with ModelExpress's InstantTensor hooks: CUDA-like, and a reader that only counts its
+    calls (InstantTensor's own reader needs CUDA; tests/test_chain_guard.py runs vLLM's real path on real folders)."""
+
+    def __init__(self, make_model, **kwargs) -> None:
+        super().__init__(make_model, **kwargs)
+        self.instanttensor_calls = 0
+
+    def is_cuda_alike(self) -> bool:
+        return True
+
+    def build_instanttensor_weight_iter(self, model=None):
+        self.instanttensor_calls += 1
+        return iter(())
+
+
 @dataclass
 class Attempt:
     """One load: the model and adapter it used, and its result or StrategyFailed."""
