@@ -24,14 +24,18 @@ def listed(items: Sequence[str], shown: int, separator: str = ", ") -> str:
 
 
 class MxStrategiesError(Exception):
-    """Root of the package's errors. ``mutated``: whether the model had been written to."""
+    """Root of the package's errors. ``mutated``: whether the model had been written to; ``remedy``: what the
+    operator can do about it, one line (the refusal's hint line), None where the message says it already."""
 
     mutated: bool = False
+    remedy: Optional[str] = None
 
-    def __init__(self, message: str, *, mutated: Optional[bool] = None) -> None:
+    def __init__(self, message: str, *, mutated: Optional[bool] = None, remedy: Optional[str] = None) -> None:
         super().__init__(message)
         if mutated is not None:
             self.mutated = mutated
+        if remedy is not None:
+            self.remedy = remedy
 
 
 # -- configuration (activation time) -------------------------------------------
@@ -39,6 +43,8 @@ class MxStrategiesError(Exception):
 
 class ConfigurationError(MxStrategiesError, ValueError):
     """A setting or ``MX_STRATEGY`` has a value the strategies cannot use; the message names it."""
+
+    remedy = "correct or unset the variable the message names (docs/settings.md lists each with its values)"
 
 
 class ActivationError(ConfigurationError):
@@ -61,8 +67,8 @@ class NoCheckpoint(MxStrategiesError):
 class NoStreamableSource(MxStrategiesError):
     """Every candidate source was rejected; the message lists each and why (``rejected``)."""
 
-    def __init__(self, message: str, rejected: Sequence[object] = ()) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, rejected: Sequence[object] = (), remedy: Optional[str] = None) -> None:
+        super().__init__(message, remedy=remedy)
         self.rejected = list(rejected)
 
 
@@ -73,9 +79,14 @@ class InconsistentCheckpoint(MxStrategiesError):
 class DraftPlanError(MxStrategiesError):
     """What a draft should load cannot be decided from this source (no draft tensor, a foreign checkpoint)."""
 
+    remedy = ("run mx-strategies doctor on the checkpoint to see what the draft would stream; a draft with weights "
+              "of its own needs its own checkpoint in the speculative config")
+
 
 class RanksDisagree(MxStrategiesError):
     """A rank could not plan or take part in a distributed load; no rank starts it."""
+
+    remedy = "give every rank the same checkpoint and settings; the failing rank's own line says what it met"
 
 
 # -- streaming ----------------------------------------------------------------
@@ -108,6 +119,8 @@ class IncompleteModel(MxStrategiesError):
 class PartialParameters(MxStrategiesError):
     """The checkpoint fills a parameter only in part (a stacked or fused one lacks a member): refused before
     a byte streams, so never mutated."""
+
+    remedy = "re-export the checkpoint with every member of the parameters named (each shard of a stacked one)"
 
 
 __all__ = [

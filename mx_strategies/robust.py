@@ -54,9 +54,9 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
     """Stream safetensors with runai-model-streamer, losing no weight.
 
     Activated by ``MX_STRATEGY=mx_strategies.robust`` in the place of
-    ``model_streamer``; eligible, like it, when ``MX_MODEL_URI`` is set
-    (``MX_ROBUST_REQUIRE_MODEL_URI=false`` widens this) and
-    runai-model-streamer is importable.
+    ``model_streamer`` (or by ModelExpress 0.8's plugin folder); offered
+    where runai-model-streamer is importable (:meth:`offered`), with or
+    without ``MX_MODEL_URI`` unless ``MX_ROBUST_REQUIRE_MODEL_URI=true``.
 
     Unlike the parent it resolves the source through a chain
     (``model_weights``, ``model``, ``MX_MODEL_URI`` by default) probing
@@ -86,20 +86,27 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         (:mod:`.chain_guard`)."""
         return guarded(strategies, cls.name)
 
+    @staticmethod
+    def offered(settings: RobustSettings) -> tuple[bool, str]:
+        """Whether robust's own gate lets ModelExpress's chain run it, and why: for the load and doctor alike."""
+        if settings.require_model_uri and not settings.model_uri:
+            return False, ("MX_ROBUST_REQUIRE_MODEL_URI=true and MX_MODEL_URI is unset: set MX_MODEL_URI to the "
+                           "checkpoint, or unset MX_ROBUST_REQUIRE_MODEL_URI")  # fmt: skip
+        return True, ("MX_MODEL_URI is set" if settings.model_uri else "streams the engine's own model_weights/model")
+
     def is_available(self, ctx: LoadContext) -> bool:
-        """Eligible like ``model_streamer`` (its ``supports_explicit_uri``: runai importable); never raises (a bad
-        setting skips the strategy)."""
+        """Where ``model_streamer`` could stream (its ``supports_explicit_uri``: the adapter's hooks, runai
+        importable), by :meth:`offered`; never raises. Switched on and not offered: one warning naming what to set."""
         if not self.supports_explicit_uri(ctx):
             return False
         try:
-            settings = load_settings()
+            offered, why = self.offered(load_settings())
         except ConfigurationError as exc:
-            logger.warning(f"[Worker {ctx.global_rank}] {self.name} skipped: {exc}")
-            return False
-        if settings.require_model_uri and not settings.model_uri:
-            logger.info(f"[Worker {ctx.global_rank}] MX_MODEL_URI not set, skipping {self.name}")
-            return False
-        return True
+            offered, why = False, str(exc)
+        if not offered:
+            logger.warning(f"[Worker {ctx.global_rank}] {self.name} is switched on but not offered: {why}; "
+                           f"ModelExpress's next strategy loads without robust's checks")  # fmt: skip
+        return offered
 
     def load(self, result: LoadResult, ctx: LoadContext) -> LoadResult:
         with recorded_failures(ctx):
@@ -158,6 +165,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
     def _refuse(self, rank: int, message: str, cause: Optional[Exception] = None, level: int = logging.WARNING) -> None:
         """Give the load up before the model is touched: ``mutated=False``, the chain's next strategy loads."""
         logger.log(level, f"[Worker {rank}] {self.name} {message}")
+        if getattr(cause, "remedy", None):
+            logger.log(level, f"[Worker {rank}] {self.name}: what to do: {cause.remedy}")
         raise StrategyFailed(str(cause) if cause is not None else message, mutated=False) from cause
 
     # -- the load's end: once, whichever ModelExpress runs it -----------------

@@ -112,12 +112,13 @@ class RobustSettings(BaseSettings):
         ),
     )
     require_model_uri: bool = Field(
-        default=True,
+        default=False,
         validation_alias="MX_ROBUST_REQUIRE_MODEL_URI",
         description=(
-            "Only offer the strategy when MX_MODEL_URI is set (upstream's gate). "
-            "Set to false to stream from the engine's own model_weights/model "
-            "without MX_MODEL_URI."
+            "Offer the strategy only when MX_MODEL_URI is set, as upstream's model_streamer is gated. "
+            "Off by default: MX_STRATEGY alone switches robust on, and it streams the engine's own "
+            "model_weights/model. true keeps the engine's other loaders for loads without MX_MODEL_URI "
+            "(each such load logs one warning)."
         ),
     )
     guard_chain: Literal["auto", "module", "off"] = Field(

@@ -13,7 +13,9 @@ config-only ``model_streamer/<hash>`` copy, ``model_weights`` unset,
 it repeats the draft loads as plain ModelExpress 0.7.0 and 0.8 stream them (the
 shards each release's vLLM adapter chooses, streamed whole:
 :mod:`mx_strategies.testing.plain_modelexpress`), and the draft load that
-vLLM's own runai loader (and ModelExpress <= 0.4.1) attempts.
+vLLM's own runai_streamer loader attempts. ModelExpress 0.8 is simulated: its
+shard choice streamed through the installed ModelExpress's chain, and its
+rows say so (:data:`SIMULATED`).
 
 The engine side is simulated by default (fast, and no vLLM needed):
 :mod:`mx_strategies.testing.standin` stands in for the vLLM model (preallocated
@@ -75,6 +77,10 @@ CHECKPOINTS = (
 )
 # Plain ModelExpress, release by release: the shards each one's vLLM adapter streams for a draft.
 PLAIN_RELEASES = ("0.7.0", "0.8")
+# Releases the demo does not run but simulates: their shard choice (plain_modelexpress) through the
+# installed ModelExpress's chain. Every label that names one says "simulated" (loader_label), and the
+# table's footnote says what runs instead (_plain_note).
+SIMULATED = {"0.8": "its shard selection, whole shards"}
 # Small enough to run in seconds on two CPU cores, large enough that the
 # draft's share of the bytes is visible.
 MODEL_SHAPE = dict(num_hidden_layers=12, num_nextn_layers=1, hidden=256, vocab=512, layers_per_shard=3)
@@ -136,6 +142,35 @@ class LoadOutcome:
     checkpoint_bytes: int = 0
     seconds: float = 0.0
     error: Optional[str] = None
+    simulated: Optional[str] = None  # a release the demo does not run: what stands in for it (_plain_note)
+
+
+def loader_label(loader: str) -> str:
+    """A loader as the demo prints it: a simulated release says so ("ModelExpress 0.8 (simulated)")."""
+    release = loader.removeprefix("ModelExpress ")
+    return f"{loader} (simulated)" if loader.startswith("ModelExpress ") and release in SIMULATED else loader
+
+
+def _modelexpress_version() -> str:
+    """The installed ModelExpress, whose chain every load in the demo runs through."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("modelexpress")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def _plain_note(release: str) -> str:
+    """The footnote under a plain ModelExpress table: what runs for that release."""
+    installed = _modelexpress_version()
+    choice = (f"ModelExpress {release}'s vLLM adapter's shard choice (as mx_strategies.testing.plain_modelexpress "
+              f"writes it down; the tests check it against {release}'s own code)")  # fmt: skip
+    if release in SIMULATED:
+        return (f"Simulated: ModelExpress {release} does not run here. {choice}, streamed whole through the "
+                f"installed ModelExpress {installed}'s chain by the demo's stand-in engine.")
+    return (f"ModelExpress {installed}'s chain and model streamer strategy; {choice}, streamed whole by the "
+            "demo's stand-in engine.")
 
 
 @contextmanager
@@ -302,7 +337,9 @@ def _run_chain(ckpt, role, loader, model_config, vllm_config, server, display, p
     owned = _owned(ckpt, role)
     outcome = LoadOutcome(ckpt.spec.name, role, loader, ok=False, checkpoint_bytes=ckpt.total_bytes)
     outcome.tensors_expected = len(owned)
-    label = f"{ckpt.spec.name} {role} with {loader}"
+    label = f"{ckpt.spec.name} {role} with {loader_label(loader)}"
+    if plain in SIMULATED:
+        outcome.simulated = _plain_note(plain)
     with display.step(label, total=ckpt.total_bytes) as step:
         make, adapter = _engine(reference, owned, vllm_config, step.advance,
                                 None if plain is None else (plain, ckpt.spec.draft_class, ckpt.synthetic.config))
@@ -335,7 +372,7 @@ def _run_chain(ckpt, role, loader, model_config, vllm_config, server, display, p
             outcome.source_label, outcome.source = "MX_MODEL_URI", os.environ.get("MX_MODEL_URI")
             chosen, count = getattr(adapter, "chosen", ()), getattr(adapter, "shard_count", 0)
             outcome.why = (
-                f"plain ModelExpress {plain} streams MX_MODEL_URI whenever it is set, and its adapter streams whole "
+                f"plain {loader_label(loader)} streams MX_MODEL_URI whenever it is set, and its adapter streams whole "
                 f"shards: {len(chosen)} of {count} for this {role}"
                 + (" (every one: the draft pulls the whole checkpoint)" if chosen and len(chosen) == count else "")
             )
@@ -344,7 +381,7 @@ def _run_chain(ckpt, role, loader, model_config, vllm_config, server, display, p
 
 
 def _run_vllm_runai_draft(ckpt, model_config, vllm_config, server, display) -> LoadOutcome:
-    """The draft load vLLM's runai loader (and ModelExpress <= 0.4.1) attempts:
+    """The draft load vLLM's runai_streamer loader attempts (vLLM <= 0.28, no ModelExpress):
     stream ``model_weights or model``, i.e. the config-only folder."""
     from modelexpress.adapter import StrategyFailed
     from modelexpress.load_strategy import LoadResult

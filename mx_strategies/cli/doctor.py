@@ -188,15 +188,11 @@ class DoctorReport:
             "settings": self.settings,
             "error": self.error,
             "exit_status": self.exit_code,
+            "engine": self.engine,
+            "chain": self.chain,  # null unless the source chain was asked (--model, --model-weights, MX_MODEL_URI)
+            "modules": self.modules,  # null unless --ask-module
+            "strategies": self.strategies,
         }
-        if self.engine is not None:
-            result["engine"] = self.engine
-        if self.chain is not None:
-            result["chain"] = self.chain
-        if self.modules is not None:
-            result["modules"] = self.modules
-        if self.strategies is not None:
-            result["strategies"] = self.strategies
         return result
 
 
@@ -468,20 +464,20 @@ def chain_view(
         target = SimpleNamespace(model=target_model, model_weights=target_model_weights)
         vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(target_model_config=target))
         inputs.update({"target_model_weights": target_model_weights, "target_model": target_model})
+    from ..robust import RobustModelStreamerStrategy
+
     cands = candidates(model_config, settings, vllm_config)
+    offered, why = RobustModelStreamerStrategy.offered(settings)
     view: dict[str, Any] = {
         "order": list(settings.source_order),
         "inputs": inputs,
         "candidates": [{"label": c.label, "uri": c.uri} for c in cands],
-        "eligible": not (settings.require_model_uri and not settings.model_uri),
+        "eligible": offered,
         "chosen": None,
         "rejected": [],
     }
-    if not view["eligible"]:
-        view["eligibility"] = (
-            f"MX_MODEL_URI is unset and {env_name('require_model_uri')}=true: ModelExpress would not offer "
-            "the strategy at all (set MX_MODEL_URI, or MX_ROBUST_REQUIRE_MODEL_URI=false)"
-        )
+    if not offered:
+        view["eligibility"] = f"ModelExpress would not offer the strategy at all: {why}"
     try:
         resolution = resolve(cands, settings)
     except NoStreamableSource as exc:
@@ -638,6 +634,11 @@ def render(report: DoctorReport, console) -> None:
     from rich.table import Table
 
     data = report.as_dict()
+    if report.strategies is not None:  # first: whether robust runs here at all
+        robust = report.strategies["robust"]
+        colour = "green" if robust["runs"] else "yellow"
+        console.print(f"[bold {colour}]{escape(robust['line'])}[/bold {colour}]", soft_wrap=True)
+        console.print()
     if report.chain is not None:
         chain = report.chain
         order = f"{env_name('source_order')}={','.join(chain['order'])}"
@@ -860,6 +861,10 @@ def _render_problems(problems: list[dict], root: str, console) -> None:
     console.print(table)
     if summarised:
         console.print(f"  {len(problems) - len(shown)} more not shown; `--json` lists all {len(problems)} problems.")
+    remedies = dict.fromkeys((p["kind"], p["remedy"]) for p in problems)  # one hint line per kind, in order met
+    console.print("What to do:")
+    for kind, remedy in remedies:
+        console.print(f"  {escape(kind)}: {escape(remedy)}", soft_wrap=True)
     console.print()
 
 
@@ -928,8 +933,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def error_object(message: str, status: int = EXIT_USAGE) -> dict:
-    """The ``--json`` object for exit 2: no report, the reason in ``error``."""
-    return {"schema": SCHEMA_VERSION, "ok": False, "exit_status": status, "error": message}
+    """The ``--json`` object for exit 2: every key a report has (a script reads the same keys on every exit
+    status), nothing inspected, the reason in ``error``."""
+    empty = dict.fromkeys(REPORT_KEYS)
+    empty.update({"schema": SCHEMA_VERSION, "ok": False, "shards": [], "problems": [], "error": message,
+                  "exit_status": status})  # fmt: skip
+    return empty
+
+
+# The keys of every ``--json`` object, whatever the exit status (docs/doctor-json.md).
+REPORT_KEYS = ("schema", "ok", "source", "summary", "shards", "problems", "target", "draft", "settings", "error",
+               "exit_status", "engine", "chain", "modules", "strategies")
 
 
 def usage_error(message: str, as_json: bool) -> int:

@@ -13,17 +13,20 @@ would ask it (a folder without an index, or ``MX_ROBUST_GUARD_CHAIN=module``), t
 from __future__ import annotations
 
 import importlib.util
+import os
 from types import SimpleNamespace
 from typing import Any, Optional
 
 from ..chain_guard import FOLDER_READERS, SETTING, FolderVerdict, judge_folder
-from ..engine import missing_hooks
+from ..engine import VLLM, missing_hooks
 from ..inspect.sources import Resolution
 from ..select.built_module import BuiltModule
 from ..settings import RobustSettings
 from .module_build import cuda_visible
 
 ROBUST = "robust_model_streamer"
+# mx_strategies' name in vLLM's general plugins (pyproject.toml's entry point), what VLLM_PLUGINS must list.
+PLUGIN_ENTRY = "mx_strategies"
 
 
 class _Captured(Exception):
@@ -34,9 +37,10 @@ class _Captured(Exception):
         self.strategies = strategies
 
 
-def installed_order() -> tuple[list[Any], Optional[str]]:
-    """The strategies the installed ModelExpress's chain holds, in order, robust in its place; and why the
-    order could not be read (None when it was)."""
+def installed_order(engine: str) -> tuple[list[Any], Optional[str], tuple[Optional[str], str]]:
+    """The strategies the installed ModelExpress's chain holds, in order, robust where this node's switch puts
+    it; why the order could not be read (None when it was); and :func:`switched_on`'s door and reason (door
+    None: robust is not switched on, and the chain is ModelExpress's own)."""
     import modelexpress.load_strategy as chain
 
     from .. import activation
@@ -50,17 +54,64 @@ def installed_order() -> tuple[list[Any], Optional[str]]:
     try:
         chain.LoadStrategyChain.run(None, SimpleNamespace(global_rank=0))
     except _Captured as captured:
-        return activation._substitute(captured.strategies, RobustModelStreamerStrategy), None
+        switch = switched_on(captured.strategies, engine)
+        if switch[0] is None:
+            return captured.strategies, None, switch
+        return activation._substitute(captured.strategies, RobustModelStreamerStrategy), None, switch
     except Exception as exc:  # noqa: BLE001 - a plugin folder that does not load: said, not raised
-        return [], f"{type(exc).__name__}: {exc}"
+        return [], f"{type(exc).__name__}: {exc}", (None, f"ModelExpress's chain could not be read: {exc}")
     finally:
         chain.execute_load_strategies = original
-    return [], "ModelExpress's chain ran no strategy list"
+    return [], "ModelExpress's chain ran no strategy list", (None, "ModelExpress's chain ran no strategy list")
+
+
+def switched_on(strategies: list, engine: str) -> tuple[Optional[str], str]:
+    """The door robust enters this node's chain by, and how: ModelExpress 0.8's plugin folder (the chain
+    ModelExpress built holds it: ``MX_LOAD_PLUGIN``), or ``MX_STRATEGY`` naming it, where vLLM's plugin filter
+    ``VLLM_PLUGINS`` lets the activation run. Door None where neither, with why and what to set."""
+    from ..activation import STRATEGY_ENV, resolve_strategy_class
+    from ..errors import ActivationError
+    from ..robust import RobustModelStreamerStrategy
+
+    if any(getattr(s, "name", None) == ROBUST for s in strategies):
+        return "MX_LOAD_PLUGIN", f"MX_LOAD_PLUGIN={ROBUST} (ModelExpress's plugin folder)"
+    spec = os.environ.get(STRATEGY_ENV, "").strip()
+    if not spec:
+        return None, (f"{STRATEGY_ENV} is unset and ModelExpress's chain holds no plugin named {ROBUST}: "
+                      f"set {STRATEGY_ENV}=mx_strategies.robust")  # fmt: skip
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if engine == VLLM and allowed is not None and PLUGIN_ENTRY not in [n.strip() for n in allowed.split(",")]:
+        return None, (f"{STRATEGY_ENV} is set, but VLLM_PLUGINS={allowed!r} keeps vLLM from loading mx_strategies' "
+                      f"plugin: add {PLUGIN_ENTRY} to VLLM_PLUGINS")  # fmt: skip
+    try:
+        named = resolve_strategy_class(spec)
+    except ActivationError as exc:
+        return None, str(exc)
+    if not issubclass(named, RobustModelStreamerStrategy):
+        return None, f"{STRATEGY_ENV}={spec} names {named.__name__}: set {STRATEGY_ENV}=mx_strategies.robust"
+    return STRATEGY_ENV, f"{STRATEGY_ENV}={spec}"
+
+
+def robust_status(strategies: list, switch: tuple[Optional[str], str], settings: RobustSettings, engine: str) -> dict:
+    """Whether robust will run on this node, in one line (``line``) and its parts: ``switched_on``, its ``door``
+    (``MX_STRATEGY`` or ``MX_LOAD_PLUGIN``), ``offered`` by robust's rule (None: not switched on), and ``why``."""
+    door, how = switch
+    if door is None:
+        return {"switched_on": False, "door": None, "offered": None, "runs": False, "why": how,
+                "line": f"robust will not run on this node: {how}"}  # fmt: skip
+    robust = next(s for s in strategies if getattr(s, "name", None) == ROBUST)
+    offered, why = availability(robust, settings, engine)
+    line = (f"robust will run on this node: switched on by {how}; offered: {why}" if offered else
+            f"robust is switched on by {how} but will not run on this node: {why}")  # fmt: skip
+    return {"switched_on": True, "door": door, "offered": bool(offered), "runs": bool(offered), "why": why,
+            "line": line}
 
 
 def availability(strategy: Any, settings: RobustSettings, engine: str) -> tuple[Optional[bool], str]:
     """Whether ``strategy`` is offered here, and why (None: doctor cannot tell without the engine)."""
     from modelexpress import envs
+
+    from ..robust import RobustModelStreamerStrategy
 
     name = getattr(strategy, "name", type(strategy).__name__)
     missing = missing_hooks(engine, tuple(getattr(strategy, "requires", ())))
@@ -83,8 +134,8 @@ def availability(strategy: Any, settings: RobustSettings, engine: str) -> tuple[
     if name in (ROBUST, "model_streamer"):
         if importlib.util.find_spec("runai_model_streamer") is None:
             return False, "runai-model-streamer is not installed"
-        if name == ROBUST and not settings.require_model_uri:
-            return True, "MX_ROBUST_REQUIRE_MODEL_URI=false: offered with or without MX_MODEL_URI"
+        if name == ROBUST:
+            return RobustModelStreamerStrategy.offered(settings)
         return (True, "MX_MODEL_URI is set") if settings.model_uri else (False, "MX_MODEL_URI is not set")
     if name == "gds":
         if not cuda_visible():
@@ -115,8 +166,12 @@ READS = {
 }
 
 
-def robust_verdict(name: str, verdict: Optional[FolderVerdict], folder: Optional[str], settings: RobustSettings) -> str:
+def robust_verdict(
+    name: str, verdict: Optional[FolderVerdict], folder: Optional[str], settings: RobustSettings, door: Optional[str]
+) -> str:
     """Whether robust lets ``name`` read the engine's folder (only the folder readers are asked), in words."""
+    if door is None:
+        return "not asked: robust is not switched on"
     if name == ROBUST:
         return "robust itself: refuses what it would not load whole, before the model is touched"
     if name not in FOLDER_READERS:
@@ -142,14 +197,16 @@ def strategy_chain_view(
     ``module``: doctor's stand-in for the built module (no question: the load asks it); ``resolution``: doctor's
     inspection of ``folder`` where its source chain made one."""
     verdict = judge_folder(folder, settings, lambda: module, resolution) if folder is not None else None
-    strategies, error = installed_order()
+    strategies, error, switch = installed_order(module.engine.engine)
+    door = switch[0]
     order = [getattr(s, "name", type(s).__name__) for s in strategies]
     rows = []
     for name, strategy in zip(order, strategies):
         available, why = availability(strategy, settings, module.engine.engine)
         rows.append({"name": name, "available": available, "why": why, "reads": READS.get(name, "unknown (a plugin)"),
-                     "robust": robust_verdict(name, verdict, folder, settings)})  # fmt: skip
-    return {"order": order, "error": error, "strategies": rows, "folder": folder}
+                     "robust": robust_verdict(name, verdict, folder, settings, door)})  # fmt: skip
+    robust = robust_status(strategies, switch, settings, module.engine.engine)
+    return {"order": order, "error": error, "strategies": rows, "folder": folder, "robust": robust}
 
 
 __all__ = ["strategy_chain_view"]

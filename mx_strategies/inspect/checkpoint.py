@@ -20,6 +20,7 @@ from typing import Any, Collection, Iterable, Mapping, Optional
 
 from ..errors import NoCheckpoint, StoreError, listed
 from .jsonread import JsonRejected, read_json
+from .remedies import remedy
 from ..settings import RobustSettings
 from .storage import ObjectInfo, Store, open_store
 
@@ -148,6 +149,7 @@ class Problem:
             "file": self.file,
             "tensor": self.tensor,
             "message": self.message,
+            "remedy": remedy(self.kind),
         }
 
 

@@ -27,6 +27,7 @@ from .checkpoint import INDEX_NAME, Checkpoint, ProbeLimits, inspect
 from ..engine.vllm import is_speculative_draft
 from ..errors import NoCheckpoint, NoStreamableSource, StoreError
 from ..settings import RobustSettings
+from .remedies import remedy
 from .storage import normalize_uri, open_store
 
 # The label of the candidate derived from the target's model_weights, e.g. "target model_weights + dspark".
@@ -63,7 +64,8 @@ class Resolution:
 def no_source(rejected: list[Rejection]) -> NoStreamableSource:
     """The error for a chain whose every candidate was rejected, listing each and why."""
     detail = "; ".join(str(r) for r in rejected) if rejected else "no candidate was set"
-    return NoStreamableSource(f"no candidate source holds streamable safetensors: {detail}", rejected)
+    return NoStreamableSource(f"no candidate source holds streamable safetensors: {detail}", rejected,
+                              remedy("no_streamable_source"))
 
 
 def engine_model(model_config: object) -> Optional[str]:

@@ -49,6 +49,7 @@ from ..engine import EngineView
 from ..engine.config import LayerLayout
 from ..errors import DraftPlanError, InconsistentCheckpoint, PartialParameters, listed
 from ..inspect.checkpoint import Checkpoint, loaded_shards
+from ..inspect.remedies import remedy_for
 from ..inspect.sources import Candidate, Resolution
 from ..inspect.storage import normalize_uri
 from ..settings import RobustSettings
@@ -233,7 +234,7 @@ def select(
     before the model is touched.
     """
     if checkpoint.errors:
-        raise InconsistentCheckpoint(describe_errors(checkpoint))
+        raise InconsistentCheckpoint(describe_errors(checkpoint), remedy=remedy_for(p.kind for p in checkpoint.errors))
     full = [n for s in loaded_shards(checkpoint, settings) for n in s.tensors]
     chosen = _chosen(checkpoint, full, module, settings, source_is_target, ask)
     if chosen.role == "target" and settings.target_selection == "all":
