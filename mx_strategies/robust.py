@@ -102,7 +102,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         try:
             offered, why = self.offered(load_settings())
         except ConfigurationError as exc:
-            offered, why = False, str(exc)
+            logger.warning(f"[Worker {ctx.global_rank}] {self.name} skipped: {exc}")
+            return False
         if not offered:
             logger.warning(f"[Worker {ctx.global_rank}] {self.name} is switched on but not offered: {why}; "
                            f"ModelExpress's next strategy loads without robust's checks")  # fmt: skip

@@ -112,6 +112,65 @@ def test_robust_takes_model_streamers_place_in_the_real_chain(checkpoint, monkey
     _assert_weights_from_checkpoint(model, checkpoint)
 
 
+def test_mx_strategy_alone_switches_robust_on(checkpoint, monkeypatch, caplog):
+    """The README's one variable: no MX_MODEL_URI, the engine's own model folder; robust loads it, the engine's
+    native loader is not called, and every tensor equals safetensors' own load."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.delenv("MX_MODEL_URI")
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    activation.register()
+    model, adapter = _load(checkpoint)
+
+    assert _eligible(caplog) == ["robust_model_streamer", "default"]
+    assert _tried(caplog) == ["robust_model_streamer"]
+    assert adapter.native_calls == 0
+    _assert_weights_from_checkpoint(model, checkpoint)
+
+
+def test_the_gate_kept_by_setting_is_said_at_load(checkpoint, monkeypatch, caplog):
+    """MX_ROBUST_REQUIRE_MODEL_URI=true (upstream's gate) without MX_MODEL_URI: robust is not offered, one warning
+    line says why and what to set, and the engine's own loader loads as before."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.delenv("MX_MODEL_URI")
+    monkeypatch.setenv("MX_ROBUST_REQUIRE_MODEL_URI", "true")
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    activation.register()
+    model, adapter = _load(checkpoint)
+
+    assert _tried(caplog) == ["default"] and adapter.native_calls == 1
+    assert messages(caplog, STRATEGY_LOGGER, logging.WARNING) == [
+        "[Worker 0] robust_model_streamer is switched on but not offered: MX_ROBUST_REQUIRE_MODEL_URI=true and "
+        "MX_MODEL_URI is unset: set MX_MODEL_URI to the checkpoint, or unset MX_ROBUST_REQUIRE_MODEL_URI; "
+        "ModelExpress's next strategy loads without robust's checks"
+    ]
+    _assert_weights_from_checkpoint(model, checkpoint, upstream=True)
+
+
+def test_a_refusal_at_load_says_what_to_do(checkpoint, tmp_path, monkeypatch, caplog):
+    """A copy missing a shard its index names: robust refuses it before the model is touched, and its hint line
+    is the remedy doctor prints for that problem kind (mx_strategies.inspect.remedies)."""
+    import shutil
+
+    from mx_strategies.inspect.remedies import REMEDIES
+
+    broken = str(tmp_path / "broken")
+    shutil.copytree(checkpoint.path, broken)
+    os.remove(os.path.join(broken, checkpoint.shard_names[0]))
+    monkeypatch.setenv("MX_MODEL_URI", broken)
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    activation.register()
+    make = lambda: RecordingModel(checkpoint.tensors)  # noqa: E731
+    adapter = NativeAdapter(make, checkpoint)  # the engine's own loader reads the whole copy
+    with caplog.at_level(logging.INFO):
+        model = LoadStrategyChain.run(make(), make_context(model_config(model=broken), adapter))
+
+    warnings = messages(caplog, STRATEGY_LOGGER, logging.WARNING)
+    assert any(f"is inconsistent, not loading it: {broken}/{checkpoint.shard_names[0]}: named by " in w for w in warnings)
+    assert warnings[-1] == f"[Worker 0] robust_model_streamer: what to do: {REMEDIES['missing_shard']}"
+    assert _tried(caplog) == ["robust_model_streamer", "default"] and adapter.reinit_calls == 0
+    _assert_weights_from_checkpoint(model, checkpoint, upstream=True)
+
+
 def test_module_colon_class_names_the_strategy(checkpoint, monkeypatch, caplog):
     caplog.set_level(logging.INFO)
     monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust:RobustModelStreamerStrategy")

@@ -18,6 +18,7 @@ from helpers.checkpoints import edit_index, write_shard
 from helpers.headers import metadata_bytes
 
 from mx_strategies import cli
+from mx_strategies.cli.doctor import REPORT_KEYS
 from mx_strategies.inspect.checkpoint import INDEX_NAME
 from mx_strategies.testing import synthetic
 from mx_strategies.testing.loopback import free_port
@@ -288,9 +289,10 @@ def test_chain_passes_over_an_object_store_it_cannot_open(tmp_path, capsys, monk
     assert rejected["label"] == "model_weights" and rejected["reason"].startswith("az://container/model: ")
 
 
-def test_chain_without_any_streamable_source_is_an_error(tmp_path, capsys):
+def test_chain_without_any_streamable_source_is_an_error(tmp_path, capsys, monkeypatch):
     ckpt = synthetic.mtp_checkpoint(str(tmp_path / "ckpt"), style="qwen")
     cache = synthetic.config_only_copy(ckpt.path, str(tmp_path / "cache"))
+    monkeypatch.setenv("MX_ROBUST_REQUIRE_MODEL_URI", "true")  # upstream's gate, kept by the setting
 
     code, report = run_json(capsys, "--model", cache)
 
@@ -302,6 +304,8 @@ def test_chain_without_any_streamable_source_is_an_error(tmp_path, capsys):
     assert "MX_MODEL_URI is unset" in report["chain"]["eligibility"]
     (problem,) = report["problems"]
     assert problem["kind"] == "no_streamable_source"
+    assert problem["remedy"] == "set MX_MODEL_URI to the checkpoint (s3://, gs://, az:// or a local folder), or " \
+        "point the engine's model at it"
     assert f"model={cache!r}" in problem["message"] and "config-only copy" in problem["message"]
 
 
@@ -354,7 +358,9 @@ def assert_usage_error(capsys, args: list[str], *fragments: str) -> None:
     for fragment in fragments:
         assert fragment in err
     if "--json" in args:
-        assert json.loads(out) == {"schema": 1, "ok": False, "exit_status": 2,
+        # Every key a report has, so a script reads the same keys on every exit status; nothing inspected.
+        assert json.loads(out) == {**dict.fromkeys(REPORT_KEYS), "schema": 1, "ok": False, "exit_status": 2,
+                                   "shards": [], "problems": [],
                                    "error": err.strip().removeprefix("mx-strategies doctor: ")}  # fmt: skip
     else:
         assert out == ""
@@ -437,7 +443,14 @@ def test_help_exits_0(capsys):
 CHAIN = ["rdma", "server-cache", "instant_tensor", "robust_model_streamer", "gds", "default"]
 
 
-def test_doctor_shows_the_chain_and_keeps_the_folder_readers_off_a_broken_folder(tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def switched_on(monkeypatch):
+    """robust switched on as the README says: MX_STRATEGY alone."""
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+
+
+def test_doctor_shows_the_chain_and_keeps_the_folder_readers_off_a_broken_folder(tmp_path, capsys, monkeypatch, switched_on):
     from helpers.checkpoints import delete_file, tiny_shards, write_checkpoint
 
     monkeypatch.setenv("MX_INSTANT_TENSOR", "1")
@@ -460,7 +473,7 @@ def test_doctor_shows_the_chain_and_keeps_the_folder_readers_off_a_broken_folder
     assert "ModelExpress's strategy chain, in order" in out and "kept off" in out
 
 
-def test_doctor_says_a_whole_folder_is_allowed_and_the_setting_turns_the_guard_off(tmp_path, capsys, monkeypatch):
+def test_doctor_says_a_whole_folder_is_allowed_and_the_setting_turns_the_guard_off(tmp_path, capsys, monkeypatch, switched_on):
     from helpers.checkpoints import tiny_shards, write_checkpoint
 
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
@@ -480,7 +493,7 @@ def test_doctor_says_a_whole_folder_is_allowed_and_the_setting_turns_the_guard_o
     assert rows["instant_tensor"]["robust"] == "not asked: MX_ROBUST_GUARD_CHAIN=off"
 
 
-def test_doctor_reads_each_strategy_by_modelexpress_own_rule_for_the_engine(tmp_path, capsys):
+def test_doctor_reads_each_strategy_by_modelexpress_own_rule_for_the_engine(tmp_path, capsys, switched_on):
     """SGLang's adapter in ModelExpress has no InstantTensor iterator: never offered there, whatever the node."""
     from helpers.checkpoints import tiny_shards, write_checkpoint
 
@@ -490,3 +503,75 @@ def test_doctor_reads_each_strategy_by_modelexpress_own_rule_for_the_engine(tmp_
     assert report["strategies"]["order"] == CHAIN
     assert (rows["instant_tensor"]["available"], rows["instant_tensor"]["why"]) == (
         False, "ModelExpress's sglang adapter does not override build_instanttensor_weight_iter")  # fmt: skip
+
+
+# -- whether robust runs on this node: the first line, text and --json ------------------------------------------
+
+
+def test_doctor_says_first_whether_robust_runs_on_this_node(tmp_path, capsys, monkeypatch):
+    """Unset: not switched on, and the chain is ModelExpress's own (model_streamer, no robust verdicts); MX_STRATEGY
+    alone: it runs; a vLLM plugin filter without mx_strategies, or the kept gate: said, with what to set."""
+    from helpers.checkpoints import tiny_shards, write_checkpoint
+
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
+    for key in ("MX_STRATEGY", "VLLM_PLUGINS", "MX_MODEL_URI"):
+        monkeypatch.delenv(key, raising=False)
+
+    _, report = run_json(capsys, "--model", ckpt.path)
+    view = report["strategies"]
+    assert view["robust"] == {
+        "switched_on": False, "door": None, "offered": None, "runs": False,
+        "why": "MX_STRATEGY is unset and ModelExpress's chain holds no plugin named robust_model_streamer: set "
+               "MX_STRATEGY=mx_strategies.robust",
+        "line": "robust will not run on this node: MX_STRATEGY is unset and ModelExpress's chain holds no plugin "
+                "named robust_model_streamer: set MX_STRATEGY=mx_strategies.robust",
+    }  # fmt: skip
+    assert view["order"] == [n if n != "robust_model_streamer" else "model_streamer" for n in CHAIN]
+    assert {row["robust"] for row in view["strategies"]} == {"not asked: robust is not switched on"}
+    _, out, _ = run_doctor(capsys, "--model", ckpt.path)
+    assert out.splitlines()[0] == view["robust"]["line"]
+
+    monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+    _, report = run_json(capsys, "--model", ckpt.path)
+    assert report["strategies"]["order"] == CHAIN
+    assert report["strategies"]["robust"]["line"] == (
+        "robust will run on this node: switched on by MX_STRATEGY=mx_strategies.robust; offered: streams the "
+        "engine's own model_weights/model"
+    )
+    _, out, _ = run_doctor(capsys, "--model", ckpt.path)
+    assert out.splitlines()[0] == report["strategies"]["robust"]["line"]
+
+    monkeypatch.setenv("VLLM_PLUGINS", "modelexpress")
+    _, report = run_json(capsys, "--model", ckpt.path)
+    assert report["strategies"]["robust"]["runs"] is False
+    assert report["strategies"]["robust"]["why"] == (
+        "MX_STRATEGY is set, but VLLM_PLUGINS='modelexpress' keeps vLLM from loading mx_strategies' plugin: add "
+        "mx_strategies to VLLM_PLUGINS"
+    )
+    monkeypatch.setenv("VLLM_PLUGINS", "modelexpress,mx_strategies")
+    monkeypatch.setenv("MX_ROBUST_REQUIRE_MODEL_URI", "true")
+    _, report = run_json(capsys, "--model", ckpt.path)
+    assert (report["strategies"]["robust"]["switched_on"], report["strategies"]["robust"]["runs"]) == (True, False)
+    assert report["strategies"]["robust"]["line"] == (
+        "robust is switched on by MX_STRATEGY=mx_strategies.robust but will not run on this node: "
+        "MX_ROBUST_REQUIRE_MODEL_URI=true and MX_MODEL_URI is unset: set MX_MODEL_URI to the checkpoint, or unset "
+        "MX_ROBUST_REQUIRE_MODEL_URI"
+    )
+
+
+def test_every_problem_carries_its_remedy_in_json_and_text(tmp_path, capsys):
+    """The JSON's ``remedy`` per problem, and one "What to do" line per kind under the problems table."""
+    from helpers.checkpoints import delete_file, tiny_shards, write_checkpoint
+
+    from mx_strategies.inspect.remedies import REMEDIES
+
+    ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3))
+    delete_file(ckpt.files[1])
+    code, report = run_json(capsys, ckpt.path)
+    assert code == 1
+    assert [(p["kind"], p["remedy"]) for p in report["problems"]] == [("missing_shard", REMEDIES["missing_shard"])]
+    assert report["problems"][0]["remedy"].startswith("upload the missing file")
+    _, out, _ = run_doctor(capsys, ckpt.path)
+    lines = out.splitlines()
+    at = lines.index("What to do:")
+    assert lines[at + 1] == f"  missing_shard: {REMEDIES['missing_shard']}"

@@ -8,20 +8,119 @@ the installed console script as a user types it; one runs in-process with
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from importlib.metadata import version
 from types import SimpleNamespace
 
+from rich.console import Console
+
 from mx_strategies import activation, cli
-from mx_strategies.cli.demo import ReadsCache, bytes_column, reads_cache_line
+from mx_strategies.cli.demo import DemoResult, LoadOutcome, ReadsCache, bytes_column, reads_cache_line, render
 
 DEMO_TIMEOUT_S = 240  # 36 to 71 s measured on two busy cores; the bound only stops a hang
 # A size in decimal units (rich's default, or "700 GB" in prose): the demo prints binary units only.
 DECIMAL_SIZE = re.compile(r"\d\s?(?:kB|KB|MB|GB|TB)\b")
+
+
+# What the tables print, as a user reads them (issue 56): every column says what its figures count, and a
+# share what it is a share of; the titles name the releases the README names; ModelExpress 0.8 is simulated.
+MX = version("modelexpress")  # the installed ModelExpress, whose chain every load runs through
+CHECKPOINT_HEADERS = ["checkpoint", "naming", "shards", "tensors", "tensor bytes", "MTP draft's own tensors"]
+LOAD_HEADERS = [
+    "load",
+    "source chosen",
+    "tensors verified",
+    "weights equal to checkpoint",
+    "bytes streamed to the model (% of checkpoint tensor bytes)",
+    "bytes served by S3 (% of checkpoint tensor bytes)",
+    "load time",
+]
+TITLES = [
+    "Checkpoints (served from the local S3 server)",
+    f"With MX_STRATEGY=mx_strategies.robust, through ModelExpress {MX}'s chain",
+    "Same drafts with plain ModelExpress 0.7.0 (MX_STRATEGY unset, MX_MODEL_URI set)",
+    "Same drafts as plain ModelExpress 0.8 (simulated: its shard selection, whole shards)",
+    "Same drafts with vLLM's runai_streamer loader (no ModelExpress)",
+]
+SIMULATED_08 = (
+    "Simulated: ModelExpress 0.8 does not run here. ModelExpress 0.8's vLLM adapter's shard choice (as "
+    "mx_strategies.testing.plain_modelexpress writes it down, checked against 0.8's code in the tests) runs "
+    f"through the installed ModelExpress {MX}'s chain."
+)
+NAMES = ("qwen3-next-tiny", "deepseek-v3-tiny")
+URIS = [f"s3://mx-demo/{name}" for name in NAMES]
+SHARE = re.compile(r"^\d+(?:\.\d)? (?:B|KiB|MiB) \(\d+%\)$")  # "7.3 MiB (101%)": bytes, then their share
+
+
+def _tables(text: str) -> list[SimpleNamespace]:
+    """The tables in a demo's output as a user sees them: each one's title, its headers (each column's header
+    lines joined), its rows line by line (cells split at the rules; a wrapped cell continues on a line whose
+    first cell is empty) and what prints directly under it (the footnote, joined)."""
+    lines = text.splitlines()
+    tables = []
+    for i, line in enumerate(lines):
+        if not line.startswith("┏"):
+            continue
+        cells = lambda row, rule: [c.strip() for c in row.strip()[1:-1].split(rule)]  # noqa: E731
+        head = i + 1 + next(k for k, row in enumerate(lines[i + 1:]) if row.startswith("┡"))
+        end = head + 1 + next(k for k, row in enumerate(lines[head + 1:]) if row.startswith("└"))
+        under = []
+        for row in lines[end + 1:]:
+            if not row.strip() or row.startswith("  "):  # a blank line, or the indented lines saying why
+                break
+            under.append(row.strip())
+        title = []
+        for row in reversed(lines[:i]):  # the title: the lines above, up to a blank one
+            if not row.strip():
+                break
+            title.insert(0, row.strip())
+        header_columns = zip(*(cells(row, "┃") for row in lines[i + 1:head]))
+        tables.append(SimpleNamespace(
+            title=" ".join(title),
+            headers=[" ".join(part for part in column if part) for column in header_columns],
+            rows=[cells(row, "│") for row in lines[head + 1:end]],
+            under=" ".join(under),
+        ))  # fmt: skip
+    return tables
+
+
+def _assert_tables_say_what_they_show(text: str, full_width: bool) -> None:
+    """The titles, headers and footnotes a user reads, and names never wrapped (issue 56). ``full_width``:
+    120 columns (the demo's width when piped), where every header reads whole and no figure wraps either."""
+    tables = _tables(text)
+    assert [t.title for t in tables] == TITLES
+    checkpoints, robust, plain_07, plain_08, runai = tables
+    if full_width:
+        assert checkpoints.headers == CHECKPOINT_HEADERS
+    # Each checkpoint's URI whole on one line (it was "s3://mx-demo/deepseek-v3-tin" and "y").
+    assert [row[0] for row in checkpoints.rows if row[0]] == URIS
+    for table in (robust, plain_07, plain_08, runai):
+        loads = [row[0] for row in table.rows if row[0]]
+        roles = ("target", "draft") if table is robust else ("draft",)
+        assert loads == [f"{name} {role}" for name in NAMES for role in roles]  # whole names, in order
+        assert {row[1] for row in table.rows} <= {"model_weights", "MX_MODEL_URI", "model", ""}  # sources, whole
+        if full_width:  # every header whole, and no figure wraps: a row is one line
+            assert table.headers == LOAD_HEADERS
+            assert all(row[0] for row in table.rows)
+            for row in table.rows:
+                assert row[5] and SHARE.match(row[5]), row  # bytes served by S3, and their share
+                assert (row[4] == "-") if table is runai else SHARE.match(row[4]), row  # bytes to the model
+    # Directly under each plain table, what runs; under 0.8's, that it is simulated.
+    assert plain_08.under == SIMULATED_08
+    assert plain_07.under.startswith(f"The installed ModelExpress {MX}'s chain runs these loads, with "
+                                     "ModelExpress 0.7.0's vLLM adapter's shard choice")  # fmt: skip
+    assert "--engine vllm runs vLLM itself" in runai.under
+    # Every other mention of ModelExpress 0.8 (step lines, the lines under the table, the last lines) says so.
+    rest = " ".join(text.split()).replace(SIMULATED_08, "")
+    assert "ModelExpress 0.8" in rest
+    assert re.findall(r"ModelExpress 0\.8(?! \(simulated)", rest) == []
+    assert "0.4.1" not in text
 
 
 def _console_script() -> list[str]:
@@ -50,13 +149,18 @@ def test_console_script_demo_names_each_chosen_source(tmp_path):
 
     out = " ".join(done.stdout.split())  # undo rich's line folding
     assert done.returncode == 0, done.stdout + done.stderr
+    # What the tables say, as printed (piped: 120 columns): labelled columns, the releases named, 0.8 simulated.
+    _assert_tables_say_what_they_show(done.stdout, full_width=True)
+    assert "0.4.1" not in done.stderr
+    assert "Over 100%: S3 also serves the shards' headers, the index and config.json." in out
     for name in ("qwen3-next-tiny", "deepseek-v3-tiny"):
         uri = f"s3://mx-demo/{name}"
         assert f"{name} target: chose model_weights='{uri}'" in out
         assert f"{name} draft: passed over model=" in out
         assert f"(a config-only copy?); chose MX_MODEL_URI='{uri}'" in out
     assert out.count("Cannot find any safetensors model weights with") >= 2
-    assert "plain ModelExpress 0.7.0 pulled" in out and "plain ModelExpress 0.8 pulled" in out
+    assert "plain ModelExpress 0.7.0 pulled" in out and "plain ModelExpress 0.8 (simulated) pulled" in out
+    assert "qwen3-next-tiny draft with ModelExpress 0.8 (simulated): 7/7 weights equal to the checkpoint" in out
     # The 1.0x row says why there is nothing to save: 0.7.0's shard for the Qwen-style draft holds only mtp.*.
     assert (
         "qwen3-next-tiny draft: plain ModelExpress 0.7.0 pulled" in out
@@ -150,6 +254,10 @@ def test_demo_json_figures(capsys, monkeypatch, tmp_path):
             assert upstream_08["bytes_served"] > 3 * draft["bytes_served"]
             assert upstream_08["tensors_skipped"] > 0  # embed_tokens' and lm_head's shards, streamed and dropped
 
+        # Only 0.8 is simulated, and its loads say so in --json too.
+        assert upstream_08["simulated"] and upstream_08["simulated"].startswith("Simulated: ModelExpress 0.8 does not")
+        assert upstream["simulated"] is None and draft["simulated"] is None and runai["simulated"] is None
+
         # vLLM's runai loader on the draft's model: the config-only copy.
         assert not runai["ok"] and runai["source"] == c["config_only_copy"]
         assert runai["error"] == f"Cannot find any safetensors model weights with `{c['config_only_copy']}`"
@@ -158,7 +266,45 @@ def test_demo_json_figures(capsys, monkeypatch, tmp_path):
     assert result["reads_cache"] == {"folder": str(tmp_path / "reads"), "answers": 4, "written": 4}
 
     assert "qwen3-next-tiny draft with mx_strategies.robust" in progress
+    assert "deepseek-v3-tiny draft with ModelExpress 0.8 (simulated)" in progress
     assert DECIMAL_SIZE.findall(progress) == [] and "MiB" in progress
     # The process is left as it was found: environment, ModelExpress's chain.
     assert dict(os.environ) == environment_before
     assert activation.installed_strategy() is None
+
+
+def _result() -> DemoResult:
+    """A demo's figures as the loads leave them (qwen3-next-tiny and deepseek-v3-tiny, each 7.3 MiB)."""
+    size, draft = 7_654_321, 787_968
+    checkpoints = [dict(name=n, style=style, uri=f"s3://mx-demo/{n}", config_only_copy="/tmp/x", shards=8,
+                        empty_shards=2, tensors=58, bytes=size, draft_tensors=7, draft_bytes=draft)
+                   for n, style in zip(NAMES, ("Qwen3-Next style: mtp.* in a shard of its own",
+                                               "DeepSeek-V3 style: model.layers.{N}.* in the last shard"))]  # fmt: skip
+    loads = []
+    for n in NAMES:
+        for role, owned in (("target", 51), ("draft", 7)):
+            streamed = size - draft if role == "target" else draft
+            loads.append(LoadOutcome(n, role, "mx_strategies.robust", True, source_label="model_weights",
+                                     tensors_verified=owned, tensors_expected=owned, tensors_loaded=owned,
+                                     tensors_matching=owned, bytes_streamed=streamed, bytes_served=streamed + 30_000,
+                                     checkpoint_bytes=size, seconds=0.3, why="chose"))  # fmt: skip
+    for n in NAMES:
+        for loader, served in (("ModelExpress 0.7.0", size + 60_000), ("ModelExpress 0.8", 3 * draft)):
+            loads.append(LoadOutcome(n, "draft", loader, True, source_label="MX_MODEL_URI", tensors_expected=7,
+                                     tensors_loaded=7, tensors_matching=7, bytes_streamed=served - 30_000,
+                                     bytes_served=served, checkpoint_bytes=size, seconds=0.2,
+                                     why="whole shards"))  # fmt: skip
+        loads.append(LoadOutcome(n, "draft", "vLLM runai_streamer", False, source_label="model", tensors_expected=7,
+                                 checkpoint_bytes=size,
+                                 error="Cannot find any safetensors model weights with `x`"))  # fmt: skip
+    return DemoResult(checkpoints=checkpoints, loads=loads, seconds=9.0, reads_cache=ReadsCache(None))
+
+
+def test_tables_label_every_figure_and_keep_names_whole_at_any_width():
+    """The tables as a terminal of 80, 100 or 120 columns shows them: a narrow one wraps figures, never a name
+    (the checkpoints' URIs, the loads, the sources), and the labels and the 0.8 footnote stay."""
+    for width in (120, 100, 80):
+        stream = io.StringIO()
+        render(_result(), Console(file=stream, width=width, highlight=False, color_system=None))
+        text = stream.getvalue()
+        _assert_tables_say_what_they_show(text, full_width=width == 120)

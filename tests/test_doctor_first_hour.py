@@ -40,6 +40,13 @@ def one_line_on_stderr(err: str) -> str:
 # -- exit 2: one line on stderr, and with --json one object on stdout ---------------------------------------
 
 
+def error_object(error: str) -> dict:
+    """Exit 2's object: every key a report has (nothing inspected), the reason in ``error``."""
+    keys = ("source", "summary", "target", "draft", "settings", "engine", "chain", "modules", "strategies")
+    return {**dict.fromkeys(keys), "schema": 1, "ok": False, "shards": [], "problems": [], "exit_status": 2,
+            "error": error}  # fmt: skip
+
+
 def test_a_safetensors_file_given_for_a_folder_names_its_folder(tmp_path, capsys):
     shard = tmp_path / "model.safetensors"
     synthetic.write_shards(str(tmp_path), [{"w": torch.zeros(2)}], index=False)
@@ -52,14 +59,14 @@ def test_a_safetensors_file_given_for_a_folder_names_its_folder(tmp_path, capsys
 
     code, out, err = run_doctor(capsys, str(shard), "--json")
     assert code == 2
-    assert json.loads(out) == {"schema": 1, "ok": False, "exit_status": 2, "error": expected}
+    assert json.loads(out) == error_object(expected)
     assert one_line_on_stderr(err) == PREFIX + expected
 
 
 def test_an_argument_error_with_json_is_still_one_object(capsys):
     code, out, err = run_doctor(capsys, "--json", "--bogus")
     assert code == 2
-    assert json.loads(out) == {"schema": 1, "ok": False, "exit_status": 2, "error": "unrecognized arguments: --bogus"}
+    assert json.loads(out) == error_object("unrecognized arguments: --bogus")
     assert err.splitlines()[-1] == "mx-strategies: error: unrecognized arguments: --bogus"
 
 

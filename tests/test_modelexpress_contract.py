@@ -22,6 +22,7 @@ Two adaptations run through the file:
 from __future__ import annotations
 
 import importlib.util
+import logging
 from unittest.mock import MagicMock, patch
 
 import pytest
@@ -77,15 +78,26 @@ def test_available_with_a_model_uri(monkeypatch, uri):
         assert RobustModelStreamerStrategy().is_available(_context()) is True
 
 
-def test_unavailable_without_a_model_uri():
-    """Upstream's test_unavailable_no_context_uri (the gate is MX_MODEL_URI here)."""
-    with patch("importlib.util.find_spec", return_value=MagicMock()):
+def test_available_without_a_model_uri(caplog):
+    """By design, not upstream (whose model_streamer is gated on MX_MODEL_URI): MX_STRATEGY alone switches robust on,
+    and its chain streams the engine's own model_weights/model. Offered quietly."""
+    with patch("importlib.util.find_spec", return_value=MagicMock()), caplog.at_level(logging.INFO):
+        assert RobustModelStreamerStrategy().is_available(_context()) is True
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_the_gate_kept_by_setting_warns_what_to_set(monkeypatch, caplog):
+    """MX_ROBUST_REQUIRE_MODEL_URI=true keeps upstream's gate: without MX_MODEL_URI robust is not offered, and the
+    load says so in one warning line naming what to set (never silently)."""
+    monkeypatch.setenv("MX_ROBUST_REQUIRE_MODEL_URI", "true")
+    with patch("importlib.util.find_spec", return_value=MagicMock()), caplog.at_level(logging.INFO):
         assert RobustModelStreamerStrategy().is_available(_context()) is False
-
-
-def test_available_without_a_model_uri_when_widened(monkeypatch):
-    """By design, not upstream: MX_ROBUST_REQUIRE_MODEL_URI=false lifts the gate (the chain has other sources)."""
-    monkeypatch.setenv("MX_ROBUST_REQUIRE_MODEL_URI", "false")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        "[Worker 0] robust_model_streamer is switched on but not offered: MX_ROBUST_REQUIRE_MODEL_URI=true and "
+        "MX_MODEL_URI is unset: set MX_MODEL_URI to the checkpoint, or unset MX_ROBUST_REQUIRE_MODEL_URI; "
+        "ModelExpress's next strategy loads without robust's checks"
+    ]
+    monkeypatch.setenv("MX_MODEL_URI", "s3://bucket/model")
     with patch("importlib.util.find_spec", return_value=MagicMock()):
         assert RobustModelStreamerStrategy().is_available(_context()) is True
 

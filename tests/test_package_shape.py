@@ -45,7 +45,7 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
         "activation", "chain_guard", "engine", "errors", "inspect", "modelexpress_plugin", "observe", "patches", "plan", "releases",
         "robust", "select", "settings", "stream", "thread_pools",
     ]  # fmt: skip
-    assert below("inspect") == ["checkpoint", "jsonread", "s3_ranged", "sources", "storage"]
+    assert below("inspect") == ["checkpoint", "jsonread", "remedies", "s3_ranged", "sources", "storage"]
     assert below("select") == [
         "built_module", "coverage", "draft", "dry_run", "kept", "module_reads", "mtp_table", "name_sampling",
         "rank_share", "reads_cache", "selection", "twin",
@@ -168,5 +168,5 @@ def test_demo_without_its_extra_prints_one_line_saying_what_to_install():
     assert done.stdout == ""
     assert done.stderr.strip().splitlines() == [
         "mx-strategies demo: mx-strategies demo needs the demo extra (moto missing): "
-        "pip install 'mx-strategies[demo]'"
+        "pip install '.[demo]' in a clone of mx-strategies (or its wheel with [demo])"
     ]

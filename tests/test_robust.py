@@ -48,8 +48,11 @@ def _context(tmp_path):
     return make_context(model_config(model=str(tmp_path)), CountingAdapter(lambda: None))
 
 
-def test_gate_needs_mx_model_uri(monkeypatch, tmp_path):
+def test_offered_without_mx_model_uri_unless_the_gate_is_kept(monkeypatch, tmp_path):
+    """MX_STRATEGY alone switches robust on; MX_ROBUST_REQUIRE_MODEL_URI=true keeps upstream's gate."""
     strategy = RobustModelStreamerStrategy()
+    assert strategy.is_available(_context(tmp_path))
+    monkeypatch.setenv("MX_ROBUST_REQUIRE_MODEL_URI", "true")
     assert not strategy.is_available(_context(tmp_path))
     monkeypatch.setenv("MX_MODEL_URI", str(tmp_path))
     assert strategy.is_available(_context(tmp_path))

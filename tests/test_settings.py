@@ -37,7 +37,7 @@ def default_reads_cache(monkeypatch):
 DEFAULTS = {
     "model_uri": None,
     "source_order": ["model_weights", "model", "MX_MODEL_URI"],
-    "require_model_uri": True,
+    "require_model_uri": False,
     "guard_chain": "auto",
     "discovery_depth": 3,
     "probe_timeout_s": 20.0,
@@ -77,7 +77,7 @@ DEFAULTS = {
 NON_DEFAULTS = {
     "MX_MODEL_URI": ("s3://models/qwen3-next", "s3://models/qwen3-next"),
     "MX_ROBUST_SOURCE_ORDER": ("MX_MODEL_URI , model", ["MX_MODEL_URI", "model"]),
-    "MX_ROBUST_REQUIRE_MODEL_URI": ("false", False),
+    "MX_ROBUST_REQUIRE_MODEL_URI": ("true", True),
     "MX_ROBUST_GUARD_CHAIN": ("module", "module"),
     "MX_ROBUST_DISCOVERY_DEPTH": ("0", 0),
     "MX_ROBUST_PROBE_TIMEOUT_S": ("2.5", 2.5),
@@ -191,7 +191,7 @@ def test_toml_file(monkeypatch, tmp_path):
         'MX_MODEL_URI = "gs://models/glm"\n'
         'MX_ROBUST_DRAFT_CONVENTIONS = ["mtp_layers", "mtp"]\n'
         'MX_ROBUST_DRAFT_EXTRA_PREFIXES = "a.,b."\n'  # a comma-separated string works too
-        "MX_ROBUST_REQUIRE_MODEL_URI = false\n"
+        "MX_ROBUST_REQUIRE_MODEL_URI = true\n"
         "MX_ROBUST_DISCOVERY_DEPTH = 8\n"
         "MX_ROBUST_PROBE_TIMEOUT_S = 1\n"
         "MX_ROBUST_STREAMER_MEMORY_LIMIT = 0\n",
@@ -200,7 +200,7 @@ def test_toml_file(monkeypatch, tmp_path):
     assert settings.model_uri == "gs://models/glm"
     assert settings.draft_conventions == ["mtp_layers", "mtp"]
     assert settings.draft_extra_prefixes == ["a.", "b."]
-    assert settings.require_model_uri is False
+    assert settings.require_model_uri is True
     assert settings.discovery_depth == 8
     assert settings.probe_timeout_s == 1.0
     assert settings.streamer_memory_limit == 0

@@ -165,12 +165,11 @@ def _plain_note(release: str) -> str:
     """The footnote under a plain ModelExpress table: what runs for that release."""
     installed = _modelexpress_version()
     choice = (f"ModelExpress {release}'s vLLM adapter's shard choice (as mx_strategies.testing.plain_modelexpress "
-              f"writes it down; the tests check it against {release}'s own code)")  # fmt: skip
+              f"writes it down, checked against {release}'s code in the tests)")  # fmt: skip
     if release in SIMULATED:
-        return (f"Simulated: ModelExpress {release} does not run here. {choice}, streamed whole through the "
-                f"installed ModelExpress {installed}'s chain by the demo's stand-in engine.")
-    return (f"ModelExpress {installed}'s chain and model streamer strategy; {choice}, streamed whole by the "
-            "demo's stand-in engine.")
+        return (f"Simulated: ModelExpress {release} does not run here. {choice} runs through the installed "
+                f"ModelExpress {installed}'s chain.")
+    return f"The installed ModelExpress {installed}'s chain runs these loads, with {choice}."
 
 
 @contextmanager
@@ -555,13 +554,48 @@ def _upstream_loads(ckpts, server, display, result: DemoResult) -> None:
 # -- output --------------------------------------------------------------------
 
 
+# The loads tables' columns: (header, justify, no_wrap). Each header says what its figures count and,
+# for a share, what it is a share of; the names (load, source) never wrap.
+LOAD_COLUMNS = (
+    ("load", "left", True),
+    ("source chosen", "left", True),
+    ("tensors\nverified", "right", False),
+    ("weights\nequal to\ncheckpoint", "right", False),
+    ("bytes streamed\nto the model\n(% of checkpoint\ntensor bytes)", "right", False),
+    ("bytes served\nby S3 (% of\ncheckpoint\ntensor bytes)", "right", False),
+    ("load\ntime", "right", False),
+)
+OVER_100_NOTE = "Over 100%: S3 also serves the shards' headers, the index and config.json."
+VLLM_LOADER_NOTE = (
+    "vLLM's loader streams the draft's model_weights or model: here the config-only model_streamer/<hash> copy. "
+    "The demo's stand-in engine does what the loader does; --engine vllm runs vLLM itself."
+)
+
+
+def loads_sections() -> list[tuple[str, str, str]]:
+    """(loader, title, footnote) of each loads table, in the order they print."""
+    installed = _modelexpress_version()
+    sections = [(STRATEGY_SPEC, f"With MX_STRATEGY=mx_strategies.robust, through ModelExpress {installed}'s chain", "")]
+    for release in PLAIN_RELEASES:
+        loader = f"ModelExpress {release}"
+        if release in SIMULATED:
+            title = f"Same drafts as plain {loader} (simulated: {SIMULATED[release]})"
+        else:
+            title = f"Same drafts with plain {loader} (MX_STRATEGY unset, MX_MODEL_URI set)"
+        sections.append((loader, title, _plain_note(release)))
+    sections.append(("vLLM runai_streamer", "Same drafts with vLLM's runai_streamer loader (no ModelExpress)",
+                     VLLM_LOADER_NOTE))  # fmt: skip
+    return sections
+
+
 def render(result: DemoResult, console) -> None:
     from rich.table import Table
 
     console.print()
     table = Table(title="Checkpoints (served from the local S3 server)", title_justify="left")
-    for column in ("checkpoint", "naming", "shards", "tensors", "bytes", "MTP draft"):
-        table.add_column(column, overflow="fold")
+    for column, no_wrap in (("checkpoint", True), ("naming", False), ("shards", False), ("tensors", False),
+                            ("tensor bytes", False), ("MTP draft's own tensors", False)):  # fmt: skip
+        table.add_column(column, no_wrap=no_wrap, overflow="ellipsis" if no_wrap else "fold")
     for row in result.checkpoints:
         table.add_row(
             row["uri"],
@@ -573,16 +607,11 @@ def render(result: DemoResult, console) -> None:
         )
     console.print(table)
 
-    for loader, title in (
-        (STRATEGY_SPEC, "With MX_STRATEGY=mx_strategies.robust"),
-        ("ModelExpress 0.7.0", "Same drafts with plain ModelExpress 0.7.0 (MX_STRATEGY unset, MX_MODEL_URI set)"),
-        ("ModelExpress 0.8", "Same drafts as plain ModelExpress 0.8 selects them (its shard selection, whole shards)"),
-        ("vLLM runai_streamer", "Same drafts as vLLM's runai_streamer loader and ModelExpress <= 0.4.1 load them"),
-    ):
+    for loader, title, note in loads_sections():
         loads = [o for o in result.loads if o.loader == loader]
         if loads:
             console.print()
-            console.print(_loads_table(title, loads))
+            console.print(_loads_table(title, loads, note))
             for o in loads:
                 _explain(console, o)
 
@@ -593,18 +622,21 @@ def render(result: DemoResult, console) -> None:
         console.print(line)
 
 
-def _loads_table(title: str, loads: list[LoadOutcome]):
+def _loads_table(title: str, loads: list[LoadOutcome], note: str = ""):
+    """One loads table; ``note``, and a line on any S3 share over 100%, print directly under it."""
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
-    for column, justify in (("load", "left"), ("source", "left"), ("verified", "right"),
-                            ("weights equal", "right"), ("to model", "right"),
-                            ("S3 served", "right"), ("time", "right")):  # fmt: skip
-        table.add_column(column, justify=justify, overflow="fold", no_wrap=column in ("load", "source"))
+    def share(count: int, of: int) -> str:
+        return f"{_human(count)} ({100.0 * count / of:.0f}%)" if of else _human(count)
+
+    over_100 = any(o.checkpoint_bytes and o.bytes_served / o.checkpoint_bytes >= 1.005 for o in loads)
+    caption = "\n".join(line for line in (note, OVER_100_NOTE if over_100 else "") if line)
+    table = Table(title=title, title_justify="left", caption=caption or None, caption_justify="left")
+    for column, justify, no_wrap in LOAD_COLUMNS:
+        table.add_column(column, justify=justify, no_wrap=no_wrap, overflow="ellipsis" if no_wrap else "fold")
     for o in loads:
-        share = f" ({100.0 * o.bytes_served / o.checkpoint_bytes:.0f}%)" if o.checkpoint_bytes else ""
         if o.ok:
-            equal = f"{o.tensors_matching}/{o.tensors_expected}"
+            equal = f"{o.tensors_matching} of {o.tensors_expected}"
             equal = f"[green]{equal}[/green]" if o.tensors_matching == o.tensors_expected else f"[red]{equal}[/red]"
         else:
             equal = "[red]load failed[/red]"
@@ -613,8 +645,8 @@ def _loads_table(title: str, loads: list[LoadOutcome]):
             o.source_label or "-",
             "-" if o.tensors_verified is None else str(o.tensors_verified),
             equal,
-            f"{_human(o.bytes_streamed)} ({100.0 * o.bytes_streamed / o.checkpoint_bytes:.0f}%)" if o.ok else "-",
-            _human(o.bytes_served) + share,
+            share(o.bytes_streamed, o.checkpoint_bytes) if o.ok else "-",
+            share(o.bytes_served, o.checkpoint_bytes),
             f"{o.seconds:.2f}s",
         )
     return table
@@ -699,7 +731,8 @@ def _verdict(result: DemoResult) -> str:
                 why = (f": whole shards, {upstream.tensors_skipped} tensors of them the other model's, "
                        "where robust reads the draft's own tensors.")
             lines.append(
-                f"{upstream.checkpoint} draft: plain {upstream.loader} pulled {_human(upstream.bytes_served)} from S3, "
+                f"{upstream.checkpoint} draft: plain {loader_label(upstream.loader)} pulled "
+                f"{_human(upstream.bytes_served)} from S3, "
                 f"{upstream.bytes_served / robust.bytes_served:.1f}x what mx_strategies pulled "
                 f"({_human(robust.bytes_served)})" + why
             )

@@ -110,10 +110,13 @@ def _render(checks: list, workdir: str) -> None:
 
     console = console_for(sys.stdout)
     table = Table(title="robust (S3) against vLLM's default loader (local copy), in the real engine", title_justify="left")
-    for column, justify in (("model", "left"), ("load", "left"), ("source", "left"), ("tensors", "right"),
-                            ("streamed", "right"), ("of checkpoint", "right"), ("S3 served", "right"),
-                            ("engine start", "right")):  # fmt: skip
-        table.add_column(column, justify=justify, overflow="fold")
+    # Each header says what its figures count (and a share what it is of); the names (model, load, source) never wrap.
+    for column, justify in (("model", "left"), ("load", "left"), ("source chosen", "left"),
+                            ("tensors\nverified", "right"), ("bytes streamed\nto the model", "right"),
+                            ("% of checkpoint\ntensor bytes", "right"), ("bytes served by\nS3 (both models)", "right"),
+                            ("engine\nstart time", "right")):  # fmt: skip
+        names = column in ("model", "load", "source chosen")
+        table.add_column(column, justify=justify, no_wrap=names, overflow="ellipsis" if names else "fold")
     for check in checks:
         robust = check.robust
         engine_s = f"{robust.result.get('timings', {}).get('engine', 0.0):.0f}s" if robust is not None and robust.ok else "-"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 
 DEMO_EXTRA_MODULES = ("moto", "flask", "werkzeug")  # moto's threaded server runs on flask/werkzeug
-INSTALL_HINT = "pip install 'mx-strategies[demo]'"
+INSTALL_HINT = "pip install '.[demo]' in a clone of mx-strategies (or its wheel with [demo])"
 
 
 class MissingDemoExtra(RuntimeError):

