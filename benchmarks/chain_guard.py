@@ -10,7 +10,9 @@ headers' shapes and dtypes; the data is sparse (never read: the verdict reads he
 Figures, medians of ``reps``, per ``MX_ROBUST_GUARD_CHAIN``: ``auto`` (the default: listing, index and headers;
 the index vouches, no question), ``module`` (the module's answer asked each time: a first start) and ``module``
 with the answer kept (``MX_ROBUST_READS_CACHE_DIR``: a restart): the verdict's seconds
-(``chain_guard.folder_verdict``, what the guarded ``load`` runs once per load), and its share of an InstantTensor
+(``chain_guard.folder_verdict``, what the guarded ``load`` runs once per load); and ``after``, the check after
+InstantTensor's load (``chain_guard.checked_after``: what ``load_weights`` reported, every name the model keeps,
+against the model, and the engine's per-shard record); each with its share of an InstantTensor
 load of the 689 GB checkpoint at 35 GB/s (InstantTensor's own figure for one H200, FACTS.md; not measured here,
 no GPU).
 """
@@ -65,6 +67,7 @@ def run_chain_guard(workdir: str, reps: int) -> dict:
 
     from mx_strategies.chain_guard import folder_verdict
     from mx_strategies.settings import load_settings
+    from mx_strategies.stream import completeness
 
     from .question import build, checkpoint_names
 
@@ -93,6 +96,17 @@ def run_chain_guard(workdir: str, reps: int) -> dict:
                     verdict = folder_verdict(built.target, ctx, settings)
                     runs[mode].append(time.perf_counter() - started)
                 verdicts[mode] = verdict
+            # The check after a whole load (chain_guard.checked_after): what load_weights reported (every parameter
+            # and buffer name the model keeps, as a whole load reports them) against what the model keeps.
+            reported = completeness.LoadedNames({name for name, _ in built.target.named_parameters()} |
+                                                {name for name, _ in built.target.named_buffers()}, calls=1)  # fmt: skip
+            runs["after"] = []
+            for _ in range(reps):
+                started = time.perf_counter()
+                checked = completeness.check(built.target, reported, role="target", policy="fail")
+                completeness.check_engine_marks(built.target, role="target", policy="fail")
+                runs["after"].append(time.perf_counter() - started)
+            verdicts["after"] = SimpleNamespace(refusal=None) if checked.complete else SimpleNamespace(refusal="incomplete")
         for name in ("MX_ROBUST_READS_CACHE_DIR", "MX_ROBUST_GUARD_CHAIN"):
             os.environ.pop(name, None)
     finally:
@@ -121,7 +135,8 @@ def render_chain_guard(result: dict) -> str:
         f"{result['instant_tensor_load_s']} s for 689 GB at 35 GB/s",
     ]
     for mode, what in (("auto", "auto (default): listing, index, headers"), ("module", "module: and the module asked"),
-                       ("module_kept", "module, its answer kept (a restart)")):  # fmt: skip
+                       ("module_kept", "module, its answer kept (a restart)"),
+                       ("after", "the check after InstantTensor loaded")):  # fmt: skip
         lines.append(f"  {what:42s} {result['seconds'][mode]:.3f} s ({100 * share[mode]:.1f}%), "
                      f"verdict: {result['verdict'][mode]}")  # fmt: skip
     return "\n".join(lines)

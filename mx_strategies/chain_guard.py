@@ -9,7 +9,7 @@ and ``gds`` (after it). On a folder partly downloaded or mounted they serve
 a half-loaded model (an index naming a shard that is not there: the others
 load) or fail after touching it (a shard cut short: ``mutated=True``, the
 model rebuilt), and on an object-store ``model`` (robust streaming ``s3://``
-with ``MX_ROBUST_REQUIRE_MODEL_URI=false``) vLLM takes the URI for a hub id.
+without ``MX_MODEL_URI``) vLLM takes the URI for a hub id.
 
 With robust in the chain, each of them asks robust first, when it is about to
 run (after RDMA and the server cache missed), once per load: robust inspects
@@ -22,6 +22,19 @@ Ranks agree (``all_gather_state``): one rank's refusal keeps every rank's
 reader off, as their readers load together. ``MX_ROBUST_GUARD_CHAIN=off``
 turns this off.
 
+What robust cannot judge before a reader runs (a folder without an index under
+a module that cannot be asked) is checked after it: each folder reader, and the
+engine's default loader where vLLM skips its own check (a quantized model:
+``default_loader.py`` checks only when ``model_config.quantization`` is unset),
+has the model's ``load_weights`` report watched, and robust's model-side check
+(:func:`.stream.completeness.check`: what the model reported written against
+what it keeps, the engine's own fills and vLLM's exemptions left out; then the
+engine's per-shard record) runs when the link's weights are in, before the
+engine's post-load pass and before ModelExpress publishes them
+(:func:`checked_after`). A link that leaves a parameter unwritten fails
+``mutated=True`` with one line naming it and the parameters, and the chain
+goes on to robust. A model that reports no names is let through with one line.
+
 What it costs a whole folder is robust's inspection (``auto``, the default: the
 index vouches for what the files hold, and the headers are checked against
 it; the module is asked only where there is no index) or that and the module's
@@ -32,25 +45,34 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from modelexpress.adapter import StrategyFailed
 
 from .engine import engine_view
-from .errors import ConfigurationError, MxStrategiesError
+from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .inspect.sources import Candidate, Resolution, engine_model, resolve
 from .inspect.storage import is_object_store_uri
 from .select.built_module import BuiltModule
 from .select.selection import select_resolved
 from .settings import load_settings
+from .stream import completeness
 
 logger = logging.getLogger("modelexpress.mx_strategies.chain_guard")
 
 # ModelExpress's strategies that read the engine's own local folder and check nothing of what they loaded.
 FOLDER_READERS = ("instant_tensor", "gds")
+# The engine's own loader: vLLM's default loader checks what it loaded, except for a quantized model.
+DEFAULT_LINK = "default"
+# The adapter's hook each link calls once its weights are in (ModelExpress 0.7, inside the link's load); 0.8 calls
+# it from the chain's finalize, after load returns.
+_POST_LOAD_HOOK = {"instant_tensor": "after_weight_iter_load", "gds": "after_weight_iter_load",
+                   DEFAULT_LINK: "after_native_load"}  # fmt: skip
 SETTING = "MX_ROBUST_GUARD_CHAIN"
 _GUARDED_MARK = "__mx_strategies_guarded__"
+_ABSENT = object()
 
 
 @dataclass(frozen=True)
@@ -118,11 +140,8 @@ class _Verdicts:
 
     @staticmethod
     def _judged(model: Any, ctx: Any) -> Optional[FolderVerdict]:
-        try:
-            settings = load_settings()
-        except ConfigurationError:
-            return None  # robust skips itself with the reason; the chain runs as ModelExpress's
-        if settings.guard_chain == "off":
+        settings = _guard_settings()
+        if settings is None:
             return None
         try:
             return folder_verdict(model, ctx, settings)
@@ -143,6 +162,73 @@ class _Verdicts:
         return FolderVerdict(first.folder, f"another rank's copy: {first.refusal}")
 
 
+def _guard_settings() -> Any:
+    """The settings where the guard is on; None where it is off or the settings do not load (robust skips itself
+    with the reason, and the chain runs as ModelExpress's)."""
+    try:
+        settings = load_settings()
+    except ConfigurationError:
+        return None
+    return None if settings.guard_chain == "off" else settings
+
+
+def checks_after(name: str, ctx: Any) -> bool:
+    """Whether robust checks link ``name`` after it loads: the folder readers always, the default loader where vLLM
+    skips its own check (a quantized model)."""
+    if name in FOLDER_READERS:
+        return True
+    return name == DEFAULT_LINK and bool(getattr(getattr(ctx, "model_config", None), "quantization", None))
+
+
+@contextmanager
+def checked_after(name: str, result: Any, ctx: Any, settings: Any) -> Iterator[None]:
+    """Run link ``name``'s load inside this block: what the model's ``load_weights`` reports is watched, and robust's
+    model-side check runs once its weights are in (at the adapter's post-load hook where the link calls it inside
+    its load, ModelExpress 0.7; else when the block ends, before 0.8's finalize). A parameter left unwritten:
+    ``IncompleteModel`` (``mutated=True``), logged in one line naming the link; the chain rebuilds and goes on."""
+    model = getattr(result, "model", result)
+    adapter = getattr(ctx, "adapter", None)
+    hook_name = _POST_LOAD_HOOK[name]
+    rank = getattr(ctx, "global_rank", 0)
+    done = []
+
+    def check(loaded: completeness.LoadedNames) -> None:
+        if done:
+            return
+        done.append(True)
+        engine = engine_view(ctx)
+        warn = lambda message: logger.warning(f"[Worker {rank}] {name}: {message}")  # noqa: E731
+        try:
+            completeness.check(model, loaded, role=engine.role, policy=settings.model_completeness,
+                               filled_by_engine=BuiltModule(engine).filled_by_engine, on_warning=warn)  # fmt: skip
+            completeness.check_engine_marks(model, role=engine.role, policy=settings.model_completeness,
+                                            on_warning=warn)  # fmt: skip
+        except IncompleteModel as exc:
+            logger.warning(f"[Worker {rank}] {name} loaded {engine_model(ctx.model_config)} and robust's check after it "
+                           f"failed: {exc}; ModelExpress rebuilds the model and robust's chain loads it")  # fmt: skip
+            raise
+
+    with completeness.capture_loaded(model) as loaded:
+        hook = getattr(adapter, hook_name, None)
+        if hook is None:
+            yield
+        else:
+            def post_load(*args: Any, **kwargs: Any) -> Any:
+                check(loaded)
+                return hook(*args, **kwargs)
+
+            own = adapter.__dict__.get(hook_name, _ABSENT)
+            object.__setattr__(adapter, hook_name, post_load)
+            try:
+                yield
+            finally:
+                if own is _ABSENT:
+                    adapter.__dict__.pop(hook_name, None)
+                else:
+                    object.__setattr__(adapter, hook_name, own)
+    check(loaded)
+
+
 def _several_ranks() -> bool:
     import torch.distributed as dist
 
@@ -150,13 +236,14 @@ def _several_ranks() -> bool:
 
 
 def guarded(strategies: list, robust_name: str) -> list:
-    """``strategies`` with each folder reader asking robust's verdict before its ``load`` runs (same instances,
-    same order). Nothing changes where robust is not in the chain."""
+    """``strategies`` with each folder reader asking robust's verdict before its ``load`` runs, and the folder
+    readers and the default loader checked after (same instances, same order). Nothing changes where robust is
+    not in the chain."""
     if not any(getattr(s, "name", None) == robust_name for s in strategies):
         return strategies
     verdicts = _Verdicts()
     for strategy in strategies:
-        if getattr(strategy, "name", None) in FOLDER_READERS and not getattr(strategy.load, _GUARDED_MARK, False):
+        if getattr(strategy, "name", None) in _POST_LOAD_HOOK and not getattr(strategy.load, _GUARDED_MARK, False):
             strategy.load = _guarded_load(strategy, verdicts, robust_name)
     return strategies
 
@@ -165,18 +252,28 @@ def _guarded_load(strategy: Any, verdicts: _Verdicts, robust_name: str) -> Calla
     load = strategy.load
 
     def guarded_load(result: Any, ctx: Any) -> Any:
-        verdict = verdicts.of(getattr(result, "model", result), ctx)
-        if verdict is not None and verdict.refused:
-            message = (f"{strategy.name} kept off {verdict.folder}: robust would refuse it: {verdict.refusal}; "
-                       f"{robust_name} decides this load ({SETTING}=off lets {strategy.name} read it)")  # fmt: skip
-            logger.warning(f"[Worker {ctx.global_rank}] {message}")
-            raise StrategyFailed(message, mutated=False)
-        return load(result, ctx)
+        if strategy.name in FOLDER_READERS:
+            verdict = verdicts.of(getattr(result, "model", result), ctx)
+            if verdict is not None and verdict.refused:
+                message = (f"{strategy.name} kept off {verdict.folder}: robust would refuse it: {verdict.refusal}; "
+                           f"{robust_name} decides this load ({SETTING}=off lets {strategy.name} read it)")  # fmt: skip
+                logger.warning(f"[Worker {ctx.global_rank}] {message}")
+                raise StrategyFailed(message, mutated=False)
+        settings = _guard_settings()
+        if settings is None or not checks_after(strategy.name, ctx):
+            return load(result, ctx)
+        try:
+            with checked_after(strategy.name, result, ctx, settings):
+                result = load(result, ctx)
+        except IncompleteModel as exc:  # found after the link returned (0.8); at its post-load hook the link raises
+            raise StrategyFailed(str(exc), mutated=True) from exc
+        return result
 
     setattr(guarded_load, _GUARDED_MARK, True)
     return guarded_load
 
 
 __all__ = [
-    "FOLDER_READERS", "SETTING", "FolderVerdict", "folder_verdict", "guarded", "judge_folder",
+    "DEFAULT_LINK", "FOLDER_READERS", "SETTING", "FolderVerdict", "checked_after", "checks_after", "folder_verdict",
+    "guarded", "judge_folder",
 ]  # fmt: skip

@@ -271,3 +271,96 @@ def test_an_index_that_omits_a_tensor_the_model_needs_is_caught_when_the_module_
     monkeypatch.setenv("MX_ROBUST_GUARD_CHAIN", "auto")
     _chain(monkeypatch, target, folder)
     assert instanttensor_reads == [_shards(folder)]
+
+
+# -- checked after: what robust cannot judge before a reader runs -------------------------------------------------
+
+
+def test_a_folder_robust_cannot_judge_is_checked_after_instant_tensor_reads_it(
+    target, tmp_path, monkeypatch, caplog, robust, instanttensor_reads
+):
+    """Some shards and no index, under a module robust may not ask (MX_ROBUST_SELECTION_SOURCES without dry_run):
+    the guard cannot see what is missing and lets InstantTensor read the folder. What vLLM's ``load_weights``
+    reported is then held against what the model keeps: InstantTensor's load fails ``mutated=True`` naming the
+    link and the parameters, before the post-load pass; ModelExpress rebuilds and robust loads the whole copy."""
+    broken = _copy(target, str(tmp_path / "partial"))
+    no_index(broken)
+    whole = _copy(target, str(tmp_path / "whole"))
+    monkeypatch.setenv("MX_MODEL_URI", whole)
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    _scramble(target[1])
+
+    loaded = _chain(monkeypatch, target, broken, model_weights=whole)
+
+    assert instanttensor_reads == [_shards(broken)]  # the guard could not judge: InstantTensor read the folder
+    assert "kept off" not in caplog.text
+    (after,) = [r.getMessage() for r in caplog.records if r.name == GUARD_LOGGER]
+    assert after.startswith(f"[Worker 0] instant_tensor loaded {broken} and robust's check after it failed: target "
+                            f"model incomplete: ")  # fmt: skip
+    assert " it keeps were not written from the checkpoint: " in after and "model.layers.1." in after
+    failed = [r.getMessage() for r in caplog.records if "failed, trying next" in r.getMessage()]
+    assert [m.split(" failed")[0].split()[-1] for m in failed] == ["instant_tensor"]
+    assert CudaAlikeAdapter.reinits == 1  # mutated: ModelExpress rebuilt the model before robust
+    (report,) = [r for r in recent_reports() if r["role"] == "target"]
+    assert report["outcome"] == "loaded" and (report["source_label"], report["source"]) == ("model_weights", whole)
+    truth = target[5]
+    assert not [n for n, p in loaded.named_parameters() if not same_bytes(p.data, truth[n])]
+
+
+def test_a_whole_folder_passes_the_check_after_instant_tensor(
+    target, tmp_path, monkeypatch, caplog, robust, instanttensor_reads
+):
+    """The same module robust may not ask, a whole folder: InstantTensor serves it, checked, with no line."""
+    folder = _copy(target, str(tmp_path / "ckpt"))
+    monkeypatch.setenv("MX_MODEL_URI", folder)
+    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    _scramble(target[1])
+
+    loaded = _chain(monkeypatch, target, folder)
+
+    assert instanttensor_reads == [_shards(folder)]
+    assert not [r for r in caplog.records if r.name == GUARD_LOGGER]
+    assert not [r for r in recent_reports() if r["role"] == "target"]  # robust did not run
+    truth = target[5]
+    assert not [n for n, p in loaded.named_parameters() if not same_bytes(p.data, truth[n])]
+
+
+@pytest.mark.parametrize("switched_on", [True, False])
+def test_the_default_loader_is_checked_after_it_loads_a_quantized_model(
+    switched_on, target, tmp_path, monkeypatch, caplog, instanttensor_reads
+):
+    """vLLM's ``DefaultModelLoader.load_weights`` holds what ``load_weights`` reported against the model only when
+    ``model_config.quantization`` is unset. Here it is set (``fp8``, on the config alone: the class is built bf16, the
+    one thing stood in), and the folder holds some shards and no index: robust's own load fails over
+    (``mutated=True``), vLLM's default loader reads what is there and checks nothing. With robust on, its check after
+    the default loader fails the link naming the parameters, and the chain fails loudly; without robust, ModelExpress
+    serves the model with the missing layers at whatever values they held."""
+    if switched_on:
+        monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+        activation.register()
+    else:
+        activation.uninstall()
+    folder = _copy(target, str(tmp_path / "partial"))
+    no_index(folder)
+    monkeypatch.setattr(target[3], "quantization", "fp8")
+    _scramble(target[1])
+
+    try:
+        if switched_on:
+            with pytest.raises(RuntimeError, match="No loading strategy succeeded"):
+                _chain(monkeypatch, target, folder)
+        else:
+            loaded = _chain(monkeypatch, target, folder)
+    finally:
+        activation.uninstall()
+
+    after = [r.getMessage() for r in caplog.records if r.name == GUARD_LOGGER and "check after it failed" in r.getMessage()]
+    truth = target[5]
+    if switched_on:
+        (line,) = after
+        assert line.startswith(f"[Worker 0] default loaded {folder} and robust's check after it failed: target model "
+                               f"incomplete: ")  # fmt: skip
+        assert "model.layers.1." in line
+    else:
+        assert after == []
+        assert [n for n, p in loaded.named_parameters() if not same_bytes(p.data, truth[n])]  # served, partly wrong

@@ -467,6 +467,10 @@ def test_doctor_shows_the_chain_and_keeps_the_folder_readers_off_a_broken_folder
         assert rows[reader]["robust"].startswith(f"kept off: checkpoint {ckpt.path} is inconsistent") and missing in rows[reader]["robust"]
     assert rows["instant_tensor"]["available"] is False and rows["instant_tensor"]["why"] == "no CUDA device"
     assert rows["default"]["robust"] == "not asked (reads no local folder unchecked)"
+    assert rows["instant_tensor"]["checked_after"] == rows["gds"]["checked_after"] == (
+        "always: what load_weights reported against what the model keeps, before the post-load pass")
+    assert rows["default"]["checked_after"].startswith("where the model is quantized")
+    assert [r["name"] for r in view["strategies"] if r["checked_after"]] == ["instant_tensor", "gds", "default"]
     assert code == 1
 
     code, out, _ = run_doctor(capsys, "--model", ckpt.path)
@@ -491,6 +495,7 @@ def test_doctor_says_a_whole_folder_is_allowed_and_the_setting_turns_the_guard_o
     rows = {row["name"]: row for row in report["strategies"]["strategies"]}
     assert (rows["instant_tensor"]["available"], rows["instant_tensor"]["why"]) == (False, "MX_INSTANT_TENSOR disabled")
     assert rows["instant_tensor"]["robust"] == "not asked: MX_ROBUST_GUARD_CHAIN=off"
+    assert not [r for r in report["strategies"]["strategies"] if r["checked_after"]]  # off: neither before nor after
 
 
 def test_doctor_reads_each_strategy_by_modelexpress_own_rule_for_the_engine(tmp_path, capsys, switched_on):
@@ -528,6 +533,7 @@ def test_doctor_says_first_whether_robust_runs_on_this_node(tmp_path, capsys, mo
     }  # fmt: skip
     assert view["order"] == [n if n != "robust_model_streamer" else "model_streamer" for n in CHAIN]
     assert {row["robust"] for row in view["strategies"]} == {"not asked: robust is not switched on"}
+    assert {row["checked_after"] for row in view["strategies"]} == {None}
     _, out, _ = run_doctor(capsys, "--model", ckpt.path)
     assert out.splitlines()[0] == view["robust"]["line"]
 

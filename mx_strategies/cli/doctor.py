@@ -811,11 +811,12 @@ def _render_strategies(view: dict, console) -> None:
         return
     folder = f" (the engine's model: {view['folder']})" if view["folder"] else ""
     table = Table(title=escape(f"ModelExpress's strategy chain, in order{folder}"), title_justify="left")
-    for column in ("strategy", "here", "reads", "robust's inspection"):
+    for column in ("strategy", "here", "reads", "robust's inspection", "robust's check after it loads"):
         table.add_column(column, overflow="fold")
     for row in view["strategies"]:
         here = {True: "[green]offered[/green]", False: "[dim]not offered[/dim]", None: "at load"}[row["available"]]
-        table.add_row(row["name"], f"{here}: {escape(row['why'])}", escape(row["reads"]), escape(row["robust"]))
+        table.add_row(row["name"], f"{here}: {escape(row['why'])}", escape(row["reads"]), escape(row["robust"]),
+                      escape(row["checked_after"] or "-"))
     console.print(table)
     console.print()
 

@@ -17,7 +17,7 @@ import os
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from ..chain_guard import FOLDER_READERS, SETTING, FolderVerdict, judge_folder
+from ..chain_guard import DEFAULT_LINK, FOLDER_READERS, SETTING, FolderVerdict, judge_folder
 from ..engine import VLLM, missing_hooks
 from ..inspect.sources import Resolution
 from ..select.built_module import BuiltModule
@@ -189,6 +189,17 @@ def robust_verdict(
     return "allowed: the folder is consistent"
 
 
+def checked_after(name: str, settings: RobustSettings, door: Optional[str]) -> Optional[str]:
+    """Whether robust checks ``name`` after it loads (:func:`mx_strategies.chain_guard.checks_after`), in words; None
+    where it does not."""
+    if door is None or settings.guard_chain == "off" or name not in FOLDER_READERS + (DEFAULT_LINK,):
+        return None
+    if name == DEFAULT_LINK:
+        return ("where the model is quantized (vLLM's own check skips it then): what load_weights reported against "
+                "what the model keeps")  # fmt: skip
+    return "always: what load_weights reported against what the model keeps, before the post-load pass"
+
+
 def strategy_chain_view(
     folder: Optional[str], settings: RobustSettings, module: BuiltModule, resolution: Optional[Resolution] = None
 ) -> dict:
@@ -204,7 +215,8 @@ def strategy_chain_view(
     for name, strategy in zip(order, strategies):
         available, why = availability(strategy, settings, module.engine.engine)
         rows.append({"name": name, "available": available, "why": why, "reads": READS.get(name, "unknown (a plugin)"),
-                     "robust": robust_verdict(name, verdict, folder, settings, door)})  # fmt: skip
+                     "robust": robust_verdict(name, verdict, folder, settings, door),
+                     "checked_after": checked_after(name, settings, door)})  # fmt: skip
     robust = robust_status(strategies, switch, settings, module.engine.engine)
     return {"order": order, "error": error, "strategies": rows, "folder": folder, "robust": robust}
 
