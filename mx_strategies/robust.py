@@ -30,6 +30,7 @@ from .plan.distributed import agreed_selection, distributes
 from .plan.planning import PlannedLoad, plan_of
 from .releases import chain_finalizes
 from .select.built_module import BuiltModule
+from .select.module_reads import drop_disproved
 from .select.selection import select_resolved
 from .settings import RobustSettings, load_settings
 from .stream import completeness
@@ -262,6 +263,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             logger.warning(f"[Worker {rank}] {self.name} failed {when}: {exc}")
             if isinstance(exc, IncompleteModel):
                 logger.error(f"[Worker {rank}] {self.name} {completeness.refusal_advice(engine.role, plan.source)}")
+                drop_disproved(load.selection.answer, settings, warn)  # a kept answer the load proved wrong
             raise StrategyFailed(str(exc), mutated=mutated) from exc
         return result, stream
 

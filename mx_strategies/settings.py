@@ -410,8 +410,9 @@ class RobustSettings(BaseSettings):
         description=(
             "Folder where the dry run's answers are kept, one file per module class, parameter layout, "
             "parallel rank and checkpoint name set (a restart with the same ones asks nothing); any change "
-            "of these makes a new key. Empty turns the cache off. Put it on a volume that outlives the "
-            "pod to keep answers across restarts. A leading ~ is the loading user's home."
+            "of these makes a new key. A kept answer a load proves wrong (the model-side check fails with it) "
+            "is deleted by that load; the next asks the module again. Empty turns the cache off. Put it on a "
+            "volume that outlives the pod to keep answers across restarts. A leading ~ is the loading user's home."
         ),
     )
 

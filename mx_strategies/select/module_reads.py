@@ -22,7 +22,9 @@ Sources 2 and 3 are decided in :mod:`.selection` (they need no model); this
 module answers 1, or says why it could not (:class:`Unanswered`).
 
 The answer is cached (:mod:`.reads_cache`): a restart with the same class,
-parameters, parallel layout and checkpoint names asks nothing.
+parameters, parallel layout and checkpoint names asks nothing. A kept answer
+a load proves wrong (the model-side check fails with it) is dropped
+(:func:`drop_disproved`): the next load asks again.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class ModuleReads:
     module_class: str = ""
     seconds: float = 0.0  # time the question took (0 from the cache)
     cached: bool = False
+    kept_key: str = ""  # the reads cache's key of the kept answer it was read from (:mod:`.reads_cache`); "": asked
     note: str = ""  # for a table/convention answer: why the module could not be asked
     # Parameters the answer's names would leave in part at their init values (a stacked or fused parameter
     # the checkpoint fills only in part): the load is refused before a byte streams (coverage.Gap).
@@ -312,11 +315,30 @@ def ask_cached(
         left_out = kept["left_out"]
         names = frozenset(n for n in tensors if n not in left_out)
         return ModuleReads(names, kept["source"], left_out, kept["module_class"], time.perf_counter() - started, True,
-                           judged=kept["judged"])  # fmt: skip
+                           judged=kept["judged"], kept_key=key)  # fmt: skip
     answer = ask(model, checkpoint, settings, **how)
     if isinstance(answer, ModuleReads) and not answer.gaps:  # a refused checkpoint is asked again next time
         reads_cache.store(settings.reads_cache_dir, key, answer)
     return answer
+
+
+def drop_disproved(answer: Optional[Answer], settings: RobustSettings, on_warning: Callable[[str], None]) -> None:
+    """A load that streamed what ``answer`` selected failed the model-side check (IncompleteModel): where the
+    answer was a kept one, the load proved it wrong (a stale or edited file leaving out tensors the module reads),
+    and its file is dropped (:func:`.reads_cache.drop`), so the next load asks the module again instead of failing
+    the same way. One WARNING through ``on_warning``; never raises. An answer asked by this load is left as kept:
+    asked again, the module would answer the same."""
+    from . import reads_cache
+
+    if not isinstance(answer, ModuleReads) or not answer.cached or not answer.kept_key:
+        return
+    path, why = reads_cache.drop(settings.reads_cache_dir, answer.kept_key)
+    kept = f"kept answer {path} ({answer.module_class}) was proven wrong by this load (the model-side check failed)"
+    if why is None:
+        on_warning(f"{kept} and was dropped: the next load asks the module again")
+    else:
+        on_warning(f"{kept} but could not be dropped ({why}): the next load with it fails the same way; delete the "
+                   f"file, or point MX_ROBUST_READS_CACHE_DIR at a folder this process can write")  # fmt: skip
 
 
 def left_out_summary(left_out: Mapping[str, str], shown: int = 5) -> str:
@@ -343,5 +365,6 @@ __all__ = [
     "ask",
     "ask_cached",
     "class_name",
+    "drop_disproved",
     "left_out_summary",
 ]

@@ -17,6 +17,16 @@ Nothing is ever invalidated in place: a change of any of these is a new
 key. A file that cannot be read or does not match is ignored (and
 rewritten); a cache that cannot be written is skipped with no error.
 The whole answer is kept but its names read, which are the checkpoint's less those left out.
+
+One thing ends a kept answer under its own key: a load that used it and failed
+the model-side check (:mod:`..stream.completeness`: the model keeps parameters it
+left unwritten) proves it wrong (a stale or hand-edited file on a shared volume),
+and :func:`drop` removes its file (:func:`.module_reads.drop_disproved`), so the
+next load asks the module again instead of failing the same way.
+
+Writes and removals are atomic (a temporary file then ``os.replace``; ``unlink``):
+pods storing the same key at once leave one whole file, and a reader sees a
+whole file or none.
 """
 
 from __future__ import annotations
@@ -71,13 +81,18 @@ def cache_key(model: Any, tensors: Mapping[str, Any], context: Iterable[Any]) ->
     return digest.hexdigest()
 
 
+def path_of(folder: Path, key: str) -> Path:
+    """The file that keeps the answer for ``key`` in ``folder``."""
+    return Path(folder).expanduser() / f"{key}.json"
+
+
 def load(folder: Optional[Path], key: str) -> Optional[dict]:
     """The kept answer for ``key`` (the fields of :class:`.module_reads.ModuleReads` that :func:`store` keeps),
     or None (no cache, no file, or one that does not fit)."""
     if folder is None:
         return None
     try:
-        data = json.loads((Path(folder).expanduser() / f"{key}.json").read_text())
+        data = json.loads(path_of(folder, key).read_text())
         if data.get("format") != FORMAT or data.get("key") != key:
             return None
         return {
@@ -96,7 +111,7 @@ def store(folder: Optional[Path], key: str, answer: Any) -> Optional[Path]:
     cache is off or cannot be written."""
     if folder is None:
         return None
-    path = Path(folder).expanduser() / f"{key}.json"
+    path = path_of(folder, key)
     data = {
         "format": FORMAT,
         "key": key,
@@ -116,4 +131,27 @@ def store(folder: Optional[Path], key: str, answer: Any) -> Optional[Path]:
     return path
 
 
-__all__ = ["cache_key", "load", "store"]
+def drop(folder: Optional[Path], key: str) -> tuple[Optional[Path], Optional[str]]:
+    """Forget the kept answer for ``key``: a load proved it wrong. Its file is unlinked (atomic: a pod reading or
+    storing the key at that moment sees, or leaves, a whole file or none).
+
+    Returns (the file, None) once no file is there (removed now, or gone already); (the file, why) where it could
+    not be removed (a folder this process cannot write); (None, None) when the cache is off. Never raises. A pod
+    that stored a fresh answer under the key just before loses it too: its next load asks the module again.
+    """
+    if folder is None:
+        return None, None
+    try:
+        path = path_of(folder, key)
+    except RuntimeError as exc:  # a ~ with no home to expand it to
+        return Path(folder) / f"{key}.json", str(exc)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        return path, f"{type(exc).__name__}: {exc.strerror or exc}"
+    return path, None
+
+
+__all__ = ["cache_key", "drop", "load", "path_of", "store"]
