@@ -52,7 +52,7 @@ import pytest
 import yaml
 
 from mx_strategies.cli import build_parser
-from test_docs import FENCE, REPO, pages
+from test_docs import FENCE, REPO, fenced, pages
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -207,16 +207,9 @@ def commands_in_shell(text: str, where: str) -> list[Command]:
 
 def _fenced_lines(lines: list[str]) -> list[tuple[int, str]]:
     """``(line number, text)`` of each line inside fenced blocks, ``\\`` continuations joined."""
-    found, fence, pending, start = [], None, "", 0
-    for number, line in enumerate(lines, 1):
-        match = FENCE.match(line)
-        if match and not pending:
-            if fence is None:
-                fence = match.group(1)
-            elif match.group(1) == fence:
-                fence = None
-            continue
-        if fence is None:
+    found, pending, start = [], "", 0
+    for number, line, inside in fenced(lines):
+        if not inside:
             continue
         if not pending:
             start = number

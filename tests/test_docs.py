@@ -47,10 +47,10 @@ def pages() -> list[Path]:
     return [README, *sorted(DOCS.glob("*.md"))]
 
 
-def _outside_fences(text: str) -> list[str]:
-    """The lines of ``text`` that are not inside fenced code blocks."""
-    kept, fence = [], None
-    for line in text.splitlines():
+def fenced(lines: list[str]) -> list[tuple[int, str, bool]]:
+    """``(line number, text, inside a fenced code block)`` for each line of ``lines`` that is not a fence itself."""
+    marked, fence = [], None
+    for number, line in enumerate(lines, 1):
         match = FENCE.match(line)
         if match:
             if fence is None:
@@ -58,9 +58,13 @@ def _outside_fences(text: str) -> list[str]:
             elif match.group(1) == fence:
                 fence = None
             continue
-        if fence is None:
-            kept.append(line)
-    return kept
+        marked.append((number, line, fence is not None))
+    return marked
+
+
+def _outside_fences(text: str) -> list[str]:
+    """The lines of ``text`` that are not inside fenced code blocks."""
+    return [line for _, line, inside in fenced(text.splitlines()) if not inside]
 
 
 def github_slug(heading: str) -> str:

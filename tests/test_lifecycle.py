@@ -24,11 +24,10 @@ import modelexpress.load_strategy as chain_module
 import pytest
 import torch
 from helpers.checkpoints import reference_tensors
-from helpers.engine import CHAIN_LOGGER, CountingAdapter, RecordingModel, assert_got, make_context, messages
+from helpers.engine import CHAIN_LOGGER, FolderNativeAdapter, RecordingModel, assert_got, make_context, messages
 from helpers.engine import model_config, one_attempt, untouched, vllm_config
 from modelexpress.adapter import StrategyFailed
 from modelexpress.load_strategy import LoadResult, LoadStrategyChain
-from safetensors.torch import load_file
 
 from mx_strategies import activation
 from mx_strategies.modelexpress_plugin import PLUGIN_NAME, write_plugin
@@ -41,25 +40,13 @@ ON_08 = chain_finalizes()
 needs_08 = pytest.mark.skipif(not ON_08, reason="ModelExpress 0.7 has no load lifecycle, reloads or plugins")
 
 
-class NativeAdapter(CountingAdapter):
+class NativeAdapter(FolderNativeAdapter):
     """Also loads like the engine's own disk loader (``default`` is eligible), and counts every phase."""
 
     def __init__(self, make_model, folder: str, vllm_config=None) -> None:
-        super().__init__(make_model, vllm_config=vllm_config)
-        self.folder = folder
-        self.native_calls = 0
+        super().__init__(make_model, folder, vllm_config=vllm_config)
         self.reloads_begun = 0
         self.reloads_ended = 0
-
-    def load_via_native(self, result: LoadResult) -> LoadResult:
-        self.native_calls += 1
-        for shard in sorted(os.listdir(self.folder)):
-            if shard.endswith(".safetensors"):
-                result.model.load_weights(iter(load_file(os.path.join(self.folder, shard)).items()))
-        return result
-
-    def after_native_load(self, result: LoadResult) -> LoadResult:
-        return result
 
     def begin_streaming_reload(self, result: LoadResult) -> None:
         self.reloads_begun += 1

@@ -20,15 +20,13 @@ import os
 import pytest
 import torch
 from helpers.checkpoints import reference_tensors, tiny_shards, write_checkpoint
-from helpers.engine import CHAIN_LOGGER, STRATEGY_LOGGER, make_context, messages, model_config
-from modelexpress.load_strategy import LoadResult, LoadStrategyChain
-from safetensors.torch import load_file
+from helpers.engine import CHAIN_LOGGER, STRATEGY_LOGGER, FolderNativeAdapter, make_context, messages, model_config
+from modelexpress.load_strategy import LoadStrategyChain
 
 from mx_strategies.observe.report import clear_reports, recent_reports
 from mx_strategies.select import module_reads, reads_cache
 from mx_strategies.settings import load_settings
 from mx_strategies.stream.tensor_bytes import same_bytes
-from mx_strategies.testing.standin import StandInAdapter
 
 DROPPED = "was proven wrong by this load (the model-side check failed) and was dropped: the next load asks the module again"
 
@@ -55,26 +53,6 @@ class ReadingModel(torch.nn.Module):
         return loaded
 
 
-class NativeAdapter(StandInAdapter):
-    """The stand-in adapter that also loads as the engine's own disk loader does (ModelExpress's ``default``, the
-    chain's next strategy after robust): every shard, with safetensors. Counts its loads and the rebuilds."""
-
-    def __init__(self, make_model, folder: str) -> None:
-        super().__init__(make_model)
-        self.folder = folder
-        self.native_calls = 0
-
-    def load_via_native(self, result: LoadResult) -> LoadResult:
-        self.native_calls += 1
-        for shard in sorted(os.listdir(self.folder)):
-            if shard.endswith(".safetensors"):
-                result.model.load_weights(iter(load_file(os.path.join(self.folder, shard)).items()))
-        return result
-
-    def after_native_load(self, result: LoadResult) -> LoadResult:
-        return result
-
-
 @pytest.fixture
 def checkpoint(tmp_path, monkeypatch):
     """Two real safetensors shards (six tensors of mixed dtypes) that MX_MODEL_URI points at, and a kept-answers
@@ -88,7 +66,7 @@ def checkpoint(tmp_path, monkeypatch):
 def start(ckpt):
     """One start of the engine: a model built, ModelExpress's chain run; (the model loaded, adapter, robust's report)."""
     make = lambda: ReadingModel(ckpt.reference)  # noqa: E731
-    adapter = NativeAdapter(make, ckpt.path)
+    adapter = FolderNativeAdapter(make, ckpt.path)
     clear_reports()
     model = LoadStrategyChain.run(make(), make_context(model_config(model=ckpt.path), adapter))
     (report,) = recent_reports()

@@ -10,6 +10,7 @@ through ``model.load_weights`` as vLLM's adapter does and counts
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ import pytest
 from modelexpress import p2p_pb2
 from modelexpress.adapter import StrategyFailed
 from modelexpress.load_strategy import LoadResult, LoadStrategyChain
+from safetensors.torch import load_file
 
 from mx_strategies import activation
 from mx_strategies.engine import EngineView
@@ -73,6 +75,26 @@ def chain_load(monkeypatch, uri: str, reference, *, mc=None, names=None):
     monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
     activation.register()
     return run_chain(mc if mc is not None else model_config(), reference, names)
+
+
+class FolderNativeAdapter(CountingAdapter):
+    """The stand-in adapter that also loads as the engine's own disk loader does (ModelExpress's ``default``, the
+    chain's strategy after robust): every shard of ``folder``, with safetensors; counts its loads."""
+
+    def __init__(self, make_model, folder: str, **kwargs) -> None:
+        super().__init__(make_model, **kwargs)
+        self.folder = folder
+        self.native_calls = 0
+
+    def load_via_native(self, result: LoadResult) -> LoadResult:
+        self.native_calls += 1
+        for shard in sorted(os.listdir(self.folder)):
+            if shard.endswith(".safetensors"):
+                result.model.load_weights(iter(load_file(os.path.join(self.folder, shard)).items()))
+        return result
+
+    def after_native_load(self, result: LoadResult) -> LoadResult:
+        return result
 
 
 class InstantTensorAdapter(CountingAdapter):
