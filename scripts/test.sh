@@ -139,7 +139,7 @@ NEXT_VENV="${MX_TEST_NEXT_VENV:-.venv-vllm$(echo "$NEXT_VLLM" | awk -F. '{printf
 NEXT_SUITES=(tests/test_vllm_configs.py tests/test_mtp_architectures.py tests/test_engine_rules.py tests/test_mistral_large4_dspark.py
              tests/test_target_loads.py tests/test_whole_parameters.py tests/test_rank_share_structure.py
              tests/test_target_conformance.py tests/test_completeness.py tests/test_module_reads.py
-             tests/test_doctor_without_gpu.py)
+             tests/test_doctor_without_gpu.py tests/test_quantized_checkpoints.py)
 # Whether to run an extra venv's suites: MX_TEST_NEXT / MX_TEST_SGLANG = auto (default: when the
 # arguments select no tests, as CI's `-q -ra`), 1 always, 0 never.
 wanted() {

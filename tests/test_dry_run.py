@@ -180,6 +180,44 @@ def test_each_write_records_the_region_it_fills():
     assert Write("scale", Layout((1,), (1,), 0), frozenset({"scale"})) in run.writes  # through .item() and fill_
 
 
+def test_an_indexed_assignment_records_the_element_it_fills_not_the_parameter():
+    """``param.data[expert] = scale`` (ModelOpt NVFP4's per-expert scales in vLLM's FusedMoE): each write is its
+    own element, so no expert's scale stands for the others' and a missing one leaves a gap; an advanced index
+    (a list) selects no view and counts as the whole parameter, as before."""
+    from mx_strategies.select.coverage import Layout, Write, gaps
+    from mx_strategies.stream.write_watch import watched
+
+    class PerExpert(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scales = torch.nn.Parameter(torch.zeros(4, 2))
+
+        def load_weights(self, weights):
+            for name, tensor in weights:
+                expert, shard = (int(part) for part in name.split(".")[1:3])
+                if shard == 9:
+                    self.scales.data[[expert]] = tensor
+                else:
+                    self.scales.data[expert][shard] = tensor
+            return {"scales"}
+
+    headers = {f"experts.{e}.{s}": ((), torch.float32) for e in range(4) for s in range(2) if (e, s) != (2, 1)}
+    run = dry_run(PerExpert(), headers, timeout_s=30)
+    assert Write("scales", Layout((), (), 3), frozenset({"experts.1.1"})) in run.writes
+    assert run.read == frozenset(headers)  # none stands for another
+    (gap,) = gaps(run.layouts, run.writes, streamed=lambda name: True)
+    assert (gap.param, gap.missing, gap.missing_elements) == ("scales", ("[2, 1:2]",), 1)
+    advanced = dry_run(PerExpert(), {"experts.0.9": ((2,), torch.float32)}, timeout_s=30)
+    assert advanced.writes == (Write("scales", Layout((4, 2), (2, 1), 0), frozenset({"experts.0.9"})),)
+
+    # What the load really writes (stream.write_watch): the same regions.
+    model = PerExpert()
+    with watched(model, {"scales": Layout((4, 2), (2, 1), 0)}) as written:
+        model.load_weights((name, torch.ones(())) for name in headers)
+    assert sorted(w.view.offset for w in written.writes) == [0, 1, 2, 3, 4, 6, 7]
+    assert gaps(run.layouts, written.writes, streamed=lambda name: True)[0].missing == ("[2, 1:2]",)
+
+
 def test_a_module_that_cannot_be_copied_is_not_asked():
     class Locked(Stacked):
         def __init__(self, path):

@@ -42,7 +42,14 @@ from modelexpress.engines.vllm.adapter import build_vllm_load_context  # noqa: E
 from modelexpress.load_strategy import LoadResult, LoadStrategyChain  # noqa: E402
 from helpers.cpu_vllm import cpu_vllm_adapter  # noqa: E402
 from mtp_arch import builders  # noqa: E402
-from mtp_arch.checkpoints import draft_checkpoint, persistent_buffers, split, write_checkpoint  # noqa: E402
+from helpers import configs as helper_configs  # noqa: E402
+from mtp_arch.checkpoints import (  # noqa: E402
+    draft_checkpoint,
+    persistent_buffers,
+    random_value,
+    split,
+    write_checkpoint,
+)
 
 from mx_strategies.select import mtp_table  # noqa: E402
 from mx_strategies.engine import vllm_rules  # noqa: E402
@@ -840,22 +847,33 @@ def test_a_draft_config_with_zero_layers_is_not_reported_as_not_found():
 # -- a target leaves its MTP draft's own layers to the draft (MX_ROBUST_TARGET_SELECTION) -------------
 
 
-def target_and_draft_checkpoint(arch: str, root, seed: int = 1):
+def target_and_draft_checkpoint(arch: str, root, seed: int = 1, *, config=None, unwritten=lambda name: False):
     """vLLM's real target and draft for ``arch``, and one checkpoint holding both: the target's
     tensors from its own module (random values, split as its load_weights expects) and the draft's
-    MTP layers with their per-layer copies."""
+    MTP layers with their per-layer copies.
+
+    ``config``: the config.json to write instead of ``arch``'s tiny one (a quantized variant: its parameters
+    and scales are written as the class's load_weights reads them). ``unwritten(parameter)``: the parameters
+    no checkpoint of that kind carries (KV-cache scales left at their defaults), given no value."""
     folder = str(root / arch)
-    builders.write_config(folder, arch)
+    if config is None:
+        builders.write_config(folder, arch)
+    else:
+        helper_configs.write_config(folder, arch, configs={arch: config})
     with builders.in_process_inspection():
         built = builders.build_draft(folder, arch)
         target_config, spec, _ = builders.configs_for(folder, arch, trust_remote_code=False)
         target_vc = builders.engine_config(target_config, spec)
         target = builders.build_module(target_vc, target_config)
-    ckpt = draft_checkpoint(arch, built.module, folder)
+    hidden = target_config.hf_config.hidden_size
+    skipped = tuple(n for n, _ in built.module.named_parameters() if unwritten(n))
+    ckpt = draft_checkpoint(arch, built.module, folder, skip_params=skipped, hidden=hidden)
     generator = torch.Generator().manual_seed(seed)
     truth, tensors = {}, {}
     for name, param in target.named_parameters():
-        value = torch.randn(param.shape, generator=generator, dtype=torch.float32).to(param.dtype)
+        if unwritten(name):
+            continue
+        value = random_value(param, generator)
         truth[name] = value
         for part, piece in split(target, name, value):
             tensors[part] = piece.contiguous().clone()
@@ -866,7 +884,9 @@ def target_and_draft_checkpoint(arch: str, root, seed: int = 1):
     return folder, built, ckpt, (target, target_vc, target_config, truth, tensors), mtp
 
 
-def load_target(monkeypatch, folder, target, target_vc, target_config):
+def load_target(monkeypatch, folder, target, target_vc, target_config, role="target"):
+    """``target`` loaded from ``folder`` through ModelExpress's chain; (what the chain returned, what its
+    load_weights saw, robust's report). ``role="draft"``: a draft module with its draft ModelConfig."""
     monkeypatch.setenv("MX_MODEL_URI", folder)
     monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
     seen = observe(target)
@@ -874,7 +894,7 @@ def load_target(monkeypatch, folder, target, target_vc, target_config):
     ctx = build_vllm_load_context(target_vc, target_config)
     ctx.p2p_enabled = False
     loaded = LoadStrategyChain.run(target, ctx)
-    (report,) = [r for r in recent_reports() if r["role"] == "target"]
+    (report,) = [r for r in recent_reports() if r["role"] == role]
     return loaded, seen, report
 
 

@@ -44,6 +44,21 @@ def writes_in_place(func_name: str) -> bool:
     )
 
 
+def written_part(func_name: str, args: Sequence) -> object:
+    """The tensor an in-place write changes: ``args[0]``, or for ``t[index] = value`` (``__setitem__``) with a
+    basic index (ints, slices, ``...``, ``None``) the view ``t[index]``, not ``t`` whole: ModelOpt NVFP4's
+    per-expert scales go in as ``param.data[expert] = scale``, one element of a parameter per expert. An
+    advanced index (tensors, lists, bools) selects no view: ``t`` whole, as before."""
+    target = args[0]
+    if func_name != "__setitem__" or len(args) < 2:
+        return target
+    index = args[1]
+    parts = index if isinstance(index, tuple) else (index,)
+    if all((isinstance(p, (int, slice)) and not isinstance(p, bool)) or p is Ellipsis or p is None for p in parts):
+        return target[index]
+    return target
+
+
 @dataclass(frozen=True)
 class Layout:
     """A parameter's own view of its storage (elements)."""
@@ -292,4 +307,5 @@ def gaps(
     return found
 
 
-__all__ = ["Gap", "Layout", "MAX_INTERVALS", "Write", "describe_part", "gaps", "intervals", "unwritten", "writes_in_place"]
+__all__ = ["Gap", "Layout", "MAX_INTERVALS", "Write", "describe_part", "gaps", "intervals", "unwritten", "writes_in_place",
+           "written_part"]

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
-from .coverage import Layout, Write, writes_in_place
+from .coverage import Layout, Write, writes_in_place, written_part
 from ..thread_pools import run_inline, submits_from_this_thread
 from .twin import TwinFailed, make_twin
 
@@ -188,7 +188,7 @@ def _mode(state: _State):
             if isinstance(out, torch.Tensor):
                 record(out, name, used)
             if writes and isinstance(target, torch.Tensor):
-                record(target, name, used)
+                record(written_part(name, args), name, used)
                 if not target.is_meta and any(isinstance(a, torch.Tensor) and a.is_meta for a in args[1:]):
                     # The twin's own engine state (a non-persistent buffer, cloned with its values) given a value
                     # derived from the data-less tensors: there is no value to give; the question needs none.

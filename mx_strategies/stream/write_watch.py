@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from ..select.coverage import Layout, Write, writes_in_place
+from ..select.coverage import Layout, Write, writes_in_place, written_part
 from ..thread_pools import submits_from_this_thread
 
 
@@ -84,7 +84,7 @@ def watched(model: Any, judged: Mapping[str, Layout]) -> Iterator[Written]:
                 note(name, out)
             if args and isinstance(args[0], torch.Tensor) and writes_in_place(name):
                 target = args[0]
-                note(name, target)
+                note(name, written_part(name, args))
                 if name in ("__set__", "set_") and id(target) in by_object:
                     by_storage.setdefault(_storage(target), set()).update(by_object[id(target)])
             return result

@@ -181,29 +181,48 @@ def persistent_buffers(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]
     return [(name, buf) for name, buf in model.named_buffers() if required.get(name) == "buffer"]
 
 
+# A fused-MoE parameter (vLLM's) and the per-expert checkpoint suffix it is loaded from: the weight and, for a
+# quantized model, its scales (block FP8 weight_scale_inv, compressed-tensors / NVFP4 weight_scale, NVFP4's
+# per-tensor weight_scale_2 and input_scale).
+EXPERT_LEAF = re.compile(r"^(w13|w2)_(weight|weight_scale|weight_scale_inv|weight_scale_2|input_scale)$")
+
+
 def split(
     model: torch.nn.Module, name: str, value: torch.Tensor, fused: dict[str, tuple[str, ...]] = FUSED
 ) -> list[tuple[str, torch.Tensor]]:
-    """The checkpoint parts (module-side names) of one draft parameter's value (``fused``: ARCH_FUSED's)."""
+    """The checkpoint parts (module-side names) of one draft parameter's value (``fused``: ARCH_FUSED's).
+
+    A quantized fused projection's scales split as vLLM's loader puts them back: a row per output row
+    (channel scales, NVFP4's group scales), a row per ``weight_block_size[0]`` rows, rounded up (block FP8's
+    ``weight_scale_inv``: a shard whose rows are not a multiple of the block, as DeepSeek's 576-row
+    ``kv_a_proj_with_mqa``, has its last grid row only partly filled), or one scalar per shard (per-tensor)."""
     owner_name, leaf = name.rsplit(".", 1)
     parts = owner_name.split(".")
-    if leaf in ("w13_weight", "w2_weight") and "experts" in parts:
+    expert_leaf = EXPERT_LEAF.match(leaf)
+    if expert_leaf and "experts" in parts:
         base = ".".join(parts[: parts.index("experts") + 1])
+        stacked, suffix = expert_leaf.groups()
         out = []
         for expert in range(value.shape[0]):
-            if leaf == "w13_weight":
-                gate, up = value[expert].chunk(2, dim=0)
-                out += [(f"{base}.{expert}.gate_proj.weight", gate), (f"{base}.{expert}.up_proj.weight", up)]
+            if stacked == "w13":
+                each = value[expert]  # per-tensor scales: one per shard, written as scalars
+                gate, up = (each[0], each[1]) if each.shape == (2,) else each.chunk(2, dim=0)
+                out += [(f"{base}.{expert}.gate_proj.{suffix}", gate), (f"{base}.{expert}.up_proj.{suffix}", up)]
             else:
-                out.append((f"{base}.{expert}.down_proj.weight", value[expert]))
+                out.append((f"{base}.{expert}.down_proj.{suffix}", value[expert]))
         return out
     if parts[-1] in fused:
         owner = model.get_submodule(owner_name)
         sizes = list(getattr(owner, "output_sizes", None) or _qkv_sizes(owner))
         if parts[-1] == "qkv_proj" and len(sizes) != 3:
             sizes = _qkv_sizes(owner)
-        pieces = value.split(sizes, dim=0)
         stem = ".".join(parts[:-1])
+        if value.dim() == 1 and value.shape[0] == len(sizes) != sum(sizes):  # a per-tensor scale per shard
+            return [(f"{stem}.{part}.{leaf}", value[i]) for i, part in enumerate(fused[parts[-1]])]
+        if value.shape[0] != sum(sizes):  # a block scale grid: ceil(rows / block_n) rows per shard
+            block_n = owner.weight_block_size[0]
+            sizes = [-(-size // block_n) for size in sizes]
+        pieces = value.split(sizes, dim=0)
         assert len(pieces) == len(fused[parts[-1]]), (name, sizes)
         return [(f"{stem}.{part}.{leaf}", piece) for part, piece in zip(fused[parts[-1]], pieces)]
     return [(name, value)]
@@ -218,7 +237,9 @@ class DraftCheckpoint:
     extra: set[str] = field(default_factory=set)  # target tensors and the embedding/head copies
 
 
-def _random(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def random_value(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    if like.dtype == torch.uint8:  # packed FP4 values, E8M0 scales: every byte pattern
+        return torch.randint(0, 256, like.shape, generator=generator, dtype=torch.uint8)
     return torch.randn(like.shape, generator=generator, dtype=torch.float32).to(like.dtype)
 
 
@@ -238,14 +259,17 @@ def draft_checkpoint(
     skip_params: tuple[str, ...] = (),
     shards: int = 2,
     seed: int = 0,
+    hidden: int = 64,
 ) -> DraftCheckpoint:
-    """Write ``folder`` as a target checkpoint holding ``model``'s MTP weights under ``arch``'s names."""
+    """Write ``folder`` as a target checkpoint holding ``model``'s MTP weights under ``arch``'s names.
+
+    ``hidden``: the target's hidden size, for the target tensors and per-layer copies written around the draft."""
     generator = torch.Generator().manual_seed(seed)
     truth: dict[str, torch.Tensor] = {}
     tensors: dict[str, torch.Tensor] = {}
     owner: dict[str, str] = {}
     for name, param in list(model.named_parameters()) + persistent_buffers(model):
-        value = _random(param, generator)
+        value = random_value(param, generator)
         truth[name] = value
         if name in skip_params:
             continue
@@ -255,7 +279,6 @@ def draft_checkpoint(
             tensors[ckpt] = part.contiguous().clone()
             owner[ckpt] = name
     extra: dict[str, torch.Tensor] = {}
-    hidden = 64
     layer = TARGET_LAYER.get(arch, "model.layers.1.")
     extra[f"{layer}mlp.down_proj.weight"] = torch.randn(hidden, 128, generator=generator).to(torch.bfloat16)
     extra[f"{layer}input_layernorm.weight"] = torch.randn(hidden, generator=generator).to(torch.bfloat16)
@@ -291,4 +314,5 @@ def draft_checkpoint(
     return DraftCheckpoint(folder, truth, tensors, owner, set(tensors) - set(owner))
 
 
-__all__ = ["ARCH_EXTRAS", "ARCH_FUSED", "RENAMES", "DraftCheckpoint", "draft_checkpoint", "split", "write_checkpoint"]
+__all__ = ["ARCH_EXTRAS", "ARCH_FUSED", "EXPERT_LEAF", "RENAMES", "DraftCheckpoint", "draft_checkpoint", "random_value",
+           "split", "write_checkpoint"]
