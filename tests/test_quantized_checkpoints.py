@@ -419,3 +419,23 @@ def test_a_scale_grid_of_another_height_loads_as_vllms_own_loader_does(rows, tmp
     assert not differing(compared(module, "target"), compared(theirs, "target"))
     grid = dict(module.named_parameters())[f"{L0}self_attn.fused_qkv_a_proj.weight_scale_inv"].data
     assert same_bytes(grid[1:], tensors[name][:5])
+
+
+def test_doctor_shows_each_scale_with_its_weight(tmp_path, monkeypatch, capsys, vllm_cpu):  # noqa: F811
+    """doctor on a block-FP8 checkpoint: no scale is a problem, and the MTP draft's view and the target's hold every
+    ``weight_scale_inv`` beside the weight it scales (never a scale without its weight, nor a weight without it)."""
+    import json
+
+    from mx_strategies import cli
+
+    ckpt = quantized("fp8_block", tmp_path, monkeypatch)
+    capsys.readouterr()
+    assert cli.main(["doctor", ckpt.folder, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+
+    assert report["ok"] and not [p for p in report["problems"] if "scale" in (p["tensor"] or "")]
+    draft = set(report["draft"]["names"])
+    scales = {n for n in draft if n.endswith(".weight_scale_inv")}
+    assert scales and {n.removesuffix("_scale_inv") for n in scales} <= draft
+    quantized_weights = {n.removesuffix("_scale_inv") for n in ckpt.tensors if n.endswith(".weight_scale_inv")}
+    assert {n for n in draft if n in quantized_weights} == {n.removesuffix("_scale_inv") for n in scales}
