@@ -31,7 +31,7 @@ import inspect
 import logging
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 from .errors import ActivationError, listed
 
@@ -120,6 +120,16 @@ def _substitute(strategies: list, cls: type) -> list:
     names = [getattr(s, "name", None) for s in strategies]
     position = names.index("default") if "default" in names else len(strategies)
     return strategies[:position] + [cls()] + strategies[position:]
+
+
+def offered(settings: Any) -> tuple[bool, str]:
+    """Whether robust, switched on, may run in ModelExpress's chain, and why: ``MX_STRATEGY`` alone is enough;
+    ``MX_ROBUST_REQUIRE_MODEL_URI=true`` keeps upstream ``model_streamer``'s gate on ``MX_MODEL_URI``. The one
+    rule the load (``is_available``) and doctor both ask."""
+    if settings.require_model_uri and not settings.model_uri:
+        return False, ("MX_ROBUST_REQUIRE_MODEL_URI=true and MX_MODEL_URI is unset: set MX_MODEL_URI to the "
+                       "checkpoint, or unset MX_ROBUST_REQUIRE_MODEL_URI")  # fmt: skip
+    return True, ("MX_MODEL_URI is set" if settings.model_uri else "streams the engine's own model_weights/model")
 
 
 def installed_strategy() -> Optional[type]:

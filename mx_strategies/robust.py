@@ -19,6 +19,7 @@ from modelexpress.load_strategy.base import LoadContext, _as_load_result, regist
 from modelexpress.load_strategy.context import LoadResult
 from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStrategy
 
+from .activation import offered as robust_offered
 from .chain_guard import guarded
 from .engine import engine_view, withhold_sglang_draft
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
@@ -87,21 +88,13 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         (:mod:`.chain_guard`)."""
         return guarded(strategies, cls.name)
 
-    @staticmethod
-    def offered(settings: RobustSettings) -> tuple[bool, str]:
-        """Whether robust's own gate lets ModelExpress's chain run it, and why: for the load and doctor alike."""
-        if settings.require_model_uri and not settings.model_uri:
-            return False, ("MX_ROBUST_REQUIRE_MODEL_URI=true and MX_MODEL_URI is unset: set MX_MODEL_URI to the "
-                           "checkpoint, or unset MX_ROBUST_REQUIRE_MODEL_URI")  # fmt: skip
-        return True, ("MX_MODEL_URI is set" if settings.model_uri else "streams the engine's own model_weights/model")
-
     def is_available(self, ctx: LoadContext) -> bool:
         """Where ``model_streamer`` could stream (its ``supports_explicit_uri``: the adapter's hooks, runai
-        importable), by :meth:`offered`; never raises. Switched on and not offered: one warning naming what to set."""
+        importable), by :func:`.activation.offered`; never raises. Switched on and not offered: one warning naming what to set."""
         if not self.supports_explicit_uri(ctx):
             return False
         try:
-            offered, why = self.offered(load_settings())
+            offered, why = robust_offered(load_settings())
         except ConfigurationError as exc:
             logger.warning(f"[Worker {ctx.global_rank}] {self.name} skipped: {exc}")
             return False

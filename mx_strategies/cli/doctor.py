@@ -464,10 +464,10 @@ def chain_view(
         target = SimpleNamespace(model=target_model, model_weights=target_model_weights)
         vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(target_model_config=target))
         inputs.update({"target_model_weights": target_model_weights, "target_model": target_model})
-    from ..robust import RobustModelStreamerStrategy
+    from ..activation import offered as robust_offered
 
     cands = candidates(model_config, settings, vllm_config)
-    offered, why = RobustModelStreamerStrategy.offered(settings)
+    offered, why = robust_offered(settings)
     view: dict[str, Any] = {
         "order": list(settings.source_order),
         "inputs": inputs,

@@ -111,7 +111,7 @@ def availability(strategy: Any, settings: RobustSettings, engine: str) -> tuple[
     """Whether ``strategy`` is offered here, and why (None: doctor cannot tell without the engine)."""
     from modelexpress import envs
 
-    from ..robust import RobustModelStreamerStrategy
+    from ..activation import offered
 
     name = getattr(strategy, "name", type(strategy).__name__)
     missing = missing_hooks(engine, tuple(getattr(strategy, "requires", ())))
@@ -135,7 +135,7 @@ def availability(strategy: Any, settings: RobustSettings, engine: str) -> tuple[
         if importlib.util.find_spec("runai_model_streamer") is None:
             return False, "runai-model-streamer is not installed"
         if name == ROBUST:
-            return RobustModelStreamerStrategy.offered(settings)
+            return offered(settings)
         return (True, "MX_MODEL_URI is set") if settings.model_uri else (False, "MX_MODEL_URI is not set")
     if name == "gds":
         if not cuda_visible():
