@@ -174,7 +174,11 @@ def _guard_settings() -> Any:
 
 def checks_after(name: str, ctx: Any) -> bool:
     """Whether robust checks link ``name`` after it loads: the folder readers always, the default loader where vLLM
-    skips its own check (a quantized model)."""
+    skips its own check (a quantized model); never a layerwise reload of a live model (ModelExpress 0.8's
+    ``is_reload``: its parameters wait on the meta device until each layer is whole, which robust's check of a
+    cold load does not judge)."""
+    if getattr(ctx, "is_reload", False):
+        return False
     if name in FOLDER_READERS:
         return True
     return name == DEFAULT_LINK and bool(getattr(getattr(ctx, "model_config", None), "quantization", None))

@@ -453,6 +453,21 @@ def test_without_robust_the_chains_readers_are_not_wrapped(checkpoint):
     assert ["load" in vars(strategy) for strategy in robust_chain] == [True, False, True]
 
 
+def test_which_links_robust_checks_after_they_load():
+    """The folder readers always; the default loader only for a quantized model (vLLM checks the rest itself);
+    none on a layerwise reload of a live model (ModelExpress 0.8's is_reload), which a cold load's check cannot judge."""
+    from types import SimpleNamespace
+
+    from mx_strategies.chain_guard import checks_after
+
+    plain, fp8 = SimpleNamespace(model_config=model_config()), SimpleNamespace(model_config=model_config())
+    fp8.model_config.quantization = "fp8"
+    assert [checks_after(n, plain) for n in ("instant_tensor", "gds", "default", "rdma")] == [True, True, False, False]
+    assert checks_after("default", fp8) is True
+    fp8.is_reload = True
+    assert [checks_after(n, fp8) for n in ("instant_tensor", "gds", "default")] == [False, False, False]
+
+
 def test_one_ranks_broken_copy_keeps_every_ranks_folder_reader_off(tmp_path):
     """Two ranks (gloo, world 2), each with its own copy of the engine's folder: rank 1's lacks a shard the index
     names. Their readers load together (InstantTensor's iterator uses the ranks' group), so rank 0's whole copy is
