@@ -70,6 +70,8 @@ DEFAULT_LINK = "default"
 # it from the chain's finalize, after load returns.
 _POST_LOAD_HOOK = {"instant_tensor": "after_weight_iter_load", "gds": "after_weight_iter_load",
                    DEFAULT_LINK: "after_native_load"}  # fmt: skip
+# The links robust may check after they load (:func:`checks_after` says when): what doctor lists too.
+CHECKED_AFTER = tuple(_POST_LOAD_HOOK)
 SETTING = "MX_ROBUST_GUARD_CHAIN"
 _GUARDED_MARK = "__mx_strategies_guarded__"
 _ABSENT = object()
@@ -247,7 +249,7 @@ def guarded(strategies: list, robust_name: str) -> list:
         return strategies
     verdicts = _Verdicts()
     for strategy in strategies:
-        if getattr(strategy, "name", None) in _POST_LOAD_HOOK and not getattr(strategy.load, _GUARDED_MARK, False):
+        if getattr(strategy, "name", None) in CHECKED_AFTER and not getattr(strategy.load, _GUARDED_MARK, False):
             strategy.load = _guarded_load(strategy, verdicts, robust_name)
     return strategies
 
@@ -278,6 +280,6 @@ def _guarded_load(strategy: Any, verdicts: _Verdicts, robust_name: str) -> Calla
 
 
 __all__ = [
-    "DEFAULT_LINK", "FOLDER_READERS", "SETTING", "FolderVerdict", "checked_after", "checks_after", "folder_verdict",
-    "guarded", "judge_folder",
+    "CHECKED_AFTER", "DEFAULT_LINK", "FOLDER_READERS", "SETTING", "FolderVerdict", "checked_after", "checks_after",
+    "folder_verdict", "guarded", "judge_folder",
 ]  # fmt: skip

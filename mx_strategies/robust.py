@@ -57,7 +57,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
 
     Activated by ``MX_STRATEGY=mx_strategies.robust`` in the place of
     ``model_streamer`` (or by ModelExpress 0.8's plugin folder); offered
-    where runai-model-streamer is importable (:meth:`offered`), with or
+    where runai-model-streamer is importable (:func:`.activation.offered`), with or
     without ``MX_MODEL_URI`` unless ``MX_ROBUST_REQUIRE_MODEL_URI=true``.
 
     Unlike the parent it resolves the source through a chain

@@ -17,7 +17,7 @@ import os
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from ..chain_guard import DEFAULT_LINK, FOLDER_READERS, SETTING, FolderVerdict, judge_folder
+from ..chain_guard import CHECKED_AFTER, DEFAULT_LINK, FOLDER_READERS, SETTING, FolderVerdict, judge_folder
 from ..engine import VLLM, missing_hooks
 from ..inspect.sources import Resolution
 from ..select.built_module import BuiltModule
@@ -92,15 +92,14 @@ def switched_on(strategies: list, engine: str) -> tuple[Optional[str], str]:
     return STRATEGY_ENV, f"{STRATEGY_ENV}={spec}"
 
 
-def robust_status(strategies: list, switch: tuple[Optional[str], str], settings: RobustSettings, engine: str) -> dict:
+def robust_status(rows: list[dict], switch: tuple[Optional[str], str]) -> dict:
     """Whether robust will run on this node, in one line (``line``) and its parts: ``switched_on``, its ``door``
-    (``MX_STRATEGY`` or ``MX_LOAD_PLUGIN``), ``offered`` by robust's rule (None: not switched on), and ``why``."""
+    (``MX_STRATEGY`` or ``MX_LOAD_PLUGIN``), ``offered`` by robust's rule (its row's; None: not switched on), ``why``."""
     door, how = switch
     if door is None:
         return {"switched_on": False, "door": None, "offered": None, "runs": False, "why": how,
                 "line": f"robust will not run on this node: {how}"}  # fmt: skip
-    robust = next(s for s in strategies if getattr(s, "name", None) == ROBUST)
-    offered, why = availability(robust, settings, engine)
+    offered, why = next((row["available"], row["why"]) for row in rows if row["name"] == ROBUST)
     line = (f"robust will run on this node: switched on by {how}; offered: {why}" if offered else
             f"robust is switched on by {how} but will not run on this node: {why}")  # fmt: skip
     return {"switched_on": True, "door": door, "offered": bool(offered), "runs": bool(offered), "why": why,
@@ -192,7 +191,7 @@ def robust_verdict(
 def checked_after(name: str, settings: RobustSettings, door: Optional[str]) -> Optional[str]:
     """Whether robust checks ``name`` after it loads (:func:`mx_strategies.chain_guard.checks_after`), in words; None
     where it does not."""
-    if door is None or settings.guard_chain == "off" or name not in FOLDER_READERS + (DEFAULT_LINK,):
+    if door is None or settings.guard_chain == "off" or name not in CHECKED_AFTER:
         return None
     if name == DEFAULT_LINK:
         return ("where the model is quantized (vLLM's own check skips it then): what load_weights reported against "
@@ -217,7 +216,7 @@ def strategy_chain_view(
         rows.append({"name": name, "available": available, "why": why, "reads": READS.get(name, "unknown (a plugin)"),
                      "robust": robust_verdict(name, verdict, folder, settings, door),
                      "checked_after": checked_after(name, settings, door)})  # fmt: skip
-    robust = robust_status(strategies, switch, settings, module.engine.engine)
+    robust = robust_status(rows, switch)
     return {"order": order, "error": error, "strategies": rows, "folder": folder, "robust": robust}
 
 
