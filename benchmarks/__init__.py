@@ -18,13 +18,10 @@ Loaders, all timed in ONE process, interleaved (rotating order) over
   iterate ``get_tensors()``; nothing is kept: the ceiling;
 - ``runai_copy``: the same, copying each tensor into a preallocated model
   (what every engine does with what it is given): the like-for-like baseline;
-- ``robust``: ``mx_strategies.robust`` with its default settings (arrival-order
-  delivery) through ModelExpress's real ``LoadStrategyChain.run``, the
+- ``robust``: ``mx_strategies.robust`` with its default settings (tensors
+  delivered as runai's reads complete) through ModelExpress's real ``LoadStrategyChain.run``, the
   adapter's ``apply_weight_iter`` calling ``model.load_weights`` which copies
   into preallocated tensors;
-- ``robust_plan``: the same with ``MX_ROBUST_DELIVERY_ORDER=plan`` (the
-  opt-in plan-order delivery); the load report's ``delivery_order`` says what
-  each load did;
 - ``upstream``: ModelExpress's own ``ModelStreamerStrategy`` the same way,
   its adapter iterator built like vLLM's runai path (``list_safetensors``,
   stream everything, clone each tensor);
@@ -53,13 +50,12 @@ tables, plot, machine), :mod:`.cli` (the command line).
 
 from __future__ import annotations
 
-LOADERS = ("runai_raw", "runai_copy", "robust", "robust_plan", "upstream", "safetensors", "draft")
+LOADERS = ("runai_raw", "runai_copy", "robust", "upstream", "safetensors", "draft")
 LOCAL_ONLY = ("safetensors",)
 LABELS = {
     "runai_raw": "runai raw (iterate only)",
     "runai_copy": "runai + copy into model",
     "robust": "robust (MX chain)",
-    "robust_plan": "robust, plan-order delivery",
     "upstream": "upstream ModelStreamer (MX chain)",
     "safetensors": "safetensors load_file",
     "draft": "robust MTP draft",
@@ -71,14 +67,13 @@ LABELS = {
 OBSERVABILITY_LOADERS = ("robust_quiet", "robust_observed")
 # The robust strategy's settings per loader (its defaults otherwise).
 LOADER_ENV = {
-    "robust_plan": {"MX_ROBUST_DELIVERY_ORDER": "plan"},
     "robust_quiet": {"MX_ROBUST_PROGRESS_INTERVAL_S": "0", "MX_METRICS_ENABLED": "0"},
     "robust_observed": {"MX_ROBUST_PROGRESS_INTERVAL_S": "0.2", "MX_METRICS_ENABLED": "1"},
     "robust_runai": {"MX_ROBUST_FILE_READER": "runai"},
 }
 # Only with --file-readers (benchmarks.file_readers): robust with runai reading a local folder, warm or cold.
 FILE_READER_LOADERS = ("robust_runai",)
-ROBUST_LOADERS = ("robust", "robust_plan", "draft", *OBSERVABILITY_LOADERS, *FILE_READER_LOADERS)
+ROBUST_LOADERS = ("robust", "draft", *OBSERVABILITY_LOADERS, *FILE_READER_LOADERS)
 BASELINE = "runai_raw"
 LIKE_FOR_LIKE = "runai_copy"
 

@@ -67,7 +67,7 @@ def run_chain_guard(workdir: str, reps: int) -> dict:
 
     from mx_strategies.chain_guard import folder_verdict
     from mx_strategies.settings import load_settings
-    from mx_strategies.stream import completeness
+    from mx_strategies.verify import after as completeness
 
     from .question import build, checkpoint_names
 
@@ -103,8 +103,7 @@ def run_chain_guard(workdir: str, reps: int) -> dict:
             runs["after"] = []
             for _ in range(reps):
                 started = time.perf_counter()
-                checked = completeness.check(built.target, reported, role="target", policy="fail")
-                completeness.check_engine_marks(built.target, role="target", policy="fail")
+                checked = completeness.check(built.target, reported, role="target", policy="fail")  # and the shard marks
                 runs["after"].append(time.perf_counter() - started)
             verdicts["after"] = SimpleNamespace(refusal=None) if checked.complete else SimpleNamespace(refusal="incomplete")
         for name in ("MX_ROBUST_READS_CACHE_DIR", "MX_ROBUST_GUARD_CHAIN"):

@@ -179,7 +179,7 @@ class Site:
     shard_files: int  # every *.safetensors file, empty ones included
     empty_shards: int
     tensors: dict[str, tuple[str, list[int]]]  # name -> (safetensors dtype, shape), every loadable tensor
-    target_names: list[str]  # what a robust target streams: all but the MTP draft's own (selection.select)
+    target_names: list[str]  # what a robust target streams: all but the MTP draft's own (selection.select_tensors)
     draft_names: list[str]
     draft_names_source: str
     data_bytes: int
@@ -196,7 +196,7 @@ class Site:
         which it leaves to the draft); everything for the others (runai + copy, plain ModelExpress)."""
         if loader == "draft":
             return self.draft_names
-        if loader in ("robust", "robust_plan", "robust_quiet", "robust_observed", "robust_runai"):
+        if loader in ("robust", "robust_quiet", "robust_observed", "robust_runai"):
             return self.target_names
         return list(self.tensors)
 
@@ -218,14 +218,14 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
     otherwise the draft is what the strategy's planning picks (said so in
     ``draft_names_source``).
     """
-    from mx_strategies.inspect.checkpoint import inspect
+    from mx_strategies.inspect.index import inspect
     from mx_strategies.engine import EngineView
     from mx_strategies.errors import DraftPlanError, InconsistentCheckpoint
     from mx_strategies.plan.planning import plan_of
     from mx_strategies.select.built_module import BuiltModule
-    from mx_strategies.select.selection import select
+    from mx_strategies.select.selection import select_tensors
     from mx_strategies.settings import load_settings
-    from mx_strategies.inspect.storage import open_store
+    from mx_strategies.inspect.object_stores import open_store
 
     settings = load_settings()
     store = open_store(uri)
@@ -235,7 +235,7 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
     def planned(engine, settings):
         """The plan a load of ``engine`` streams from the target's checkpoint (the table and the conventions
         decide: no module is built here)."""
-        selection = select(checkpoint, BuiltModule(engine), settings, source_is_target=True)
+        selection = select_tensors(checkpoint, BuiltModule(engine), settings, source_is_target=True)
         return plan_of(checkpoint, selection.names, settings)
 
     try:
@@ -249,7 +249,7 @@ def describe_site(name: str, uri: str, workdir: str, reference: Optional[str], g
     try:
         draft_view = EngineView(True, "mtp", (), 1, 1, None, {})
         draft = sorted(planned(draft_view, settings).expected)
-        draft_source = "mx_strategies.select.selection.select (an MTP draft, default conventions)"
+        draft_source = "mx_strategies.select.selection.select_tensors (an MTP draft, default conventions)"
     except DraftPlanError:  # no MTP head: no draft load
         draft, draft_source = [], "none found"
     if generated:
@@ -293,7 +293,7 @@ def time_identity_recheck(plan, settings, reps: int = 3) -> float:
     """
     import statistics
 
-    from mx_strategies.inspect.checkpoint import source_changes
+    from mx_strategies.inspect.object_stores import source_changes
 
     samples = []
     for _ in range(reps):

@@ -8,7 +8,7 @@ DeepSeek-V3's released checkpoint written down as names (163 shards,
 ``benchmarks.rank_shares``). What plain ModelExpress streams comes from
 ``mx_strategies.testing.plain_modelexpress`` (each release's rule, checked
 against its own code by tests/test_plain_modelexpress.py), what robust streams
-from ``selection.select`` and ``planning.plan_of``, the functions a load selects
+from ``selection.select_tensors`` and ``planning.plan_of``, the functions a load selects
 and plans with (a draft streams its own tensors; a target's module leaves the MTP
 layer to the draft, which is applied here by the layer's names, as a rank share:
 no module is built for a names-only checkpoint).
@@ -38,7 +38,7 @@ def _compare(name: str, checkpoint, config: dict, draft_class: str) -> dict:
     from mx_strategies.engine import EngineView
     from mx_strategies.plan.planning import plan_of
     from mx_strategies.select.built_module import BuiltModule
-    from mx_strategies.select.selection import select
+    from mx_strategies.select.selection import select_tensors
     from mx_strategies.settings import load_settings
     from mx_strategies.testing.plain_modelexpress import plain_selection
 
@@ -49,7 +49,7 @@ def _compare(name: str, checkpoint, config: dict, draft_class: str) -> dict:
     from mx_strategies.select.rank_share import RankShare
 
     def planned(module):
-        return plan_of(checkpoint, select(checkpoint, module, settings, source_is_target=True).names, settings)
+        return plan_of(checkpoint, select_tensors(checkpoint, module, settings, source_is_target=True).names, settings)
 
     # What the target's module answers (its load_weights skips the MTP layers: tests/test_module_reads.py).
     n = config["num_hidden_layers"]
@@ -77,9 +77,9 @@ def _compare(name: str, checkpoint, config: dict, draft_class: str) -> dict:
 
 
 def run_plain_selection() -> dict:
-    from mx_strategies.inspect.checkpoint import inspect
+    from mx_strategies.inspect.index import inspect
     from mx_strategies.cli.demo import CHECKPOINTS, EMPTY_SHARDS, MODEL_SHAPE
-    from mx_strategies.inspect.storage import open_store
+    from mx_strategies.inspect.object_stores import open_store
     from mx_strategies.testing import synthetic
 
     from .rank_shares import CONFIG, checkpoint

@@ -213,7 +213,7 @@ def overlap(folder: str, ask) -> dict:
     from mx_strategies.inspect.sources import Candidate, resolve
     from mx_strategies.plan.planning import plan_of
     from mx_strategies.settings import load_settings
-    from mx_strategies.stream.read_ahead import ReadAhead
+    from mx_strategies.stream.read_ahead import ReadAhead, plan_head
     from mx_strategies.stream.streaming import VerifiedStream
     from mx_strategies.testing.page_cache import cold
 
@@ -238,7 +238,7 @@ def overlap(folder: str, ask) -> dict:
 
     def read_ahead_then_stream(budget: int):
         def run() -> None:
-            with ReadAhead(plan.head(budget), settings) as ahead:
+            with ReadAhead(plan_head(plan, budget), settings) as ahead:
                 ask()
                 stream(ahead)
 
@@ -305,7 +305,7 @@ def run_question(workdir: str) -> dict:
         # A restart: the same class, parameters, layout and names; the answer is kept.
         os.environ["MX_ROBUST_READS_CACHE_DIR"] = os.path.join(folder, "kept")
         kept_settings = load_settings()
-        context = ("vllm", "bench", "target", 1, 1, 0, True, tuple(kept_settings.selection_sources))
+        context = ("vllm", "bench", "target", 1, 1, 0, True, module_reads.SELECTION_ORDER)
         from vllm.config import set_current_vllm_config
 
         with set_current_vllm_config(built.vllm_config):
@@ -347,11 +347,11 @@ def run_question(workdir: str) -> dict:
 
 def watch_overhead() -> dict:
     """What the write watch adds to a load's ``load_weights``: a module of WATCH_TENSORS small parameters loaded
-    by copy, with and without :func:`mx_strategies.stream.write_watch.watched`, interleaved; medians of five."""
+    by copy, with and without :func:`mx_strategies.verify.after.watched`, interleaved; medians of five."""
     import torch
 
-    from mx_strategies.select.kept import judged_parameters
-    from mx_strategies.stream.write_watch import watched
+    from mx_strategies.verify.after import watched
+    from mx_strategies.verify.kept import judged_parameters
 
     class Many(torch.nn.Module):
         def __init__(self):

@@ -3,7 +3,7 @@
 No data: DeepSeek-V3's released checkpoint (61 layers + 1 MTP layer, 256
 routed experts, fp8 weights with 128x128-block ``weight_scale_inv``, bf16
 embeddings, norms and router) is written down as names, shapes and dtypes,
-in 163 shards as released. robust's own selection (``selection.select``, less
+in 163 shards as released. robust's own selection (``selection.select_tensors``, less
 the MTP layer as DeepseekV3ForCausalLM's own answer leaves it out, and less
 what the rank's module does not hold, then ``planning.plan_of``) decides
 each rank's share from what that rank's module holds
@@ -142,7 +142,7 @@ def run_rank_shares() -> dict:
     from mx_strategies.engine import EngineView
     from mx_strategies.plan.planning import plan_of
     from mx_strategies.select.built_module import BuiltModule
-    from mx_strategies.select.selection import select
+    from mx_strategies.select.selection import select_tensors
     from mx_strategies.settings import load_settings
 
     ckpt = checkpoint()
@@ -156,7 +156,7 @@ def run_rank_shares() -> dict:
     mtp = f"model.layers.{LAYERS}."
 
     def planned(share: RankShare):
-        selection = select(ckpt, BuiltModule(target, share=share), settings, source_is_target=True)
+        selection = select_tensors(ckpt, BuiltModule(target, share=share), settings, source_is_target=True)
         return plan_of(ckpt, selection.names, settings)
 
     before = planned(RankShare((mtp,), {}))

@@ -61,7 +61,6 @@ def summarise_site(site: Site, results: dict[str, LoaderResult], reps: int, warm
                        if isinstance(v, (int, float))}  # fmt: skip
             row["phases_median_s"] = {k[: -len("_s")]: v for k, v in figures.items() if k.endswith("_s")}
             row["metadata_bytes_read"] = figures["metadata_bytes"]
-            row["delivery_order"] = sorted({r["delivery_order"] for r in result.reports})
             row["resolve_s"] = row["phases_median_s"]["resolve"]
             row["resolve_share"] = row["resolve_s"] / result.median
             if loader != "draft":
@@ -187,7 +186,7 @@ def render_tables(report: dict) -> str:
                 f"({robust['resolve_share']:.2%} of the load), stream {p['stream'] * 1e3:.1f} ms, post-load "
                 f"{p['post_load'] * 1e3:.2f} ms; identity re-checks {robust['identity_recheck_s'] * 1e3:.1f} ms; "
                 f"inspection + verification {robust['overhead_share']:.2%}; the probe read "
-                f"{human(robust['metadata_bytes_read'])} of headers; delivery order {', '.join(robust['delivery_order'])}"
+                f"{human(robust['metadata_bytes_read'])} of headers"
             )
         draft = summary["loaders"].get("draft")
         if draft:

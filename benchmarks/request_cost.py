@@ -20,7 +20,7 @@ REPS, PER_REP = 9, 100
 
 
 def main() -> None:
-    from mx_strategies.inspect.storage import S3_CLIENT_ENV, _s3_client, _s3_reader
+    from mx_strategies.inspect.object_stores import S3_CLIENT_ENV, _s3_client, _s3_reader
     from mx_strategies.testing.loopback import S3rverS3
 
     with S3rverS3() as s3:

@@ -30,7 +30,7 @@ import torch
 
 from . import LOADER_ENV, LOCAL_ONLY, ROBUST_LOADERS, BenchError
 from .checkpoints import DTYPES, Site
-from mx_strategies.stream.tensor_bytes import same_bytes
+from mx_strategies.verify.tensor_bytes import same_bytes
 
 # The repository root: where ``python -m benchmarks`` runs a peak-memory child.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -210,11 +210,10 @@ class Harness:
 
 
 def report_figures(report: dict) -> dict:
-    """What a row keeps of one robust load's report: phase timings, header bytes, delivery order."""
+    """What a row keeps of one robust load's report: phase timings, header bytes."""
     figures = {f"{phase}_s": seconds for phase, seconds in report["timings"].items()}
     figures["metadata_bytes"] = report["metadata_bytes"]
     figures["bytes_streamed"] = report["bytes_streamed"]
-    figures["delivery_order"] = report.get("delivery_order", "plan")  # older runtimes always delivered in plan order
     return figures
 
 

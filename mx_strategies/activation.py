@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 from .errors import ActivationError, listed
 
-logger = logging.getLogger("modelexpress.mx_strategies")
+_logger = logging.getLogger("modelexpress.mx_strategies")
 
 STRATEGY_ENV = "MX_STRATEGY"
 _WRAPPED_MARK = "__mx_strategies_original__"
@@ -81,7 +81,7 @@ def resolve_strategy_class(spec: str) -> type:
 
 
 # How many LoadStrategy classes an activation error names before "(and N more)".
-OFFERS_SHOWN = 5
+_OFFERS_SHOWN = 5
 
 
 def _offers(exported: list) -> str:
@@ -89,7 +89,7 @@ def _offers(exported: list) -> str:
     if not exported:
         return "it defines no LoadStrategy subclass"
     names = sorted(c.__name__ for c in exported)
-    return f"its LoadStrategy subclasses: {listed(names, OFFERS_SHOWN)}"
+    return f"its LoadStrategy subclasses: {listed(names, _OFFERS_SHOWN)}"
 
 
 def _kind(obj: object) -> str:
@@ -217,7 +217,7 @@ def activate(spec: Optional[str] = None, *, engine: Optional[str] = None) -> Opt
     if install(cls):
         replaces = getattr(cls, "replaces", None)
         where = f"in place of {replaces!r}" if replaces else "before 'default'"
-        logger.info(f"mx-strategies: {STRATEGY_ENV}={spec} installed {cls.name!r} {where} in the ModelExpress chain")
+        _logger.info(f"mx-strategies: {STRATEGY_ENV}={spec} installed {cls.name!r} {where} in the ModelExpress chain")
     return cls
 
 
@@ -236,7 +236,7 @@ def follow_plugin(cls: type) -> type:
         apply_sglang_patches()
     if install(cls):
         replaces = getattr(cls, "replaces", None)
-        logger.info(
+        _logger.info(
             f"mx-strategies: {cls.name!r} entered the ModelExpress chain as a plugin (MX_LOAD_PLUGIN); "
             + (f"{replaces!r} leaves the chain" if replaces else "the chain is otherwise unchanged")
         )

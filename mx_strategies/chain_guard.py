@@ -27,7 +27,7 @@ a module that cannot be asked) is checked after it: each folder reader, and the
 engine's default loader where vLLM skips its own check (a quantized model:
 ``default_loader.py`` checks only when ``model_config.quantization`` is unset),
 has the model's ``load_weights`` report watched, and robust's model-side check
-(:func:`.stream.completeness.check`: what the model reported written against
+(:func:`.verify.after.after_loading`: what the model reported written against
 what it keeps, the engine's own fills and vLLM's exemptions left out; then the
 engine's per-shard record) runs when the link's weights are in, before the
 engine's post-load pass and before ModelExpress publishes them
@@ -58,9 +58,9 @@ from .inspect.storage import is_object_store_uri
 from .select.built_module import BuiltModule
 from .select.selection import select_resolved
 from .settings import load_settings
-from .stream import completeness
+from .verify.after import after_loading
 
-logger = logging.getLogger("modelexpress.mx_strategies.chain_guard")
+_logger = logging.getLogger("modelexpress.mx_strategies.chain_guard")
 
 # ModelExpress's strategies that read the engine's own local folder and check nothing of what they loaded.
 FOLDER_READERS = ("instant_tensor", "gds")
@@ -148,7 +148,7 @@ class _Verdicts:
         try:
             return folder_verdict(model, ctx, settings)
         except Exception as exc:  # noqa: BLE001 - the guard never breaks a load ModelExpress would make
-            logger.warning(f"[Worker {getattr(ctx, 'global_rank', 0)}] robust could not judge the engine's folder "
+            _logger.warning(f"[Worker {getattr(ctx, 'global_rank', 0)}] robust could not judge the engine's folder "
                            f"({type(exc).__name__}: {exc}); ModelExpress's readers read it unjudged")  # fmt: skip
             return None
 
@@ -174,7 +174,7 @@ def _guard_settings() -> Any:
     return None if settings.guard_chain == "off" else settings
 
 
-def checks_after(name: str, ctx: Any) -> bool:
+def _checks_after(name: str, ctx: Any) -> bool:
     """Whether robust checks link ``name`` after it loads: the folder readers always, the default loader where vLLM
     skips its own check (a quantized model); never a layerwise reload of a live model (ModelExpress 0.8's
     ``is_reload``: its parameters wait on the meta device until each layer is whole, which robust's check of a
@@ -196,31 +196,30 @@ def checked_after(name: str, result: Any, ctx: Any, settings: Any) -> Iterator[N
     adapter = getattr(ctx, "adapter", None)
     hook_name = _POST_LOAD_HOOK[name]
     rank = getattr(ctx, "global_rank", 0)
-    done = []
+    engine = engine_view(ctx)
+    said = []
 
-    def check(loaded: completeness.LoadedNames) -> None:
-        if done:
-            return
-        done.append(True)
-        engine = engine_view(ctx)
-        warn = lambda message: logger.warning(f"[Worker {rank}] {name}: {message}")  # noqa: E731
-        try:
-            completeness.check(model, loaded, role=engine.role, policy=settings.model_completeness,
-                               filled_by_engine=BuiltModule(engine).filled_by_engine, on_warning=warn)  # fmt: skip
-            completeness.check_engine_marks(model, role=engine.role, policy=settings.model_completeness,
-                                            on_warning=warn)  # fmt: skip
-        except IncompleteModel as exc:
-            logger.warning(f"[Worker {rank}] {name} loaded {engine_model(ctx.model_config)} and robust's check after it "
-                           f"failed: {exc}; ModelExpress rebuilds the model and robust's chain loads it")  # fmt: skip
-            raise
+    def failed(exc: IncompleteModel) -> None:
+        if not said:
+            said.append(True)
+            _logger.warning(f"[Worker {rank}] {name} loaded {engine_model(ctx.model_config)} and robust's check after "
+                            f"it failed: {exc}; ModelExpress rebuilds the model and robust's chain loads it")  # fmt: skip
 
-    with completeness.capture_loaded(model) as loaded:
-        hook = getattr(adapter, hook_name, None)
-        if hook is None:
-            yield
-        else:
+    try:
+        with after_loading(model, role=engine.role, policy=settings.model_completeness,
+                           filled_by_engine=BuiltModule(engine).filled_by_engine,
+                           on_warning=lambda message: _logger.warning(f"[Worker {rank}] {name}: {message}")) as check:
+            hook = getattr(adapter, hook_name, None)
+            if hook is None:
+                yield
+                return
+
             def post_load(*args: Any, **kwargs: Any) -> Any:
-                check(loaded)
+                try:
+                    check()
+                except IncompleteModel as exc:
+                    failed(exc)
+                    raise
                 return hook(*args, **kwargs)
 
             own = adapter.__dict__.get(hook_name, _ABSENT)
@@ -232,7 +231,9 @@ def checked_after(name: str, result: Any, ctx: Any, settings: Any) -> Iterator[N
                     adapter.__dict__.pop(hook_name, None)
                 else:
                     object.__setattr__(adapter, hook_name, own)
-    check(loaded)
+    except IncompleteModel as exc:
+        failed(exc)
+        raise
 
 
 def _several_ranks() -> bool:
@@ -263,10 +264,10 @@ def _guarded_load(strategy: Any, verdicts: _Verdicts, robust_name: str) -> Calla
             if verdict is not None and verdict.refused:
                 message = (f"{strategy.name} kept off {verdict.folder}: robust would refuse it: {verdict.refusal}; "
                            f"{robust_name} decides this load ({SETTING}=off lets {strategy.name} read it)")  # fmt: skip
-                logger.warning(f"[Worker {ctx.global_rank}] {message}")
+                _logger.warning(f"[Worker {ctx.global_rank}] {message}")
                 raise StrategyFailed(message, mutated=False)
         settings = _guard_settings()
-        if settings is None or not checks_after(strategy.name, ctx):
+        if settings is None or not _checks_after(strategy.name, ctx):
             return load(result, ctx)
         try:
             with checked_after(strategy.name, result, ctx, settings):
@@ -278,8 +279,3 @@ def _guarded_load(strategy: Any, verdicts: _Verdicts, robust_name: str) -> Calla
     setattr(guarded_load, _GUARDED_MARK, True)
     return guarded_load
 
-
-__all__ = [
-    "CHECKED_AFTER", "DEFAULT_LINK", "FOLDER_READERS", "SETTING", "FolderVerdict", "checked_after", "checks_after",
-    "folder_verdict", "guarded", "judge_folder",
-]  # fmt: skip

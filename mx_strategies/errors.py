@@ -57,7 +57,7 @@ class ActivationError(ConfigurationError):
 class StoreError(MxStrategiesError):
     """A storage location could not be listed or read; the message names it. An object store's access error
     also names, on the same line, the variables its client read, those set, what to set next and the section
-    of docs/troubleshooting.md about that store (:func:`mx_strategies.inspect.storage.access_error`)."""
+    of docs/troubleshooting.md about that store (:func:`mx_strategies.inspect.access_hints.access_error`)."""
 
 
 class NoCheckpoint(MxStrategiesError):

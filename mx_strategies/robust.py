@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
@@ -23,7 +23,7 @@ from .activation import offered as robust_offered
 from .chain_guard import guarded
 from .engine import engine_view, withhold_sglang_draft
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
-from .inspect.sources import Candidate, Resolution, candidates, resolve
+from .inspect.sources import Candidate, candidates, resolve
 from .observe import progress, telemetry
 from .observe.failures import recorded_failures
 from .observe.report import attach, load_timings, planned_lines, report_of
@@ -34,13 +34,12 @@ from .select.built_module import BuiltModule
 from .select.module_reads import drop_disproved
 from .select.selection import select_resolved
 from .settings import RobustSettings, load_settings
-from .stream import completeness
-from .stream.delivery import deliver
 from .stream.file_reader import RUNAI, ReaderChoice, choose_reader
-from .stream.read_ahead import ReadAhead
+from .stream.read_ahead import ReadAhead, start_read_ahead
 from .stream.streaming import VerifiedStream
+from .verify.after import after_loading
 
-logger = logging.getLogger("modelexpress.strategy_robust_model_streamer")
+_logger = logging.getLogger("modelexpress.strategy_robust_model_streamer")
 
 
 @dataclass(frozen=True)
@@ -96,10 +95,10 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         try:
             offered, why = robust_offered(load_settings())
         except ConfigurationError as exc:
-            logger.warning(f"[Worker {ctx.global_rank}] {self.name} skipped: {exc}")
+            _logger.warning(f"[Worker {ctx.global_rank}] {self.name} skipped: {exc}")
             return False
         if not offered:
-            logger.warning(f"[Worker {ctx.global_rank}] {self.name} is switched on but not offered: {why}; "
+            _logger.warning(f"[Worker {ctx.global_rank}] {self.name} is switched on but not offered: {why}; "
                            f"ModelExpress's next strategy loads without robust's checks")  # fmt: skip
         return offered
 
@@ -129,7 +128,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         engine = engine_view(ctx)
         distributed, not_distributed = distributes(engine, envs.MX_MS_DISTRIBUTED)
         if envs.MX_MS_DISTRIBUTED and not distributed:
-            logger.info(f"[Worker {rank}] {engine.role} streams on its own, not distributed: {not_distributed}")
+            _logger.info(f"[Worker {rank}] {engine.role} streams on its own, not distributed: {not_distributed}")
         module = BuiltModule.of(result.model, engine, settings, rank)
         if module.bypassed:
             self._refuse(rank, f"{engine.role} load not started: {'; '.join(module.bypassed)}")
@@ -141,13 +140,18 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                     (resolution, selection, shares), reader = agreed, ReaderChoice(RUNAI, "a distributed load")
                 else:
                     resolution, shares = resolve(cands, settings), None
-                    reader, ahead = self._readers(early, rank, resolution, module, settings)
+                    whole = plan_of(resolution.checkpoint, None, settings)
+                    reader = choose_reader(whole.uris, settings.file_reader)
+                    _logger.info(f"[Worker {rank}] {engine.role} files read by {reader.reader}: {reader.why}")
+                    if reader.reader == RUNAI:  # runai reads ahead while the module is asked; the page cache does not
+                        say = lambda message: _logger.info(f"[Worker {rank}] {message}")  # noqa: E731
+                        ahead = start_read_ahead(early, whole, resolution, module, settings, say)
                     selection = select_resolved(resolution, module, settings)  # the question, as runai reads ahead
             except MxStrategiesError as exc:
                 self._refuse(rank, f"{engine.role} load not started: {exc}", exc)
             load = PlannedLoad.of(resolution, selection, settings, shares)
             for level, line in planned_lines(load):
-                logger.log(level, f"[Worker {rank}] {line}")
+                _logger.log(level, f"[Worker {rank}] {line}")
             planned = time.perf_counter()
             result, stream = self._stream(result, ctx, load, settings, module, distributed, ahead, reader)
         self._streamed = _Streamed(load, stream, (started, planned, time.perf_counter()))
@@ -159,9 +163,9 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
 
     def _refuse(self, rank: int, message: str, cause: Optional[Exception] = None, level: int = logging.WARNING) -> None:
         """Give the load up before the model is touched: ``mutated=False``, the chain's next strategy loads."""
-        logger.log(level, f"[Worker {rank}] {self.name} {message}")
+        _logger.log(level, f"[Worker {rank}] {self.name} {message}")
         if getattr(cause, "remedy", None):
-            logger.log(level, f"[Worker {rank}] {self.name}: what to do: {cause.remedy}")
+            _logger.log(level, f"[Worker {rank}] {self.name}: what to do: {cause.remedy}")
         raise StrategyFailed(str(cause) if cause is not None else message, mutated=False) from cause
 
     # -- the load's end: once, whichever ModelExpress runs it -----------------
@@ -201,61 +205,40 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         envelopes = [result, processed] if isinstance(processed, LoadResult) and processed is not result else [result]
         attach(report, *envelopes)
         telemetry.record_load(report, ctx, engine=engine_view(ctx).engine, ended=finished)
-        logger.info(f"[Worker {ctx.global_rank}] {report.summary()}")
+        _logger.info(f"[Worker {ctx.global_rank}] {report.summary()}")
         return envelopes[-1]
 
     def _publish_07(self, result: LoadResult, ctx: LoadContext) -> None:
         """ModelExpress 0.7: register the loaded tensors for peer-to-peer transfer, as its strategies do."""
         withheld = withhold_sglang_draft(ctx, engine_view(ctx))
         if withheld:
-            logger.warning(f"[Worker {ctx.global_rank}] {withheld}")
+            _logger.warning(f"[Worker {ctx.global_rank}] {withheld}")
         register_tensors(result, ctx)
-
-    @staticmethod
-    def _readers(
-        early: ExitStack, rank: int, resolution: Resolution, module: BuiltModule, settings: RobustSettings
-    ) -> tuple[ReaderChoice, Optional[ReadAhead]]:
-        """Who reads the files (:func:`.stream.file_reader.choose_reader`), and runai reading ahead while the module
-        is asked: the head of the selection made without asking, less what only the answer settles
-        (``Selection.uncertain``); what is read early, never what is delivered. No read-ahead from the page cache."""
-        reader = choose_reader(plan_of(resolution.checkpoint, None, settings).uris, settings.file_reader)
-        logger.info(f"[Worker {rank}] {module.engine.role} files read by {reader.reader}: {reader.why}")
-        if reader.reader != RUNAI:
-            return reader, None
-        head = None
-        with suppress(MxStrategiesError):  # the answered selection says why, or does without
-            foreseen = select_resolved(resolution, module, settings, ask=False) if settings.read_ahead_bytes else None
-            plan = plan_of(resolution.checkpoint, foreseen.names, settings) if foreseen else None
-            head = plan.head(settings.read_ahead_bytes, foreseen.uncertain) if plan else None
-        ahead = early.enter_context(ReadAhead(head, settings, loader_extra_config=module.engine.loader_extra_config))
-        if ahead.failed:
-            logger.info(f"[Worker {rank}] {module.engine.role}: runai did not read ahead while the module was "
-                        f"asked ({ahead.failed}); streaming after its answer")  # fmt: skip
-        return reader, ahead
 
     def _stream(
         self, result: LoadResult, ctx: LoadContext, load: PlannedLoad, settings: RobustSettings, module: BuiltModule,
         distributed: bool, ahead: Optional[ReadAhead], reader: ReaderChoice,
     ) -> tuple[LoadResult, VerifiedStream]:
-        """Stream the plan into the model, watched and checked (:func:`.stream.delivery.deliver`)."""
+        """Stream the plan into the model, watched and checked (:func:`.verify.after.after_loading`)."""
         rank, engine, plan = ctx.global_rank, module.engine, load.plan
-        warn = lambda message: logger.warning(f"[Worker {rank}] {message}")  # noqa: E731
+        warn = lambda message: _logger.warning(f"[Worker {rank}] {message}")  # noqa: E731
         stream = VerifiedStream(plan, settings, device=str(ctx.target_device) if distributed else "cpu",
                                 distributed=distributed, loader_extra_config=engine.loader_extra_config,
                                 on_warning=warn, progress=progress.for_load(plan, settings, ctx, engine.role),
                                 carrier=load.carrier, read_ahead=ahead, reader=reader)  # fmt: skip
         try:
-            result = deliver(stream, result, ctx.adapter.apply_weight_iter, role=engine.role, settings=settings,
-                             filled_by_engine=module.filled_by_engine, on_warning=warn)  # fmt: skip
+            with after_loading(result.model, role=engine.role, policy=settings.model_completeness, stream=stream,
+                               filled_by_engine=module.filled_by_engine, on_warning=warn):  # fmt: skip
+                result = ctx.adapter.apply_weight_iter(result, stream.tensors())
         except Exception as exc:
             # Once the engine's weight loading holds the stream, what it did before failing is not ours to know (a
             # load_weights may change the model before it takes a tensor): mutated, as ModelExpress judges any failure
             # out of apply_weight_iter. Before that, our errors know; nothing else of ours writes the model.
             mutated = stream.handed_over or (exc.mutated if isinstance(exc, MxStrategiesError) else False)
             when = "after the engine's weight loading began" if mutated else "before the engine's weight loading began"
-            logger.warning(f"[Worker {rank}] {self.name} failed {when}: {exc}")
+            _logger.warning(f"[Worker {rank}] {self.name} failed {when}: {exc}")
             if isinstance(exc, IncompleteModel):
-                logger.error(f"[Worker {rank}] {self.name} {completeness.refusal_advice(engine.role, plan.source)}")
+                _logger.error(f"[Worker {rank}] {self.name} {exc.remedy}")
                 drop_disproved(load.selection.answer, settings, warn)  # a kept answer the load proved wrong
             raise StrategyFailed(str(exc), mutated=mutated) from exc
         return result, stream

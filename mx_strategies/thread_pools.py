@@ -3,7 +3,7 @@
 Torch function modes are per thread, and engines' loaders hand work to a
 ``ThreadPoolExecutor`` (SGLang's DeepSeek loader submits each
 ``weight_loader`` call). The dry run (:mod:`.dry_run`) runs such work inline,
-so its recorder sees it; the write watch (:mod:`.write_watch`) runs it in the
+so its recorder sees it; the write watch (:func:`.verify.after.watched`) runs it in the
 pool under a watch of its own. Both go through :func:`submits_from_this_thread`.
 """
 
@@ -15,11 +15,11 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 # submit(real_submit, pool, fn, *args, **kwargs) -> Future
-Submit = Callable[..., "concurrent.futures.Future[Any]"]
+_Submit = Callable[..., "concurrent.futures.Future[Any]"]
 
 
 @contextmanager
-def submits_from_this_thread(submit: Submit) -> Iterator[None]:
+def submits_from_this_thread(submit: _Submit) -> Iterator[None]:
     """While open, ``ThreadPoolExecutor.submit`` called from this thread goes through ``submit``.
 
     ``submit`` gets the real ``submit`` first, then the pool, the function and
@@ -51,4 +51,4 @@ def run_inline(real_submit, pool, fn, /, *args, **kwargs) -> "concurrent.futures
     return future
 
 
-__all__ = ["Submit", "run_inline", "submits_from_this_thread"]
+__all__ = [ "run_inline", "submits_from_this_thread"]

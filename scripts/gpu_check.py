@@ -24,7 +24,7 @@ import tempfile
 import time
 
 import torch
-from mx_strategies.stream.tensor_bytes import same_bytes
+from mx_strategies.verify.tensor_bytes import same_bytes
 
 
 def main() -> int:
@@ -127,7 +127,7 @@ def main() -> int:
         model, adapter = run(Cfg(model=ck.path, model_weights=None, runner_type="generate", hf_config=None), ck.tensors, ck.tensors)
         # The target gets what the strategy plans for it: everything but the MTP layer, which the draft streams.
         target_selection, target_plan = planned(ck.path)
-        assert target_selection.left_to_draft, "the target selection should leave the MTP layer to the draft"
+        assert target_selection.of_kind("left_to_draft"), "the target selection should leave the MTP layer to the draft"
         figures["target_ok"] = equal(model, ck.path, set(target_plan.expected)) and adapter.reinit_calls == 0
         cache = config_only_copy(ck.path, os.path.join(work, "cache"))
         vcfg = Cfg(speculative_config=Cfg(method="mtp", target_model_config=None), parallel_config=Cfg(tensor_parallel_size=1, pipeline_parallel_size=1))

@@ -15,20 +15,24 @@ used in :class:`~mx_strategies.settings.ConfigurationError` messages.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, get_origin
+from typing import Any, Optional
 
 
-from mx_strategies.settings import CONFIG_FILE_ENV, RobustSettings, _unwrap_optional, allowed_text
+from mx_strategies.settings import CONFIG_FILE_ENV, RETIRED, RobustSettings
+from mx_strategies.settings_errors import allowed_text
 
 WIDTH = 79
 ENV_EXAMPLE = Path("configs/robust.env.example")
 TOML_EXAMPLE = Path("configs/robust.toml.example")
 SETTINGS_DOC = Path("docs/settings.md")
+# The table of the test that shows what each setting changes (``SHOWN_BY``), checked by that file itself.
+SETTINGS_TESTS = Path(__file__).resolve().parents[1] / "tests" / "test_settings.py"
 REGENERATE = "python scripts/settings_doc.py --write"
 
 
@@ -41,6 +45,9 @@ class SettingDoc:
     description: str
     allowed: str  # "an integer from 0 to 8", "one of fail, warn", ...
     default: Any  # the Python default (None = unset)
+    who: str  # the operator who would set it, and why
+    test: str  # the test that shows what it changes (tests/test_x.py::test_y)
+    is_list: bool
 
     @property
     def default_env(self) -> str:
@@ -76,26 +83,36 @@ class SettingDoc:
         return self.default_env or "(empty)"
 
 
+def shown_by() -> dict[str, str]:
+    """tests/test_settings.py's ``SHOWN_BY``: each setting's variable -> the test that shows what it changes."""
+    tree = ast.parse(SETTINGS_TESTS.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SHOWN_BY" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise SystemExit(f"{SETTINGS_TESTS} holds no SHOWN_BY table")
+
+
 def setting_docs() -> list[SettingDoc]:
-    """One :class:`SettingDoc` per field, in declaration order."""
+    """One :class:`SettingDoc` per field, in declaration order; what each allows is read from pydantic's schema."""
+    properties = RobustSettings.model_json_schema()["properties"]
+    tests = shown_by()
     docs = []
     for field, info in RobustSettings.model_fields.items():
-        default = info.get_default(call_default_factory=True)
+        env = str(info.validation_alias)
+        prop = properties[env]
         docs.append(
             SettingDoc(
                 field=field,
-                env=str(info.validation_alias),
+                env=env,
                 description=info.description or "",
-                allowed=allowed_text(field),
-                default=default,
+                allowed=allowed_text(prop),
+                default=info.get_default(call_default_factory=True),
+                who=prop.get("who", ""),
+                test=tests.get(env, ""),
+                is_list=any(kind.get("type") == "array" for kind in prop.get("anyOf", [prop])),
             )
         )
     return docs
-
-
-def _is_list(doc: SettingDoc) -> bool:
-    annotation, _ = _unwrap_optional(RobustSettings.model_fields[doc.field].annotation)
-    return get_origin(annotation) is list
 
 
 # -- renderers -----------------------------------------------------------------
@@ -126,6 +143,7 @@ def _block(doc: SettingDoc, allowed_suffix: str = "") -> list[str]:
     rule = f"# --- {doc.env} "
     lines = ["", rule + "-" * max(3, WIDTH - len(rule))]
     lines += _comment(doc.description)
+    lines += _comment(f"Set it when: {doc.who}.")
     lines += _comment(f"Allowed: {doc.allowed}{allowed_suffix}.")
     lines += _comment(f"Default: {doc.default_text}.")
     return lines
@@ -139,7 +157,7 @@ def render_env() -> str:
         "an empty value means unset.",
     )
     for doc in setting_docs():
-        lines += _block(doc, ", comma-separated" if _is_list(doc) else "")
+        lines += _block(doc, ", comma-separated" if doc.is_list else "")
         lines.append(f"# {doc.env}={doc.default_env}")
     return "\n".join(lines) + "\n"
 
@@ -195,13 +213,20 @@ def render_markdown() -> str:
         '`.env` files, arrays in TOML; an empty value (`VAR=`, `""` in TOML) of a setting '
         "whose default is unset means unset.",
         "",
-        "| Variable | Allowed | Default | Description |",
-        "| --- | --- | --- | --- |",
+        "Each setting says who would set it, and names the test that shows what it changes.",
+        "",
+        "| Variable | Allowed | Default | Set it when | Description | Shown by |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for doc in setting_docs():
         lines.append(
-            f"| `{doc.env}` | {_cell(doc.allowed)} | `{_cell(doc.default_text)}` | {_cell(doc.description)} |"
+            f"| `{doc.env}` | {_cell(doc.allowed)} | `{_cell(doc.default_text)}` | {_cell(doc.who)} "
+            f"| {_cell(doc.description)} | `{doc.test}` |"
         )
+    lines += ["", "## Retired settings", "",
+              "These variables are no longer read. One still set logs one warning naming it and what replaced it, "
+              "and changes nothing; unset it.", ""]  # fmt: skip
+    lines += [f"- `{name}`: {replacement}." for name, replacement in RETIRED.items()]
     return "\n".join(lines) + "\n"
 
 

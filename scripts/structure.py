@@ -31,9 +31,10 @@ STAGES = (
     ("base", "errors, settings, releases, thread pools: what every stage uses"),
     ("engine", "what the engine is and says (engine/), and the patches to it (patches/)"),
     ("inspect", "storage, ranged reads, the checkpoint's headers, the source chain (inspect/)"),
+    ("verify", "was a weight lost? before streaming (coverage, what the model keeps), after (ledger, model-side) (verify/)"),
     ("select", "what the module reads: the question on a twin, kept answers, rank share, table, conventions (select/)"),
     ("plan", "the load plan, and the agreement between ranks (plan/)"),
-    ("stream", "runai's plan, the verified stream, completeness of what was written (stream/)"),
+    ("stream", "runai's plan, the verified stream (stream/)"),
     ("observe", "the load report, progress, telemetry (observe/)"),
     ("strategy", "the strategy, its activation and ModelExpress's plugin entry"),
     ("tools", "the CLI and the testing tools, outside the runtime (cli/, testing/)"),
@@ -42,7 +43,7 @@ RANK = {name: rank for rank, (name, _) in enumerate(STAGES)}
 
 # A module's stage: by its sub-package, else by its name at the top of the package.
 PACKAGES = {
-    "engine": "engine", "patches": "engine", "inspect": "inspect", "select": "select", "plan": "plan",
+    "engine": "engine", "patches": "engine", "inspect": "inspect", "verify": "verify", "select": "select", "plan": "plan",
     "stream": "stream", "observe": "observe", "cli": "tools", "testing": "tools", "modelexpress_plugin": "strategy",
 }  # fmt: skip
 TOP = {"": "strategy", "activation": "strategy", "robust": "strategy", "errors": "base", "settings": "base",

@@ -117,15 +117,6 @@ def robust(monkeypatch):
     activation.uninstall()
 
 
-@pytest.fixture
-def plan_order(monkeypatch):
-    """MX_ROBUST_DELIVERY_ORDER=plan, for tests that check the order tensors reach the model in."""
-    from helpers.engine import PLAN_ORDER
-
-    for key, value in PLAN_ORDER.items():
-        monkeypatch.setenv(key, value)
-
-
 @pytest.fixture(scope="session")
 def built_wheel(tmp_path_factory):
     """The mx-strategies wheel built from this checkout, once per session (helpers.wheel.build_wheel)."""

@@ -28,7 +28,7 @@ from mx_strategies import activation
 from mx_strategies.errors import ActivationError, ConfigurationError
 from mx_strategies.robust import RobustModelStreamerStrategy
 from mx_strategies.testing import synthetic
-from mx_strategies.stream.tensor_bytes import same_bytes
+from mx_strategies.verify.tensor_bytes import same_bytes
 
 INSTALLED = "mx-strategies: MX_STRATEGY="
 
@@ -151,7 +151,7 @@ def test_a_refusal_at_load_says_what_to_do(checkpoint, tmp_path, monkeypatch, ca
     is the remedy doctor prints for that problem kind (mx_strategies.inspect.remedies)."""
     import shutil
 
-    from mx_strategies.inspect.remedies import REMEDIES
+    from mx_strategies.inspect.remedies import _REMEDIES
 
     broken = str(tmp_path / "broken")
     shutil.copytree(checkpoint.path, broken)
@@ -166,7 +166,7 @@ def test_a_refusal_at_load_says_what_to_do(checkpoint, tmp_path, monkeypatch, ca
 
     warnings = messages(caplog, STRATEGY_LOGGER, logging.WARNING)
     assert any(f"is inconsistent, not loading it: {broken}/{checkpoint.shard_names[0]}: named by " in w for w in warnings)
-    assert warnings[-1] == f"[Worker 0] robust_model_streamer: what to do: {REMEDIES['missing_shard']}"
+    assert warnings[-1] == f"[Worker 0] robust_model_streamer: what to do: {_REMEDIES['missing_shard']}"
     assert _tried(caplog) == ["robust_model_streamer", "default"] and adapter.reinit_calls == 0
     _assert_weights_from_checkpoint(model, checkpoint, upstream=True)
 
@@ -265,7 +265,7 @@ def test_uninstall_gives_the_chain_back(monkeypatch):
         ),
         (
             "mx_strategies.robust:logger",
-            "MX_STRATEGY='mx_strategies.robust:logger': mx_strategies.robust.logger "
+            "MX_STRATEGY='mx_strategies.robust:logger': mx_strategies.robust._logger "
             "is not a LoadStrategy subclass (it is a Logger); its LoadStrategy subclasses: RobustModelStreamerStrategy",
         ),
         (  # issue 46: a missing attribute is named as missing, with what the module offers
@@ -417,7 +417,7 @@ def test_an_object_store_model_is_kept_from_instant_tensor(monkeypatch, caplog):
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens: robust fails to list
     monkeypatch.setenv("MX_ROBUST_PROBE_TIMEOUT_S", "1")
-    monkeypatch.setenv("MX_ROBUST_PROBE_MAX_ATTEMPTS", "1")
+    monkeypatch.setattr("mx_strategies.inspect.object_stores.PROBE_MAX_ATTEMPTS", 1)
     monkeypatch.delenv("MX_MODEL_URI", raising=False)
     monkeypatch.setenv("MX_ROBUST_REQUIRE_MODEL_URI", "false")
     activation.install(RobustModelStreamerStrategy)
@@ -458,14 +458,14 @@ def test_which_links_robust_checks_after_they_load():
     none on a layerwise reload of a live model (ModelExpress 0.8's is_reload), which a cold load's check cannot judge."""
     from types import SimpleNamespace
 
-    from mx_strategies.chain_guard import checks_after
+    from mx_strategies.chain_guard import _checks_after
 
     plain, fp8 = SimpleNamespace(model_config=model_config()), SimpleNamespace(model_config=model_config())
     fp8.model_config.quantization = "fp8"
-    assert [checks_after(n, plain) for n in ("instant_tensor", "gds", "default", "rdma")] == [True, True, False, False]
-    assert checks_after("default", fp8) is True
+    assert [_checks_after(n, plain) for n in ("instant_tensor", "gds", "default", "rdma")] == [True, True, False, False]
+    assert _checks_after("default", fp8) is True
     fp8.is_reload = True
-    assert [checks_after(n, fp8) for n in ("instant_tensor", "gds", "default")] == [False, False, False]
+    assert [_checks_after(n, fp8) for n in ("instant_tensor", "gds", "default")] == [False, False, False]
 
 
 def test_one_ranks_broken_copy_keeps_every_ranks_folder_reader_off(tmp_path):

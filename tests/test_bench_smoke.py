@@ -16,8 +16,6 @@ import os
 import subprocess
 import sys
 
-from mx_strategies.settings import RobustSettings
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = ["-m", "benchmarks"]  # run from the repository root
 
@@ -55,8 +53,8 @@ def test_bench_runs_tiny_local_and_s3_and_reports_without_matplotlib(tmp_path):
     report = json.loads(report_path.read_text())
     assert set(report["sites"]) == {"local", "s3"}
     local, s3 = report["sites"]["local"], report["sites"]["s3"]
-    assert set(local["loaders"]) == {"runai_raw", "runai_copy", "robust", "robust_plan", "upstream", "safetensors", "draft"}
-    assert set(s3["loaders"]) == {"runai_raw", "runai_copy", "robust", "robust_plan", "upstream", "draft"}  # load_file is local only
+    assert set(local["loaders"]) == {"runai_raw", "runai_copy", "robust", "upstream", "safetensors", "draft"}
+    assert set(s3["loaders"]) == {"runai_raw", "runai_copy", "robust", "upstream", "draft"}  # load_file is local only
     # The S3 site is s3rver behind the shaping proxy.
     assert report["s3_link"] == s3["link"]
     assert s3["link"]["server"] == "s3rver" and s3["link"]["shaped"] and s3["link"]["first_byte_s"] == 0.002
@@ -70,15 +68,11 @@ def test_bench_runs_tiny_local_and_s3_and_reports_without_matplotlib(tmp_path):
         assert {l for l, row in summary["loaders"].items() if "peak_rss" in row} == {"runai_copy", "robust"}
         assert "peak_ratio_to_runai_copy" in summary["loaders"]["robust"]
         # Robust loads' phases and header bytes come from their load reports.
-        for loader in ("robust", "robust_plan", "draft"):
+        for loader in ("robust", "draft"):
             row = summary["loaders"][loader]
             assert set(row["phases_median_s"]) == {"resolve", "stream", "post_load", "total", "verify", "completeness"}, loader
             assert 0 < row["metadata_bytes_read"] <= site["metadata_bytes"], loader
             assert row["resolve_share"] == row["resolve_s"] / row["median_s"]
-        # Arrival order by default; MX_ROBUST_DELIVERY_ORDER=plan for the plan-order row.
-        assert "delivery_order" in RobustSettings.model_fields
-        assert summary["loaders"]["robust"]["delivery_order"] == ["arrival"]
-        assert summary["loaders"]["robust_plan"]["delivery_order"] == ["plan"]
         robust = summary["loaders"]["robust"]
         assert robust["overhead_s"] == robust["resolve_s"] + robust["identity_recheck_s"]
 

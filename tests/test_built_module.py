@@ -23,7 +23,7 @@ import mx_strategies.robust as robust_module  # noqa: E402
 from mx_strategies.engine import EngineView  # noqa: E402
 from mx_strategies.select import module_reads, mtp_table  # noqa: E402
 from mx_strategies.select.built_module import BuiltModule  # noqa: E402
-from mx_strategies.select.selection import LEFT_TO_DRAFT, NOT_HELD, NOT_READ  # noqa: E402
+from mx_strategies.select.selection import LEFT_TO_DRAFT, NOT_HELD, NOT_READ, UNUSED_BY_MODEL  # noqa: E402
 
 
 class Described:
@@ -33,24 +33,26 @@ class Described:
     def __init__(self, load, lines):
         self.lines = tuple(lines)
         selection, plan, left = load.selection, load.plan, load.selection.left_bytes
+        answer = selection.answer
+        reads = answer if isinstance(answer, module_reads.ModuleReads) else None
         self.report_fields = {
             "role": selection.role,
             "convention": selection.convention,
             "shards": tuple(plan.shard_keys),
             "tensors": len(plan.expected),
             "bytes_streamed": plan.bytes,
-            "unused_by_model": tuple(sorted(selection.unused_by_model)),
+            "unused_by_model": tuple(sorted(selection.of_kind(UNUSED_BY_MODEL))),
             "architecture": selection.architecture,
-            "left_to_draft": len(selection.left_to_draft),
+            "left_to_draft": len(selection.of_kind(LEFT_TO_DRAFT)),
             "left_to_draft_bytes": left.get(LEFT_TO_DRAFT, 0),
             "selection_source": selection.source,
-            "module_class": selection.module_class,
-            "selection_note": selection.note,
-            "selection_seconds": selection.seconds,
-            "selection_cached": selection.cached,
-            "left_out": len(selection.reasons),
+            "module_class": answer.module_class if answer is not None else "",
+            "selection_note": answer.reason if isinstance(answer, module_reads.Unanswered) else "",
+            "selection_seconds": reads.seconds if reads else 0.0,
+            "selection_cached": bool(reads and reads.cached),
+            "left_out": len(selection.of_kind(NOT_READ, NOT_HELD)),
             "left_out_bytes": left.get(NOT_READ, 0),
-            "not_held": len(selection.not_held),
+            "not_held": len(selection.of_kind(NOT_HELD)),
             "not_held_bytes": left.get(NOT_HELD, 0),
         }
 

@@ -45,7 +45,7 @@ from test_mtp_architectures import (  # noqa: E402,F401 - fixtures and helpers o
 from mx_strategies import activation  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.robust import RobustModelStreamerStrategy  # noqa: E402
-from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.verify.tensor_bytes import same_bytes  # noqa: E402
 
 GUARD_LOGGER = "modelexpress.mx_strategies.chain_guard"
 KEPT_OFF = "instant_tensor kept off {folder}: robust would refuse it: "
@@ -279,7 +279,7 @@ def test_an_index_that_omits_a_tensor_the_model_needs_is_caught_when_the_module_
 def test_a_folder_robust_cannot_judge_is_checked_after_instant_tensor_reads_it(
     target, tmp_path, monkeypatch, caplog, robust, instanttensor_reads
 ):
-    """Some shards and no index, under a module robust may not ask (MX_ROBUST_SELECTION_SOURCES without dry_run):
+    """Some shards and no index, under a module robust may not ask (module_reads.SELECTION_ORDER without dry_run):
     the guard cannot see what is missing and lets InstantTensor read the folder. What vLLM's ``load_weights``
     reported is then held against what the model keeps: InstantTensor's load fails ``mutated=True`` naming the
     link and the parameters, before the post-load pass; ModelExpress rebuilds and robust loads the whole copy."""
@@ -287,7 +287,7 @@ def test_a_folder_robust_cannot_judge_is_checked_after_instant_tensor_reads_it(
     no_index(broken)
     whole = _copy(target, str(tmp_path / "whole"))
     monkeypatch.setenv("MX_MODEL_URI", whole)
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("table", "convention"))
     _scramble(target[1])
 
     loaded = _chain(monkeypatch, target, broken, model_weights=whole)
@@ -313,7 +313,7 @@ def test_a_whole_folder_passes_the_check_after_instant_tensor(
     """The same module robust may not ask, a whole folder: InstantTensor serves it, checked, with no line."""
     folder = _copy(target, str(tmp_path / "ckpt"))
     monkeypatch.setenv("MX_MODEL_URI", folder)
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("table", "convention"))
     _scramble(target[1])
 
     loaded = _chain(monkeypatch, target, folder)

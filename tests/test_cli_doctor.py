@@ -377,7 +377,7 @@ def test_hub_id_exits_2_and_says_so(tmp_path, capsys, monkeypatch):
 
 
 def test_missing_bucket_exits_2(capsys, s3, monkeypatch):
-    monkeypatch.setenv("MX_ROBUST_PROBE_MAX_ATTEMPTS", "1")
+    monkeypatch.setattr("mx_strategies.inspect.object_stores.PROBE_MAX_ATTEMPTS", 1)
     assert_usage_error(capsys, ["s3://no-such-bucket/model"], "s3://no-such-bucket/model", "NoSuchBucket")
 
 
@@ -396,7 +396,7 @@ def test_unreachable_endpoint_exits_2(capsys, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("MX_ROBUST_PROBE_MAX_ATTEMPTS", "1")
+    monkeypatch.setattr("mx_strategies.inspect.object_stores.PROBE_MAX_ATTEMPTS", 1)
     monkeypatch.setenv("MX_ROBUST_PROBE_TIMEOUT_S", "2")
     assert_usage_error(capsys, ["s3://models/glm"], "s3://models/glm", "listing failed", "Could not connect")
 
@@ -569,15 +569,15 @@ def test_every_problem_carries_its_remedy_in_json_and_text(tmp_path, capsys):
     """The JSON's ``remedy`` per problem, and one "What to do" line per kind under the problems table."""
     from helpers.checkpoints import delete_file, tiny_shards, write_checkpoint
 
-    from mx_strategies.inspect.remedies import REMEDIES
+    from mx_strategies.inspect.remedies import _REMEDIES
 
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(3))
     delete_file(ckpt.files[1])
     code, report = run_json(capsys, ckpt.path)
     assert code == 1
-    assert [(p["kind"], p["remedy"]) for p in report["problems"]] == [("missing_shard", REMEDIES["missing_shard"])]
+    assert [(p["kind"], p["remedy"]) for p in report["problems"]] == [("missing_shard", _REMEDIES["missing_shard"])]
     assert report["problems"][0]["remedy"].startswith("upload the missing file")
     _, out, _ = run_doctor(capsys, ckpt.path)
     lines = out.splitlines()
     at = lines.index("What to do:")
-    assert lines[at + 1] == f"  missing_shard: {REMEDIES['missing_shard']}"
+    assert lines[at + 1] == f"  missing_shard: {_REMEDIES['missing_shard']}"

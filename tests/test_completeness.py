@@ -1,4 +1,4 @@
-"""mx_strategies.stream.completeness: a tensor counts as written when any name it has was reported.
+"""mx_strategies.verify.after: a tensor counts as written when any name it has was reported.
 
 Plain torch modules built the ways vLLM's classes register tensors: a module
 held by two parents (vLLM's Transformers backend holds a MoE block's
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mx_strategies.stream.completeness import LoadedNames, check
-from mx_strategies.select.kept import required_names, required_tensors
+from mx_strategies.verify.after import LoadedNames, check
+from mx_strategies.verify.kept import _required_names, required_tensors
 from mx_strategies.errors import IncompleteModel
 
 
@@ -50,7 +50,7 @@ def test_tied_parameters_are_one_tensor():
     model.embed = torch.nn.Embedding(8, 4)
     model.head = torch.nn.Linear(4, 8, bias=False)
     model.head.weight = model.embed.weight
-    assert required_names(model) == {"embed.weight": "parameter"}
+    assert _required_names(model) == {"embed.weight": "parameter"}
     assert _check(model, {"head.weight"}).complete
     assert _check(model, {"embed.weight"}).complete
 
@@ -62,7 +62,7 @@ def test_a_buffer_registered_twice_and_a_non_persistent_one():
     model.a.register_buffer("bias", bias)
     model.b.register_buffer("bias", bias)
     model.a.register_buffer("cache", torch.zeros(3), persistent=False)
-    assert required_names(model) == {"a.bias": "buffer"}
+    assert _required_names(model) == {"a.bias": "buffer"}
     assert _check(model, {"b.bias"}).complete
     # Persistent buffers are checked (vLLM's own check looks at parameters only): deliberate, a
     # checkpoint carries them (DeepSeek's e_score_correction_bias, Gemma-4's layer_scalar).
@@ -93,7 +93,7 @@ def test_empty_placeholders_and_kv_scales_are_not_required():
     model.w = torch.nn.Parameter(torch.ones(2))
     model.placeholder = torch.nn.Parameter(torch.empty(0))
     model.register_buffer("_k_scale", torch.ones(()))
-    assert required_names(model) == {"w": "parameter"}
+    assert _required_names(model) == {"w": "parameter"}
     assert _check(model, {"w"}).complete
 
 

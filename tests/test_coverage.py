@@ -1,4 +1,4 @@
-"""mx_strategies.select.coverage: which elements of a parameter a set of writes reaches, against torch's own indexing.
+"""mx_strategies.verify.coverage: which elements of a parameter a set of writes reaches, against torch's own indexing.
 
 Each case writes into views of a parameter made by torch itself (slices, ``narrow``, a transpose, an
 expert's rows of a 3-D ``w13``) and compares what :func:`coverage.unwritten` says is left with a boolean
@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mx_strategies.select import coverage
-from mx_strategies.select.coverage import Layout, Write
+from mx_strategies.verify import coverage
+from mx_strategies.verify.coverage import Layout, Write
 
 
 def layout_of(tensor: torch.Tensor) -> Layout:
@@ -48,7 +48,7 @@ def test_what_is_left_unwritten_is_what_torch_leaves_unwritten(case):
         written.append(layout_of(view))
         flat = mask.view(-1)
         torch.as_strided(flat, view.shape, view.stride(), view.storage_offset()).fill_(True)
-    left = coverage.unwritten(layout_of(param), written)
+    left = coverage._unwritten(layout_of(param), written)
     expected = [i for i, done in enumerate(mask.view(-1).tolist()) if not done]
     assert [i for a, b in left for i in range(a, b)] == expected
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mx_strategies.errors import DraftPlanError, RanksDisagree
-from mx_strategies.plan.distributed import agreed_plan, agreed_shares
+from mx_strategies.plan.distributed import _agreed_plan, _agreed_shares
 from mx_strategies.testing.loopback import free_port
 
 WORLD = 2
@@ -74,13 +74,13 @@ def _share_on_rank(rank: int, case: str) -> dict:
     try:
         if case in SHARE_CASES:
             shares, hosts = SHARE_CASES[case]
-            got = agreed_shares(GroupAdapter(), rank, UNIVERSE, SIZES, frozenset(shares[rank]), host=hosts[rank])
+            got = _agreed_shares(GroupAdapter(), rank, UNIVERSE, SIZES, frozenset(shares[rank]), host=hosts[rank])
         elif case == "share_rank1_refuses":
             own, why = (None, "draft load from s3://m: no draft tensor found") if rank == 1 else (frozenset(UNIVERSE), None)
-            got = agreed_shares(GroupAdapter(), rank, UNIVERSE, SIZES, own, why, host="node-a")
+            got = _agreed_shares(GroupAdapter(), rank, UNIVERSE, SIZES, own, why, host="node-a")
         else:  # rank 1 planned against another checkpoint (another list of tensors)
             universe = UNIVERSE + (["extra"] if rank == 1 else [])
-            got = agreed_shares(GroupAdapter(), rank, universe, SIZES + [1] * (rank == 1), frozenset(UNIVERSE),
+            got = _agreed_shares(GroupAdapter(), rank, universe, SIZES + [1] * (rank == 1), frozenset(UNIVERSE),
                                 host="node-a")  # fmt: skip
     except RanksDisagree as exc:
         return {"ok": False, "error": str(exc), "mutated": exc.mutated}
@@ -96,7 +96,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     try:
         for case in CASES:  # one group for every case: each starts only after the last ended on all ranks
             try:
-                plan = agreed_plan(GroupAdapter(), rank, lambda: _plan_on_rank(rank, case), _check_on_rank(rank, case))
+                plan = _agreed_plan(GroupAdapter(), rank, lambda: _plan_on_rank(rank, case), _check_on_rank(rank, case))
                 outcomes[case] = {"ok": True, "plan": plan}
             except RanksDisagree as exc:
                 outcomes[case] = {"ok": False, "error": str(exc), "mutated": exc.mutated}
@@ -145,7 +145,7 @@ def test_an_adapter_that_cannot_broadcast_is_refused():
             return state
 
     with pytest.raises(RanksDisagree, match=r"^rank 1: the engine adapter did not share rank 0's load plan"):
-        agreed_plan(NoBroadcast(), 1, lambda: "plan")
+        _agreed_plan(NoBroadcast(), 1, lambda: "plan")
 
 
 # -- agreed_shares: ranks that read different tensors ------------------------------------------
@@ -202,14 +202,14 @@ def _lone_stream_worker(rank: int, port: int, out: str, checkpoint: str) -> None
     from runai_model_streamer.distributed_streamer.distributed_streamer import DistributedStreamer
 
     from mx_strategies.stream import runai_plan
-    from mx_strategies.inspect.checkpoint import inspect
+    from mx_strategies.inspect.index import inspect
     from mx_strategies.plan.planning import plan_of
     from mx_strategies.select.built_module import BuiltModule
-    from mx_strategies.select.selection import select
+    from mx_strategies.select.selection import select_tensors
     from mx_strategies.settings import load_settings
     from mx_strategies.inspect.storage import LocalStore
     from mx_strategies.stream.streaming import VerifiedStream
-    from mx_strategies.stream.tensor_bytes import same_bytes
+    from mx_strategies.verify.tensor_bytes import same_bytes
     from helpers.checkpoints import reference_of
     from helpers.engine import TARGET
 
@@ -224,7 +224,7 @@ def _lone_stream_worker(rank: int, port: int, out: str, checkpoint: str) -> None
             runai_plan._no_rank_discovery = lambda streamer: (workaround.append(1), real(streamer))[1]
             settings = load_settings()
             inspected = inspect(LocalStore(checkpoint), settings.discovery_depth)
-            selection = select(inspected, BuiltModule(TARGET), settings, source_is_target=True)
+            selection = select_tensors(inspected, BuiltModule(TARGET), settings, source_is_target=True)
             plan = plan_of(inspected, selection.names, settings)
             reference = reference_of([os.path.join(checkpoint, shard.key) for shard in plan.shards])
             delivered = {}

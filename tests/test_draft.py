@@ -1,4 +1,4 @@
-"""Draft selection (:mod:`mx_strategies.select.draft`) on its own: names in, the MTP head's names out.
+"""Draft selection by the naming conventions (:func:`mx_strategies.select.mtp_table.convention_tensors`) on its own: names in, the MTP head's names out.
 
 No files, no streamer: the tensor names of real exporters' layouts, the
 configs that say how many layers the target and the MTP head have, and the
@@ -12,9 +12,11 @@ from typing import get_args
 
 import pytest
 
-from mx_strategies.select.draft import LayerLayout, convention_prefixes, layer_layout, select_draft_tensors
+from mx_strategies.engine.config import LayerLayout
+from mx_strategies.select.mtp_table import _convention_rows, convention_tensors as select_draft_tensors
+from mx_strategies.select.mtp_table import conventions_layout as layer_layout
 from mx_strategies.errors import DraftPlanError
-from mx_strategies.settings import DraftConvention, load_settings
+from mx_strategies.settings import _DraftConvention, load_settings
 
 TARGET = [
     "model.embed_tokens.weight",
@@ -62,8 +64,8 @@ def test_layer_layout_takes_each_value_from_the_first_config_that_knows_it():
 
 def test_every_convention_setting_has_its_prefixes():
     """A convention the settings accept but the table lacks would be a KeyError at load time."""
-    settings = load_settings(MX_ROBUST_DRAFT_CONVENTIONS=",".join(get_args(DraftConvention)))
-    assert set(convention_prefixes(settings, TWO_LAYERS_ONE_HEAD)) == set(get_args(DraftConvention))
+    settings = load_settings(MX_ROBUST_DRAFT_CONVENTIONS=",".join(get_args(_DraftConvention)))
+    assert set(_convention_rows(settings)) == set(get_args(_DraftConvention))
 
 
 def test_qwen_mtp_head():

@@ -32,8 +32,8 @@ from mx_strategies.inspect.checkpoint import INDEX_NAME
 from mx_strategies.cli.doctor import diagnose
 from mx_strategies.errors import NoStreamableSource
 from mx_strategies.settings import load_settings
-from mx_strategies.inspect.sources import Candidate, candidates, resolve, target_subfolder
-from mx_strategies.stream.tensor_bytes import same_bytes
+from mx_strategies.inspect.sources import Candidate, candidates, resolve, _target_subfolder
+from mx_strategies.verify.tensor_bytes import same_bytes
 from mx_strategies.testing.synthetic import config_only_copy
 
 LABEL = "target model_weights + dspark"
@@ -132,7 +132,7 @@ def test_the_derived_candidate_follows_the_drafts_own_values(tmp_path, monkeypat
     monkeypatch.delenv("MX_ROBUST_SOURCE_ORDER")
     # A deeper sub-folder keeps its path; a draft already pointing at it gets no second candidate.
     nested = model_config(model=os.path.join(copy, "drafts", "dspark"), runner_type="draft")
-    assert target_subfolder(nested, vllm_config("dspark", target)) == Candidate(
+    assert _target_subfolder(nested, vllm_config("dspark", target)) == Candidate(
         "target model_weights + drafts/dspark", "s3://bucket/ckpt/drafts/dspark"
     )
     own = model_config(model=os.path.join(copy, "dspark"), model_weights="s3://bucket/ckpt/dspark/",

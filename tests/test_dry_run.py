@@ -167,7 +167,7 @@ def test_the_state_check_sees_what_a_load_changes_in_place():
 
 
 def test_each_write_records_the_region_it_fills():
-    from mx_strategies.select.coverage import Layout, Write
+    from mx_strategies.verify.coverage import Layout, Write
 
     run = dry_run(Stacked(), HEADERS, timeout_s=30)
     assert run.layouts["qkv"] == Layout((6, 4), (4, 1), 0)
@@ -184,8 +184,8 @@ def test_an_indexed_assignment_records_the_element_it_fills_not_the_parameter():
     """``param.data[expert] = scale`` (ModelOpt NVFP4's per-expert scales in vLLM's FusedMoE): each write is its
     own element, so no expert's scale stands for the others' and a missing one leaves a gap; an advanced index
     (a list) selects no view and counts as the whole parameter, as before."""
-    from mx_strategies.select.coverage import Layout, Write, gaps
-    from mx_strategies.stream.write_watch import watched
+    from mx_strategies.verify.after import watched
+    from mx_strategies.verify.coverage import Layout, Write, gaps
 
     class PerExpert(torch.nn.Module):
         def __init__(self):
@@ -210,7 +210,7 @@ def test_an_indexed_assignment_records_the_element_it_fills_not_the_parameter():
     advanced = dry_run(PerExpert(), {"experts.0.9": ((2,), torch.float32)}, timeout_s=30)
     assert advanced.writes == (Write("scales", Layout((4, 2), (2, 1), 0), frozenset({"experts.0.9"})),)
 
-    # What the load really writes (stream.write_watch): the same regions.
+    # What the load really writes (verify.after.watched): the same regions.
     model = PerExpert()
     with watched(model, {"scales": Layout((4, 2), (2, 1), 0)}) as written:
         model.load_weights((name, torch.ones(())) for name in headers)

@@ -13,7 +13,7 @@ import copy
 
 import torch
 
-from mx_strategies.stream.tensor_bytes import digest
+from mx_strategies.verify.tensor_bytes import digest
 from mx_strategies.testing.engine.check import (
     REINIT_MARK,
     WIRE_OVERHEAD,

@@ -274,9 +274,9 @@ def test_seed_plain_modelexpress_streams_the_whole_checkpoint_for_the_draft(engi
     shards for it: 0.7.0's draft selection knows only ``mtp.`` names and streams every shard,
     0.8's the shards holding the MTP layer (and the ones its index never names). What each
     release chooses: ``mx_strategies.testing.plain_modelexpress``, checked against its code."""
-    from mx_strategies.inspect.checkpoint import inspect
+    from mx_strategies.inspect.index import inspect
     from mx_strategies.releases import chain_finalizes
-    from mx_strategies.inspect.storage import open_store
+    from mx_strategies.inspect.object_stores import open_store
     from mx_strategies.testing.plain_modelexpress import plain_selection
 
     manifest = engines.manifests["deepseek_v3"]

@@ -34,7 +34,7 @@ from mx_strategies.select import mtp_table  # noqa: E402
 from mx_strategies.engine import engine_view, vllm_rules  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 
-HAS_V2_SHARING = importlib.util.find_spec(vllm_rules.V2_DRAFT_LOADING) is not None
+HAS_V2_SHARING = importlib.util.find_spec(vllm_rules._V2_DRAFT_LOADING) is not None
 
 
 def test_the_mtp_load_check_rule_is_what_step3p5s_load_weights_does(tmp_path, vllm_cpu):  # noqa: F811
@@ -90,7 +90,7 @@ def test_the_embedding_rule_never_skips_what_the_engines_sharing_keeps(draft_cla
     replaced, the engine replaces it: robust never leaves out an embedding the draft keeps."""
     from types import SimpleNamespace
 
-    utils = importlib.import_module(vllm_rules.V2_DRAFT_LOADING)
+    utils = importlib.import_module(vllm_rules._V2_DRAFT_LOADING)
     monkeypatch.setattr(utils, "get_pp_group", lambda: SimpleNamespace(world_size=pp))
     draft, target = draft_class(), _Inner(2.0)
     utils.maybe_share_target_embed(draft, draft.model, target)
@@ -101,7 +101,7 @@ def test_the_embedding_rule_never_skips_what_the_engines_sharing_keeps(draft_cla
             assert engine_replaced, (draft_class.__name__, pp)
         if pp == 1:  # the one size where the rule is exact
             assert ours is engine_replaced, (draft_class.__name__, pp)
-    if pp > 1 and draft_class is _SharesEmbedding and vllm_rules.shares_embedding_beyond_pp1():
+    if pp > 1 and draft_class is _SharesEmbedding and vllm_rules._shares_embedding_beyond_pp1():
         # What the rule leaves on the table, measured on the engine: 0.34's runner shares here too when the
         # target's embedding is on the draft's stage (bytes robust still streams, documented in docs/engines.md).
         assert engine_replaced
@@ -124,7 +124,7 @@ class _KeepsHead(_HeadDraft):  # Step3p5MTP, Gemma4MTP: has_own_lm_head = True, 
 
 def _share_target_lm_head():
     try:
-        return importlib.import_module(vllm_rules.V2_DRAFT_LOADING).share_target_lm_head
+        return importlib.import_module(vllm_rules._V2_DRAFT_LOADING).share_target_lm_head
     except Exception:  # noqa: BLE001 - vLLM <= 0.33 shares heads in its proposer object
         return None
 
@@ -205,7 +205,7 @@ def test_a_draft_under_a_registered_custom_method_streams_exactly_its_tensors(tm
     """vLLM 0.34 moves a registered method to ``custom_method`` and sets ``method`` to its base method: the draft
     is an MTP draft of the target's checkpoint, and streams what the same draft streams under ``mtp``."""
     caplog.set_level(logging.INFO)
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "dry_run,table,convention")
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("dry_run", "table", "convention"))
     _register_custom_mtp_method()
     built, ckpt, seen, loaded, reports, view = _load(str(tmp_path / "custom"), monkeypatch, CUSTOM)
     spec = built.vllm_config.speculative_config

@@ -20,8 +20,8 @@ from helpers.checkpoints import reference_of, write_shard
 from helpers.engine import chain_load, direct_load, model_config, robust_messages
 
 from mx_strategies import recent_reports
-from mx_strategies.stream.file_reader import PAGE_CACHE, RUNAI, PageCacheReader, choose_reader, resident_pages
-from mx_strategies.stream.tensor_bytes import same_bytes
+from mx_strategies.stream.file_reader import _PAGE_CACHE, RUNAI, PageCacheReader, choose_reader, _resident_pages
+from mx_strategies.verify.tensor_bytes import same_bytes
 from mx_strategies.testing.page_cache import cold, warm
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,18 +79,18 @@ def test_the_kernel_says_which_files_it_holds(disk_folder):
     paths = checkpoint(os.path.join(disk_folder, "ckpt"))
     warm(paths)
     for path in paths:
-        cached, asked = resident_pages(path)
+        cached, asked = _resident_pages(path)
         assert asked > 0 and cached == asked, path
-    assert choose_reader(paths, "auto").reader == PAGE_CACHE
+    assert choose_reader(paths, "auto").reader == _PAGE_CACHE
     assert choose_reader(paths, "auto").why == "the files are in the page cache (100% of the pages sampled)"
 
     cold(paths)
-    assert resident_pages(paths[1])[0] == 0
+    assert _resident_pages(paths[1])[0] == 0
     choice = choose_reader(paths, "auto")
     assert choice.reader == RUNAI
     assert choice.why.startswith("the files are not in the page cache (") and choice.why.endswith("direct reads")
     # The setting decides where it names a reader; an object store is runai's whatever the setting.
-    assert choose_reader(paths, "page_cache").reader == PAGE_CACHE
+    assert choose_reader(paths, "page_cache").reader == _PAGE_CACHE
     warm(paths)
     assert choose_reader(paths, "runai").reader == RUNAI  # warm files too, when the setting says runai
     assert choose_reader(paths, "runai").why == "MX_ROBUST_FILE_READER=runai"
@@ -115,12 +115,12 @@ def test_auto_reads_warm_files_from_the_page_cache_and_cold_ones_with_runai(monk
     for name, tensor in reference.items():
         assert same_bytes(model.weights[name], tensor), name
         assert model.weights[name].dtype == tensor.dtype and model.weights[name].shape == tensor.shape, name
-    reader = PAGE_CACHE if state == "warm" else RUNAI
+    reader = _PAGE_CACHE if state == "warm" else RUNAI
     (report,) = [r for r in recent_reports() if r["outcome"] == "loaded"][-1:]
     assert report["reader"] == reader
     assert f"target files read by {reader}: " in robust_messages(caplog)
     assert f", read by {reader} in " in robust_messages(caplog)
-    if reader == PAGE_CACHE:
+    if reader == _PAGE_CACHE:
         assert report["read_ahead_bytes"] == 0  # nothing to gain from reading ahead what memory holds
         assert report["files_mapped"] == (2 if leases_here(disk_folder) else 0)  # both shards, under a lease
     else:

@@ -27,7 +27,7 @@ from mx_strategies.settings import load_settings
 from mx_strategies.inspect.sources import Candidate, resolve
 from mx_strategies.stream.streaming import VerifiedStream
 from mx_strategies.testing.loopback import S3rverS3, ShapingProxy
-from mx_strategies.stream.tensor_bytes import same_bytes
+from mx_strategies.verify.tensor_bytes import same_bytes
 
 TARGET = EngineView(False, None, (), 1, 1, None, {})
 SHARDS = 4

@@ -39,7 +39,9 @@ from modelexpress.load_strategy import LoadStrategyChain
 
 import mx_strategies.robust as robust_module
 from mx_strategies import activation
-from mx_strategies.inspect.checkpoint import INDEX_NAME, DTYPE_BITS, ProbeLimits, inspect, read_header
+from mx_strategies.inspect.checkpoint import INDEX_NAME
+from mx_strategies.inspect.headers import _DTYPE_BITS, read_header
+from mx_strategies.inspect.index import inspect
 from mx_strategies.cli import main as cli_main
 from mx_strategies.errors import ConfigurationError, ContentMismatch, MxStrategiesError
 from mx_strategies.inspect.jsonread import JsonRejected, read_json
@@ -50,7 +52,7 @@ from mx_strategies.testing import synthetic
 from mx_strategies.engine import EngineView
 from mx_strategies.plan.planning import plan_of
 from mx_strategies.select.built_module import BuiltModule
-from mx_strategies.select.selection import select
+from mx_strategies.select.selection import select_tensors
 from mx_strategies.stream.streaming import VerifiedStream
 from helpers.checkpoints import write_shard
 from helpers.engine import CountingAdapter, RecordingModel, make_context, model_config, vllm_config
@@ -397,12 +399,12 @@ def test_index_over_its_cap_is_not_read(kind, tmp_path, request, robust, monkeyp
     folder = tmp_path / "ckpt"
     reference = write_base(folder)
     uri = place(kind, folder, request)
-    monkeypatch.setenv("MX_ROBUST_MAX_INDEX_BYTES", "256")
+    monkeypatch.setattr("mx_strategies.inspect.index.MAX_INDEX_BYTES", 256)
     code, report, _ = doctor(uri, capsys)
     assert code == 1
-    assert "over MX_ROBUST_MAX_INDEX_BYTES=256; not read" in problem(report, "corrupt_index", INDEX_NAME)["message"]
+    assert "over the fixed limit of 256 bytes; not read" in problem(report, "corrupt_index", INDEX_NAME)["message"]
     monkeypatch.setenv("MX_MODEL_URI", uri)
-    assert_refused(run_chain(reference), f"{uri}/{INDEX_NAME}", "MX_ROBUST_MAX_INDEX_BYTES")
+    assert_refused(run_chain(reference), f"{uri}/{INDEX_NAME}", "fixed limit of 256 bytes")
 
 
 # -- local discovery ---------------------------------------------------------------------
@@ -520,12 +522,12 @@ def test_walk_past_its_entry_bound_is_a_named_failure(tmp_path, robust, monkeypa
     reference = write_base(folder)
     for i in range(30):
         (folder / f"junk{i}.txt").write_text("x")
-    monkeypatch.setenv("MX_ROBUST_MAX_DISCOVERY_ENTRIES", "20")
+    monkeypatch.setattr("mx_strategies.inspect.storage.MAX_DISCOVERY_ENTRIES", 20)
     code, report, _ = doctor(str(folder), capsys)
     assert code == 1
     assert "more than 20 entries" in problem(report, "too_many_entries")["message"]
     monkeypatch.setenv("MX_MODEL_URI", str(folder))
-    assert_refused(run_chain(reference), str(folder), "more than 20 entries", "MX_ROBUST_MAX_DISCOVERY_ENTRIES")
+    assert_refused(run_chain(reference), str(folder), "more than 20 entries", "a fixed limit")
 
 
 @pytest.mark.parametrize("kind", ["local", "s3"])
@@ -609,7 +611,7 @@ CHILD = textwrap.dedent(
     """
     import json, resource, sys
     import torch  # noqa: F401  (imported before the limit: torch maps much address space)
-    from mx_strategies.inspect.checkpoint import runai_dtypes
+    from mx_strategies.inspect.headers import runai_dtypes
     from mx_strategies.cli.doctor import diagnose
 
     runai_dtypes()
@@ -747,7 +749,7 @@ def test_delivered_tensor_must_match_the_inspected_header(change, tmp_path):
     write_base(folder)
     settings = load_settings()
     checkpoint = inspect(LocalStore(str(folder)), settings.discovery_depth)
-    plan = plan_of(checkpoint, select(checkpoint, BuiltModule(TARGET), settings, source_is_target=True).names, settings)
+    plan = plan_of(checkpoint, select_tensors(checkpoint, BuiltModule(TARGET), settings, source_is_target=True).names, settings)
     stream = VerifiedStream(plan, settings)
     dtype, shape, arrived = WRONG[change]
     with pytest.raises(ContentMismatch) as caught:
@@ -851,7 +853,7 @@ SETTINGS_CASES = {
     "chunk_2_64": ({"MX_ROBUST_STREAMER_CHUNK_BYTESIZE": str(2**64)},
                    "MX_ROBUST_STREAMER_CHUNK_BYTESIZE='18446744073709551616' is invalid"),
     "memory_limit_2_63": ({"MX_ROBUST_STREAMER_MEMORY_LIMIT": str(2**63)}, "MX_ROBUST_STREAMER_MEMORY_LIMIT="),
-    "index_cap_0": ({"MX_ROBUST_MAX_INDEX_BYTES": "0"}, "MX_ROBUST_MAX_INDEX_BYTES='0' is invalid"),
+    "header_cap_0": ({"MX_ROBUST_MAX_HEADER_BYTES": "0"}, "MX_ROBUST_MAX_HEADER_BYTES='0' is invalid"),
     "header_cap_over_runai": ({"MX_ROBUST_MAX_HEADER_BYTES": str(200 * 1024 * 1024)},
                               "MX_ROBUST_MAX_HEADER_BYTES='209715200' is invalid"),
 }  # fmt: skip
@@ -902,7 +904,7 @@ class MemoryStore:
         return self.files[obj.key][start : start + length]
 
 
-LIMITS = ProbeLimits(header_bytes=1 << 20, index_bytes=1 << 20, config_bytes=1 << 20)
+HEADER_BYTES = 1 << 20
 GOOD_SHARD = (lambda h: struct.pack("<Q", len(h)) + h + b"\0" * 64)(
     json.dumps({"t": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 64]}}).encode()
 )
@@ -911,7 +913,7 @@ NAMED = (JsonRejected,)  # what read_json may raise; inspect and read_header rai
 json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
-    st.sampled_from(sorted(DTYPE_BITS) + ["F33", ""]),
+    st.sampled_from(sorted(_DTYPE_BITS) + ["F33", ""]),
 )  # fmt: skip
 json_values = st.recursive(
     json_scalars,
@@ -919,7 +921,7 @@ json_values = st.recursive(
     max_leaves=20,
 )
 entries = st.fixed_dictionaries(
-    {"dtype": st.sampled_from(sorted(DTYPE_BITS) + ["F33"]) | json_values,
+    {"dtype": st.sampled_from(sorted(_DTYPE_BITS) + ["F33"]) | json_values,
      "shape": st.lists(st.integers(-2, 6) | json_scalars, max_size=3) | json_values,
      "data_offsets": st.lists(st.integers(-8, 200), min_size=0, max_size=3) | json_values},
 )  # fmt: skip
@@ -937,7 +939,7 @@ def _shard_file(header: bytes, data: bytes) -> bytes:
 def test_property_any_header_is_a_named_problem_or_a_valid_shard(header, data):
     store = MemoryStore({"m.safetensors": _shard_file(header, data)})
     (obj,) = store.list(0)
-    shard, problems = read_header(store, obj, LIMITS)
+    shard, problems = read_header(store, obj, HEADER_BYTES)
     assert shard.readable != bool(problems)
     for found in problems:
         assert found.kind and found.file == "m.safetensors" and found.message.startswith("mem://ckpt/m.safetensors: ")
@@ -956,7 +958,7 @@ def test_property_any_index_and_config_are_named_problems(index, config):
 
     store = MemoryStore({"m.safetensors": GOOD_SHARD, INDEX_NAME: index, "config.json": config})
     try:
-        checkpoint = inspect(store, 0, LIMITS)
+        checkpoint = inspect(store, 0, HEADER_BYTES)
     except NoCheckpoint:
         return  # a valid index naming no listed shard: a named refusal
     for found in checkpoint.problems:

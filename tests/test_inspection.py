@@ -13,9 +13,11 @@ import torch
 from helpers.checkpoints import edit_index, tiny_shards, upload, write_checkpoint, write_shard, write_unpadded
 from helpers.headers import header_order
 
-from mx_strategies.inspect.checkpoint import INDEX_NAME, inspect, natural_key
+from mx_strategies.inspect.checkpoint import INDEX_NAME, natural_key
+from mx_strategies.inspect.index import inspect
 from mx_strategies.errors import NoCheckpoint
-from mx_strategies.inspect.storage import LocalStore, open_store
+from mx_strategies.inspect.object_stores import open_store
+from mx_strategies.inspect.storage import LocalStore
 from mx_strategies.testing.synthetic import config_only_copy, write_shards
 
 DEPTH = 3

@@ -40,7 +40,7 @@ from test_mtp_architectures import (  # noqa: E402,F401 - fixtures and helpers o
 
 from mx_strategies.select import mtp_table  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
-from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.verify.tensor_bytes import same_bytes  # noqa: E402
 
 
 # ModelExpress's VllmAdapter, its post-load step on the CPU: ``_process_weights_after_loading`` (0.7.0 and

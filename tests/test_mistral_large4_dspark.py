@@ -59,9 +59,9 @@ from test_mtp_architectures import (  # noqa: E402
 
 from mx_strategies.select import mtp_table  # noqa: E402
 from mx_strategies.engine import engine_view  # noqa: E402
-from mx_strategies.select.selection import points_at_target, row_layout_for  # noqa: E402
+from mx_strategies.select.selection import _points_at_target, _row_layout_for  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
-from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.verify.tensor_bytes import same_bytes  # noqa: E402
 from mx_strategies.testing.synthetic import write_shards  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -310,13 +310,13 @@ def nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-SOURCES = pytest.mark.parametrize("sources", ["dry_run,table,convention", "table,convention"], ids=["dry_run", "table"])
+_SOURCES = pytest.mark.parametrize("sources", ["dry_run,table,convention", "table,convention"], ids=["dry_run", "table"])
 
 
 # -- the draft --------------------------------------------------------------------------------------------
 
 
-@SOURCES
+@_SOURCES
 def test_mistral_large4_dspark_draft_streams_exactly_its_mtp_dspark_tensors(
     sources, tmp_path, robust, monkeypatch, caplog, vllm_cpu, mistral_large4  # noqa: F811
 ):
@@ -328,7 +328,7 @@ def test_mistral_large4_dspark_draft_streams_exactly_its_mtp_dspark_tensors(
     from vllm.config import ParallelConfig, SpeculativeConfig
 
     caplog.set_level(logging.INFO)
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", sources)
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", tuple(sources.split(",")))
     folder = str(tmp_path / "mistral-large-4")
     target_tensors, draft_tensors = mistral_checkpoint(folder)
     target = target_model_config(folder)
@@ -355,7 +355,7 @@ def test_mistral_large4_dspark_draft_streams_exactly_its_mtp_dspark_tensors(
     ctx = build_vllm_load_context(vc, draft)
     ctx.p2p_enabled = False
     view = engine_view(ctx)
-    assert view.is_draft and view.speculative_method == "dspark" and points_at_target(view)
+    assert view.is_draft and view.speculative_method == "dspark" and _points_at_target(view)
 
     loaded, seen, reports = run_chain(module, ctx, monkeypatch, folder)
     assert loaded is module
@@ -386,7 +386,7 @@ def test_mistral_large4_dspark_draft_streams_exactly_its_mtp_dspark_tensors(
 LEROPE_DRY_RUN_FAILS = "NotImplementedError: Cannot copy out of meta tensor"
 
 
-@SOURCES
+@_SOURCES
 @pytest.mark.parametrize("lerope", [True, False], ids=["lerope", "no-lerope"])
 def test_mistral_large4_target_streams_every_tensor_but_the_drafts(
     sources, lerope, tmp_path, robust, monkeypatch, caplog, vllm_cpu, mistral_large4  # noqa: F811
@@ -397,7 +397,7 @@ def test_mistral_large4_target_streams_every_tensor_but_the_drafts(
     mtp_*), or by the table row whose targets name mistral_large_4 / MistralLarge4ForCausalLM
     (mtp_table.match_target, draft_only)."""
     caplog.set_level(logging.INFO)
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", sources)
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", tuple(sources.split(",")))
     folder = str(tmp_path / "mistral-large-4")
     target_tensors, draft_tensors = mistral_checkpoint(folder, lerope=lerope)
     target = target_model_config(folder)
@@ -416,7 +416,7 @@ def test_mistral_large4_target_streams_every_tensor_but_the_drafts(
     row = mtp_table.match_target(config)
     assert row is not None and row.key == ROW
     names = set(target_tensors) | set(draft_tensors)
-    assert mtp_table.draft_only(row, row_layout_for(row, None, view), sorted(names)) == set(draft_tensors)
+    assert mtp_table.draft_only(row, _row_layout_for(row, None, view), sorted(names)) == set(draft_tensors)
     assert set(draft_tensors) == {n for n in names if n.startswith("mtp_")}
 
     loaded, seen, reports = run_chain(module, ctx, monkeypatch, folder)
@@ -464,11 +464,11 @@ def test_doctor_plans_a_mistral_large4_draft_with_its_row_and_method(tmp_path):
     """``mx-strategies doctor`` on a Mistral Large 4 checkpoint (an HF config.json beside params.json): the draft
     it plans is the DSpark draft of the target's row, under the row's method (``dspark``), and it selects
     exactly the ``mtp_dspark.*`` tensors."""
-    from mx_strategies.inspect.checkpoint import inspect
+    from mx_strategies.inspect.index import inspect
     from mx_strategies.cli.doctor import draft_engine
     from mx_strategies.plan.planning import plan_of
     from mx_strategies.select.built_module import BuiltModule
-    from mx_strategies.select.selection import select
+    from mx_strategies.select.selection import select_tensors
     from mx_strategies.settings import load_settings
     from mx_strategies.inspect.storage import LocalStore
 
@@ -481,5 +481,5 @@ def test_doctor_plans_a_mistral_large4_draft_with_its_row_and_method(tmp_path):
     view, row = draft_engine(checkpoint)
     assert row is not None and row.key == ROW
     assert view.speculative_method == "dspark" and view.architectures == ("MistralLarge4DSparkModel",)
-    plan = plan_of(checkpoint, select(checkpoint, BuiltModule(view), settings, source_is_target=True).names, settings)
+    plan = plan_of(checkpoint, select_tensors(checkpoint, BuiltModule(view), settings, source_is_target=True).names, settings)
     assert set(plan.expected) == set(draft)

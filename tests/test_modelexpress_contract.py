@@ -178,7 +178,7 @@ def test_raises_strategy_failed_on_error(monkeypatch):
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens: connection fails
     monkeypatch.setenv("MX_ROBUST_PROBE_TIMEOUT_S", "1")
-    monkeypatch.setenv("MX_ROBUST_PROBE_MAX_ATTEMPTS", "1")
+    monkeypatch.setattr("mx_strategies.inspect.object_stores.PROBE_MAX_ATTEMPTS", 1)
     monkeypatch.setenv("MX_MODEL_URI", "s3://bucket/model")
     model = MagicMock()
 

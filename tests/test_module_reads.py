@@ -53,13 +53,14 @@ from test_mtp_architectures import (  # noqa: E402
 )
 
 from helpers.state import differences, module_state  # noqa: E402
-from mx_strategies.select import kept, module_reads, mtp_table  # noqa: E402
+from mx_strategies.select import module_reads, mtp_table  # noqa: E402
+from mx_strategies.select.built_module import BuiltModule  # noqa: E402
 from mx_strategies.engine import declared_unused, engine_view, vllm_rules  # noqa: E402
-from mx_strategies.select.selection import points_at_target, row_layout_for  # noqa: E402
+from mx_strategies.select.selection import _points_at_target, _row_layout_for  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.settings import load_settings  # noqa: E402
 from mx_strategies.inspect.sources import Candidate, probe  # noqa: E402
-from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.verify.tensor_bytes import same_bytes  # noqa: E402
 
 SWEEP = sorted(set(BUILT) - set(BUILT_033) - set(BUILT_034)) + [
     pytest.param(
@@ -118,7 +119,7 @@ def ask_draft(arch: str, root, pp: int):
     state = module_state(built.module)
     with set_current_vllm_config(built.vllm_config):
         answer = module_reads.ask(
-            built.module, checkpoint, settings, unused=declared_unused(built.module), replaced=kept.engine_fills(engine)
+            built.module, checkpoint, settings, unused=declared_unused(built.module), replaced=BuiltModule(engine).filled_by_engine
         )
     assert_untouched(built.module, before)
     after = module_state(built.module)
@@ -182,13 +183,13 @@ def test_the_modules_answer_is_what_the_class_reads_and_any_rows(arch, pp, tmp_p
 
 
 def assert_the_rows_selection_is_the_answer(arch, pp, row, built, ckpt, checkpoint, engine, answer) -> None:
-    selection = mtp_table.select(
-        row, checkpoint.tensors(), row_layout_for(row, checkpoint, engine), shares_target_weights=engine.shares_target_weights,
+    selection = mtp_table.row_tensors(
+        row, checkpoint.tensors(), _row_layout_for(row, checkpoint, engine), shares_target_weights=engine.shares_target_weights,
         load_checks_parameters=engine.mtp_load_checks,  # the installed vLLM's answer (engine.vllm_rules)
     )
     unused = declared_unused(built.module) or (lambda name: False)
     table = {n for n in selection.names if not unused(n)}
-    replaced = {n for n, why in answer.left_out.items() if why == module_reads.REPLACED}
+    replaced = {n for n, why in answer.left_out.items() if why == module_reads._REPLACED}
     # The engine's replacements the table keeps at PP>1 (heads, which the proposer shares at any PP): copies only.
     assert replaced <= set(selection.names) | set(selection.skipped), sorted(replaced)
     assert set(answer.names) == table - replaced, (sorted(set(answer.names) - table), sorted(table - set(answer.names)))
@@ -308,7 +309,7 @@ def test_deepseek_v4_dspark_streams_its_stages_through_the_real_chain(sources, t
     from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
 
     caplog.set_level(logging.INFO)
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", sources)
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", tuple(sources.split(",")))
     folder = str(tmp_path / "deepseek-v4")
     target_tensors, draft_tensors = dspark_checkpoint(folder, stages=2)
     with builders.in_process_inspection():
@@ -326,7 +327,7 @@ def test_deepseek_v4_dspark_streams_its_stages_through_the_real_chain(sources, t
     module = DSparkStandIn({n: t.shape for n, t in {**target_tensors, **draft_tensors}.items()})
     ctx = build_vllm_load_context(vc, draft)
     ctx.p2p_enabled = False
-    assert points_at_target(engine_view(ctx))
+    assert _points_at_target(engine_view(ctx))
     monkeypatch.setenv("MX_MODEL_URI", folder)
     monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuVllmAdapter)
     monkeypatch.setattr(CpuVllmAdapter, "reinits", 0)
@@ -358,7 +359,7 @@ def test_the_dspark_row_is_what_the_real_remap_reads():
         names = V4_TARGET + [f"mtp.{i}.{leaf}" for i in range(stages) for leaf in DSPARK_STAGE]
         names += ["context_wkv_proj.weight", "mtp.0.confidence_head.weight"]
         layout = mtp_table.row_layout(row, ("config", config))
-        selection = mtp_table.select(row, names, layout, shares_target_weights=True)
+        selection = mtp_table.row_tensors(row, names, layout, shares_target_weights=True)
         assert selection.names == {n for n in names if remap(real, n) is not None}, config
 
 
@@ -369,7 +370,7 @@ def test_a_draft_with_a_checkpoint_of_its_own_is_never_fed_the_targets(speculati
     from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
 
     from mx_strategies.select.built_module import BuiltModule
-    from mx_strategies.select.selection import select
+    from mx_strategies.select.selection import select_tensors
 
     target_folder, draft_folder = str(tmp_path / "target"), str(tmp_path / "draft")
     builders.write_config(target_folder, "deepseek_v3")
@@ -391,7 +392,7 @@ def test_a_draft_with_a_checkpoint_of_its_own_is_never_fed_the_targets(speculati
     vc = builders.engine_config(target, None)
     vc.speculative_config = spec  # VllmConfig refuses DSpark without Triton (the V2 model runner's)
     engine = engine_view(build_vllm_load_context(vc, spec.draft_model_config))
-    assert engine.is_draft and not points_at_target(engine)
+    assert engine.is_draft and not _points_at_target(engine)
     if speculative["method"] == "dspark":
         assert spec.draft_model_config.hf_config.architectures == ["Qwen3DSparkModel"]
     write_checkpoint(target_folder, {"model.layers.0.mlp.down_proj.weight": torch.randn(4, 4)}, shards=1)
@@ -399,7 +400,7 @@ def test_a_draft_with_a_checkpoint_of_its_own_is_never_fed_the_targets(speculati
     from mx_strategies.errors import DraftPlanError
 
     with pytest.raises(DraftPlanError, match="has a checkpoint of its own"):
-        select(checkpoint, BuiltModule(engine, question=lambda c: pytest.fail("asked")), load_settings(), source_is_target=True)
+        select_tensors(checkpoint, BuiltModule(engine, question=lambda c: pytest.fail("asked")), load_settings(), source_is_target=True)
 
 
 # -- a draft class vLLM's registry knows and the table does not -----------------------------------------
@@ -442,7 +443,7 @@ def test_an_out_of_tree_draft_class_loads_exactly_its_tensors(sources, tmp_path,
     from vllm import ModelRegistry
 
     caplog.set_level(logging.INFO)
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", sources)
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", tuple(sources.split(",")))
     ModelRegistry.register_model("AcmeMTPModel", AcmeMTP)
     folder = str(tmp_path / "acme")
     builders.write_config(folder, "deepseek_v3")
@@ -475,14 +476,14 @@ def test_an_out_of_tree_draft_class_loads_exactly_its_tensors(sources, tmp_path,
 
 
 def test_without_the_dry_run_an_unknown_naming_is_refused_before_the_model_is_touched(tmp_path, robust, monkeypatch, vllm_cpu):  # noqa: F811
-    """What robust did before it asked the module, and still does with MX_ROBUST_SELECTION_SOURCES=table,convention."""
+    """What robust did before it asked the module, and still does with module_reads.SELECTION_ORDER=table,convention."""
     from modelexpress.adapter import StrategyFailed
     from modelexpress.load_strategy import LoadResult
     from vllm import ModelRegistry
 
     from mx_strategies.robust import RobustModelStreamerStrategy
 
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("table", "convention"))
     ModelRegistry.register_model("AcmeMTPModel", AcmeMTP)
     folder = str(tmp_path / "acme")
     builders.write_config(folder, "deepseek_v3")
@@ -532,7 +533,7 @@ def test_doctor_asks_the_modules_vllm_builds_on_the_meta_device(tmp_path, vllm_c
 
 @pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_next", "glm4_moe", "mimo_v2_flash"])
 def test_a_sampled_dry_run_answers_as_the_whole_one(arch, tmp_path, vllm_cpu, monkeypatch):  # noqa: F811
-    """MX_ROBUST_DRY_RUN_SAMPLE_ABOVE=0: the sampled question (name_sampling) on the real target and draft gives
+    """module_reads.DRY_RUN_SAMPLE_ABOVE=0: the sampled question (name_sampling) on the real target and draft gives
     the exact one's answer. (The tiny models have 4 experts; benchmarks.question runs DeepSeek-V3's 256.)"""
     from vllm.config import set_current_vllm_config
 
@@ -541,13 +542,13 @@ def test_a_sampled_dry_run_answers_as_the_whole_one(arch, tmp_path, vllm_cpu, mo
     engine = engine_view(build_vllm_load_context(built.vllm_config, built.draft_model_config))
     answers = {}
     for sample_above in ("100000", "0"):
-        monkeypatch.setenv("MX_ROBUST_DRY_RUN_SAMPLE_ABOVE", sample_above)
+        monkeypatch.setattr(module_reads, "DRY_RUN_SAMPLE_ABOVE", int(sample_above))
         settings = load_settings()
         with set_current_vllm_config(vc):
             whole_target = module_reads.ask(target, checkpoint, settings, unused=declared_unused(target))
         with set_current_vllm_config(built.vllm_config):
             whole_draft = module_reads.ask(built.module, checkpoint, settings, unused=declared_unused(built.module),
-                                           replaced=kept.engine_fills(engine))  # fmt: skip
+                                           replaced=BuiltModule(engine).filled_by_engine)  # fmt: skip
         answers[sample_above] = (whole_target.names, whole_draft.names)
     assert answers["0"] == answers["100000"]
     assert answers["0"][0] == set(tensors)
@@ -562,7 +563,7 @@ def test_gemma4_dspark_has_a_checkpoint_of_its_own(detected, tmp_path, vllm_cpu)
 
     from mx_strategies.plan.planning import plan_of
     from mx_strategies.select.built_module import BuiltModule
-    from mx_strategies.select.selection import select
+    from mx_strategies.select.selection import select_tensors
 
     target_folder, draft_folder = str(tmp_path / "gemma4"), str(tmp_path / "gemma4-dspark")
     builders.write_config(target_folder, "gemma4_target")
@@ -580,16 +581,16 @@ def test_gemma4_dspark_has_a_checkpoint_of_its_own(detected, tmp_path, vllm_cpu)
     vc = builders.engine_config(target, None)
     vc.speculative_config = spec  # VllmConfig refuses DSpark without Triton (the V2 model runner's)
     engine = engine_view(build_vllm_load_context(vc, spec.draft_model_config))
-    assert engine.is_draft and not points_at_target(engine)
+    assert engine.is_draft and not _points_at_target(engine)
     checkpoint = probe(Candidate("model", draft_folder), load_settings())
-    selection = select(checkpoint, BuiltModule(engine, question=lambda c: pytest.fail("asked")), load_settings(),
+    selection = select_tensors(checkpoint, BuiltModule(engine, question=lambda c: pytest.fail("asked")), load_settings(),
                        source_is_target=False)  # fmt: skip
     plan = plan_of(checkpoint, selection.names, load_settings())
     assert plan.names is None and sorted(plan.expected) == sorted(own) and selection.source == "whole"
 
 
 def test_a_sampled_dry_run_refuses_a_unit_it_was_not_fed_that_lacks_a_stacked_member(tmp_path, vllm_cpu, monkeypatch):  # noqa: F811
-    """Above MX_ROBUST_DRY_RUN_SAMPLE_ABOVE names the dry run feeds a sample of the experts; an expert of the MTP
+    """Above module_reads.DRY_RUN_SAMPLE_ABOVE names the dry run feeds a sample of the experts; an expert of the MTP
     layer it was not fed whose checkpoint lacks up_proj (half of its w13 rows) is found by its peers' names
     and refused all the same."""
     from vllm.config import set_current_vllm_config
@@ -601,13 +602,13 @@ def test_a_sampled_dry_run_refuses_a_unit_it_was_not_fed_that_lacks_a_stacked_me
     missing = "model.layers.2.mlp.experts.3.up_proj.weight"
     assert missing in names and missing not in name_sampling.Sample(names).first_round()  # a unit no round feeds
     write_checkpoint(folder, {n: t for n, t in names.items() if n != missing}, shards=3)
-    monkeypatch.setenv("MX_ROBUST_DRY_RUN_SAMPLE_ABOVE", "10")
+    monkeypatch.setattr(module_reads, "DRY_RUN_SAMPLE_ABOVE", 10)
     settings = load_settings()
     checkpoint = probe(Candidate("explicit", folder), settings)
     engine = engine_view(build_vllm_load_context(built.vllm_config, built.draft_model_config))
     with set_current_vllm_config(built.vllm_config):
         answer = module_reads.ask(built.module, checkpoint, settings, unused=declared_unused(built.module),
-                                  replaced=kept.engine_fills(engine))  # fmt: skip
+                                  replaced=BuiltModule(engine).filled_by_engine)  # fmt: skip
     assert isinstance(answer, module_reads.ModuleReads) and answer.source == "dry_run"
     (gap,) = answer.gaps
     assert gap.param == "model.layers.2.mtp_block.mlp.experts.routed_experts.w13_weight" and gap.would_fill == (missing,)
@@ -618,13 +619,13 @@ def test_a_sampled_dry_run_refuses_a_unit_it_was_not_fed_that_lacks_a_stacked_me
 
 def test_a_name_with_non_ascii_digits_is_a_name_like_any_other(tmp_path, robust, monkeypatch, vllm_cpu):  # noqa: F811
     """A header's names are any strings: ``model.layers.².extra.bias`` ("²" is a digit to str.isdigit, not to
-    int) used to raise ValueError out of the question's sampler (above MX_ROBUST_DRY_RUN_SAMPLE_ABOVE names),
+    int) used to raise ValueError out of the question's sampler (above module_reads.DRY_RUN_SAMPLE_ABOVE names),
     and ModelExpress rebuilt the model for its next strategy. vLLM's real DeepseekV3ForCausalLM is asked, skips
     it (its load_weights skips a bias it has no parameter for), and loads every parameter with the checkpoint's
     bytes."""
     folder, _, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint("deepseek_v3", tmp_path)
     odd = "model.layers.².extra.bias"
-    monkeypatch.setenv("MX_ROBUST_DRY_RUN_SAMPLE_ABOVE", "1")  # the sampler parses every name
+    monkeypatch.setattr(module_reads, "DRY_RUN_SAMPLE_ABOVE", 1)  # the sampler parses every name
     write_checkpoint(folder, {**tensors, **mtp, odd: torch.ones(4)}, shards=3)
     loaded, seen, report = load_target(monkeypatch, folder, target, vc, config)
     assert loaded is target and report["outcome"] == "loaded" and report["selection_source"] == "dry_run"

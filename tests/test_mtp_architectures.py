@@ -55,7 +55,7 @@ from mx_strategies.select import mtp_table  # noqa: E402
 from mx_strategies.engine import vllm_rules  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.robust import RobustModelStreamerStrategy  # noqa: E402
-from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.verify.tensor_bytes import same_bytes  # noqa: E402
 
 REINIT = "Re-initializing vLLM model after failed strategy"
 
@@ -226,7 +226,7 @@ MATRIX = sorted(set(BUILT) - set(BUILT_033) - set(BUILT_034)) + [
 def test_real_draft_class_loads_every_kept_parameter(arch, sources, tmp_path, robust, monkeypatch, caplog, vllm_cpu):
     """Whichever answers: the module (its dry run), with the table on (the default) or off."""
     caplog.set_level(logging.INFO)
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", sources)
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", tuple(sources.split(",")))
     built, ckpt, seen, loaded, reports = load_draft(arch, tmp_path, monkeypatch)
     class_name, row_key = BUILT[arch]
     assert type(built.module).__name__ == class_name
@@ -294,7 +294,7 @@ def test_qwen3_5_selection_on_load_weights_names(architecture, pp):
     shared = {"model.language_model.embed_tokens.weight", "lm_head.weight"}
     target = {"model.language_model.layers.0.linear_attn.in_proj_qkvz.weight", "model.language_model.norm.weight"}
     layout = mtp_table.row_layout(row, ("config", {"text_config": {"num_hidden_layers": 2, "mtp_num_hidden_layers": 1}}))
-    selection = mtp_table.select(row, own | shared | target, layout, shares_target_weights=pp == 1)
+    selection = mtp_table.row_tensors(row, own | shared | target, layout, shares_target_weights=pp == 1)
     assert selection.own == own
     assert selection.shared == (set() if pp == 1 else shared)
     replaced = mtp_table.filled_by_engine(row, shares_target_weights=pp == 1)
@@ -339,7 +339,7 @@ def test_deepseek_v4_selection_is_what_vllms_own_class_reads(layers, pp):
     own_names = [f"mtp.{i}.{leaf}" for i in range(2) for leaf in V4_LAYER]
     copies = [f"mtp.{i}.{leaf}" for i in range(2) for leaf in V4_COPIES]
     layout = mtp_table.row_layout(row, ("config", config))
-    selection = mtp_table.select(row, V4_TARGET + own_names + copies, layout, shares_target_weights=pp == 1)
+    selection = mtp_table.row_tensors(row, V4_TARGET + own_names + copies, layout, shares_target_weights=pp == 1)
 
     assert selection.own == {n for n in own_names if vllm_reads(n)}
     assert all(not vllm_reads(n) for n in V4_TARGET) and not selection.names & set(V4_TARGET)
@@ -363,7 +363,7 @@ def test_the_models_own_word_drops_tensors_a_selection_picked_too_much(tmp_path,
     target layers, the plan is narrowed to what the model loads: named, not streamed, model complete."""
     caplog.set_level(logging.INFO)
     monkeypatch.setattr(mtp_table, "match", lambda *args, **kwargs: None)  # as if the table had no row
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "convention")  # and the module could not be asked
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("convention",))  # and the module could not be asked
     monkeypatch.setenv("MX_ROBUST_DRAFT_EXTRA_PREFIXES", "model.layers.1.")
     built, ckpt, seen, loaded, reports = load_draft("qwen3_next", tmp_path, monkeypatch)
     assert loaded is built.module
@@ -475,7 +475,7 @@ def assert_selects_on_names(row, spec, kept: set, pp: int) -> None:
     config, own, copies, skipped, ignored = spec
     layout = mtp_table.row_layout(row, ("config", config))
     checks = vllm_rules.mtp_load_demands_every_parameter()  # the installed vLLM's answer
-    selection = mtp_table.select(
+    selection = mtp_table.row_tensors(
         row, own | copies | skipped | ignored, layout, shares_target_weights=pp == 1, load_checks_parameters=checks
     )
     assert selection.own == own
@@ -575,7 +575,7 @@ def test_vllm_034_rows_select_what_their_load_weights_reads(key, pp):
         assert mtp_table.match(row.draft_architectures, model_type, "mtp", vllm=(0, 34)) is None
     assert_selects_on_names(row, NAMES_ONLY_034[key], set(), pp)
     if row.own_checkpoint:
-        assert row.layout == "own" and not mtp_table.draft_roots(row, mtp_table.row_layout(row))
+        assert row.layout == "own" and not mtp_table._draft_roots(row, mtp_table.row_layout(row))
 
 
 def test_vllm_034_mistral_large4_target_leaves_its_drafts_tensors_to_the_draft():
@@ -656,11 +656,11 @@ def test_step3p5_embedding_is_selected():
     names = {"model.embed_tokens.weight", "model.layers.2.eh_proj.weight", "model.layers.2.shared_head.output.weight",
              "model.layers.1.mlp.down_proj.weight", "lm_head.weight"}
     layout = mtp_table.row_layout(step, ("config", {"num_hidden_layers": 2, "num_nextn_predict_layers": 1}))
-    selection = mtp_table.select(step, names, layout, shares_target_weights=True)  # vLLM 0.32/0.33: checked loads
+    selection = mtp_table.row_tensors(step, names, layout, shares_target_weights=True)  # vLLM 0.32/0.33: checked loads
     assert selection.names == {"model.embed_tokens.weight", "model.layers.2.eh_proj.weight",
                                "model.layers.2.shared_head.output.weight"}
     # vLLM 0.34 checks no MTP load: the embedding the proposer replaces is left out.
-    unchecked = mtp_table.select(step, names, layout, shares_target_weights=True, load_checks_parameters=False)
+    unchecked = mtp_table.row_tensors(step, names, layout, shares_target_weights=True, load_checks_parameters=False)
     assert unchecked.names == {"model.layers.2.eh_proj.weight", "model.layers.2.shared_head.output.weight"}
 
 
@@ -673,9 +673,9 @@ def test_deepseek_v32_skips_embedding_and_head_copies_only_at_pipeline_parallel_
              "model.layers.61.shared_head.head.weight", "model.layers.61.shared_head.norm.weight",
              "model.embed_tokens.weight", "lm_head.weight", "model.layers.60.mlp.gate.weight"}
     layout = mtp_table.row_layout(row, ("config", {"num_hidden_layers": 61, "num_nextn_predict_layers": 1}))
-    pp1 = mtp_table.select(row, names, layout, shares_target_weights=True)
+    pp1 = mtp_table.row_tensors(row, names, layout, shares_target_weights=True)
     assert pp1.names == {"model.layers.61.enorm.weight", "model.layers.61.shared_head.norm.weight"}
-    pp2 = mtp_table.select(row, names, layout, shares_target_weights=False)
+    pp2 = mtp_table.row_tensors(row, names, layout, shares_target_weights=False)
     assert pp2.names == pp1.names | {"model.layers.61.embed_tokens.weight", "model.layers.61.shared_head.head.weight"}
     assert "model.embed_tokens.weight" in pp2.skipped  # the per-layer copy is streamed instead
 
@@ -716,7 +716,7 @@ def test_target_missing_a_tensor_fails_naming_the_parameter(tmp_path, robust, mo
     )
 
     # Where the table decides (no module answer), the load's own checks find it after streaming.
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("table", "convention"))
     with pytest.raises(StrategyFailed) as failure:
         RobustModelStreamerStrategy().load(LoadResult(value=model, model=model), ctx)
     assert failure.value.mutated is True
@@ -735,17 +735,17 @@ def test_a_draft_plan_that_misses_a_kept_parameter_fails_naming_it(tmp_path, rob
     """LongCat's bug before the table: model.mtp.norm.weight not planned, the final norm left at its init value.
 
     The ledger cannot see it (it checks the plan); the model-side check does. The table answers here
-    (MX_ROBUST_SELECTION_SOURCES without dry_run): the guard holds whichever source selected.
+    (module_reads.SELECTION_ORDER without dry_run): the guard holds whichever source selected.
     """
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
-    real_select = mtp_table.select
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("table", "convention"))
+    real_select = mtp_table.row_tensors
 
     def select_without_the_norm(row, names, layout, **kwargs):
         selection = real_select(row, names, layout, **kwargs)
         selection.own.discard("model.mtp.norm.weight")
         return selection
 
-    monkeypatch.setattr(mtp_table, "select", select_without_the_norm)
+    monkeypatch.setattr(mtp_table, "row_tensors", select_without_the_norm)
     folder = str(tmp_path / "longcat_flash")
     builders.write_config(folder, "longcat_flash")
     with builders.in_process_inspection():
@@ -795,7 +795,7 @@ def test_completeness_policy_and_models_that_report_nothing(tmp_path, robust, mo
     monkeypatch.setenv("MX_ROBUST_MODEL_COMPLETENESS", policy)
     # The module's own answer would refuse this before streaming (tests/test_whole_parameters.py); without it
     # the checks after streaming are what stands: the names load_weights reports, and what the load wrote.
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("table", "convention"))
     model = TinyModel(reports)
     ctx = load_context(type("MC", (), {"model": folder, "model_weights": None, "hf_config": None})(),
                        StandInAdapter(lambda: TinyModel(reports)))
@@ -833,7 +833,7 @@ def test_completeness_policy_and_models_that_report_nothing(tmp_path, robust, mo
 
 def test_a_draft_config_with_zero_layers_is_not_reported_as_not_found():
     """vLLM hands some drafts num_hidden_layers=0; with config.json unreachable the message says so."""
-    from mx_strategies.select.draft import describe_conventions, layer_layout
+    from mx_strategies.select.mtp_table import conventions_layout as layer_layout, describe_conventions
     from mx_strategies.settings import load_settings
 
     layout = layer_layout(None, {"num_hidden_layers": 0, "num_nextn_predict_layers": 1})
@@ -906,11 +906,11 @@ def test_target_leaves_the_mtp_layers_to_the_draft_and_each_byte_crosses_once(
     """vLLM's real DeepseekV3ForCausalLM / Qwen3NextForCausalLM: the target's module (its own load_weights, dry
     run) answers every tensor but the MTP layer (model.layers.{N}.* / mtp.*), every target parameter holds the
     checkpoint's bytes, and the draft then streams its own; together they read no tensor twice. Where the module
-    is not asked (MX_ROBUST_SELECTION_SOURCES=table,convention), no row names these targets' MTP layers (their
+    is not asked (module_reads.SELECTION_ORDER=table,convention), no row names these targets' MTP layers (their
     classes build here): the target streams the whole checkpoint, its load_weights skipping the MTP layer, and
     every parameter still holds the checkpoint's bytes."""
     if source == "table":
-        monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+        monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("table", "convention"))
     folder, built, ckpt, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint(arch, tmp_path)
     loaded, seen, report = load_target(monkeypatch, folder, target, vc, config)
     assert loaded is target and report["outcome"] == "loaded"
@@ -954,11 +954,11 @@ def test_a_target_selection_that_drops_a_kept_layer_is_caught(tmp_path, robust, 
     DeepSeek-V3's target has no row, its module answers: DeepSeek-V3.2's row, the same naming, stands in.)"""
     from mx_strategies.select import built_module
 
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("table", "convention"))
     (v32,) = [row for row in mtp_table.TABLE if row.key == "deepseek_v32_mtp"]
     monkeypatch.setattr(mtp_table, "match_target", lambda config, **kwargs: v32)
 
-    real_roots = mtp_table.draft_roots
+    real_roots = mtp_table._draft_roots
     monkeypatch.setattr(mtp_table, "draft_roots", lambda row, layout: real_roots(row, layout) + ("model.layers.1.",))
     folder, _, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint("deepseek_v3", tmp_path)
     _, seen, report = load_target(monkeypatch, folder, target, vc, config)

@@ -114,7 +114,7 @@ def test_target_load_leaves_the_drafts_own_layers_to_the_draft(tmp_path, style, 
     The config names a target of the same naming whose draft class is not built here (Qwen3.5, DeepSeek-V3.2),
     as only those keep a row; Qwen3-Next's and DeepSeek-V3's are asked."""
     monkeypatch.setenv("MX_ROBUST_TARGET_SELECTION", selection)
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("table", "convention"))
     ck = checkpoint(tmp_path, style)
     with open(os.path.join(ck.path, "config.json"), "w") as handle:
         json.dump(dict(ck.config, model_type="qwen3_5_text" if style == "qwen" else "deepseek_v32"), handle)

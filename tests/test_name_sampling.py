@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
-from mx_strategies.select.name_sampling import Key, Sample, parse, parse_all
+from mx_strategies.select.name_sampling import Key, Sample, parse, _parse_all
 
 
 def expert_names(layers, experts, leave_out=()):
@@ -167,12 +167,12 @@ def _random_names(rng):
 def test_the_sampler_answers_as_the_reference_on_random_names():
     import random
 
-    from mx_strategies.select.name_sampling import parse, parse_all
+    from mx_strategies.select.name_sampling import parse, _parse_all
 
     rng = random.Random(36)
     for _ in range(300):
         names = _random_names(rng)
-        assert parse_all(names) == {n: reference_parse(n) for n in names}
+        assert _parse_all(names) == {n: reference_parse(n) for n in names}
         assert all(parse(n) == reference_parse(n) for n in names)
         new, old = Sample(names), ReferenceSample(names)
         first = new.first_round()
@@ -194,7 +194,7 @@ def test_only_ascii_digit_components_are_indices():
     assert parse("model.layers.٣.mlp.weight") == ("model.layers.٣.mlp.weight", ())
     assert parse("model.layers.3.mlp.experts.17.w") == ("model.layers.#.mlp.experts.#.w", (3, 17))
     names = ["model.layers.².mlp.gate.weight", "model.layers.1.mlp.².weight", "model.layers.1.mlp.up.weight"]
-    assert parse_all(names) == {
+    assert _parse_all(names) == {
         "model.layers.².mlp.gate.weight": ("model.layers.².mlp.gate.weight", ()),
         "model.layers.1.mlp.².weight": ("model.layers.#.mlp.².weight", (1,)),
         "model.layers.1.mlp.up.weight": ("model.layers.#.mlp.up.weight", (1,)),

@@ -54,7 +54,6 @@ from typing import Optional
 import pytest
 import torch
 from helpers.checkpoints import Written, layer_shards, write_checkpoint
-from helpers.engine import PLAN_ORDER
 from helpers.faults import CORRUPT, STATUS, FaultProxy, Rule
 
 from mx_strategies.stream.streaming import streamer_environment
@@ -102,17 +101,19 @@ def _stop(proc: Optional[subprocess.Popen]) -> None:
 
 
 def run_load(reference_files: list[str], uri: str) -> dict:
-    """Load ``uri`` with the robust strategy; report order, digests or the failure."""
+    """Load ``uri`` with the robust strategy; report order, the plan's shards, digests or the failure."""
     from helpers.checkpoints import reference_of
     from helpers.engine import direct_load, model_config
 
-    from mx_strategies.stream.tensor_bytes import sha256
+    from mx_strategies.observe.report import recent_reports
+    from mx_strategies.verify.tensor_bytes import sha256
 
     with streamer_environment({"MX_MODEL_URI": uri}):
         attempt = direct_load(model_config(), reference_of(reference_files))
     error = attempt.error
     return {
         "order": list(attempt.model.order),
+        "shards": list(recent_reports()[-1]["shards"]) if error is None else [],  # in the plan's order
         "digests": {n: sha256(attempt.model.weights[n]) for n in attempt.model.order},
         "error": None if error is None else {"mutated": error.mutated, "message": str(error)},
         "seconds": attempt.seconds,
@@ -121,7 +122,8 @@ def run_load(reference_files: list[str], uri: str) -> dict:
 
 def assert_whole(report: dict, ckpt: Written) -> None:
     assert report["error"] is None, report["error"]
-    assert report["order"] == ckpt.order
+    assert sorted(report["order"]) == sorted(ckpt.order)  # each once, in arrival order
+    assert report["shards"] == sorted(report["shards"])  # the plan's shards in natural order
     assert report["digests"] == ckpt.digests
 
 
@@ -211,7 +213,6 @@ def run_child(jobs: list[dict], folder: Path, env: dict[str, str], command_prefi
     command = command_prefix(child) if command_prefix else child
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "AWS_ENDPOINT"))}
     child_env.update(env)
-    child_env.update(PLAN_ORDER)  # the loads are checked for natural order
     done = subprocess.run(command, env=child_env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out_file.read_text())

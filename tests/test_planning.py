@@ -1,7 +1,7 @@
 """The selection and the load plan (:mod:`mx_strategies.select.selection`, :mod:`mx_strategies.plan.planning`):
 the one place that decides what a load streams.
 
-Unit tests of ``loaded_shards``, ``select``/``plan_of`` and ``is_target_source`` on real
+Unit tests of ``loaded_shards``, ``select_tensors``/``plan_of`` and ``is_target_source`` on real
 inspected checkpoints, and the promise the plan exists for: ``doctor`` and
 the strategy agree on every checkpoint the tests build (doctor's view is
 planned by the same functions; the strategy's load report says what it
@@ -24,13 +24,16 @@ from helpers.checkpoints import (
 )
 from helpers.engine import MTP_DRAFT, TARGET, direct_load, model_config, vllm_config
 
-from mx_strategies.inspect.checkpoint import Shard, TensorInfo, inspect, loaded_shards
+from mx_strategies.inspect.checkpoint import Shard, TensorInfo, loaded_shards
+from mx_strategies.inspect.index import inspect
 from mx_strategies.cli.doctor import diagnose
 from mx_strategies.engine import EngineView
 from mx_strategies.errors import DraftPlanError, InconsistentCheckpoint
 from mx_strategies.plan.planning import LoadPlan, plan_of
 from mx_strategies.select.built_module import BuiltModule
-from mx_strategies.select.selection import is_target_source, layer_of, select, select_resolved
+from mx_strategies.select.selection import UNUSED_BY_MODEL, _is_target_source, select_resolved, select_tensors
+from mx_strategies.stream import read_ahead
+from mx_strategies.stream.read_ahead import plan_head
 from mx_strategies.settings import load_settings
 from mx_strategies.inspect.sources import Candidate, resolve
 from mx_strategies.inspect.storage import LocalStore
@@ -45,7 +48,7 @@ def inspected(path: str):
 
 def planned(checkpoint, module, settings, *, source_is_target, ask=True):
     """(selection, plan) of ``module``'s load from ``checkpoint``, as the strategy makes them."""
-    selection = select(checkpoint, module, settings, source_is_target=source_is_target, ask=ask)
+    selection = select_tensors(checkpoint, module, settings, source_is_target=source_is_target, ask=ask)
     return selection, plan_of(checkpoint, selection.names, settings)
 
 
@@ -75,7 +78,7 @@ def test_a_checkpoint_with_errors_is_not_planned(tmp_path):
     ckpt = write_checkpoint(str(tmp_path / "ckpt"), tiny_shards(2))
     os.truncate(ckpt.files[1], 0)
     with pytest.raises(InconsistentCheckpoint, match=f"^checkpoint {ckpt.path} is inconsistent, not loading it: "):
-        select(inspected(ckpt.path), BuiltModule(TARGET), load_settings(), source_is_target=True)
+        select_tensors(inspected(ckpt.path), BuiltModule(TARGET), load_settings(), source_is_target=True)
 
 
 # -- drafts ------------------------------------------------------------------------------------
@@ -107,16 +110,16 @@ def test_a_draft_with_a_checkpoint_of_its_own_loads_it_whole_and_is_never_fed_th
     selection, whole = planned(checkpoint, BuiltModule(EAGLE_DRAFT), load_settings(), source_is_target=False)
     assert whole.names is None and selection.role == "draft" and set(whole.expected) == set(ck.tensors)
     with pytest.raises(DraftPlanError, match=r"draft \(method eagle\) has a checkpoint of its own"):
-        select(checkpoint, BuiltModule(EAGLE_DRAFT), load_settings(), source_is_target=True)
+        select_tensors(checkpoint, BuiltModule(EAGLE_DRAFT), load_settings(), source_is_target=True)
 
 
 def test_the_target_source_is_mx_model_uri_or_the_targets_own(monkeypatch):
     engine = EngineView(True, "mtp", ("s3://bucket/target",), 1, 1, None, {})
     settings = load_settings()
-    assert is_target_source(Candidate("model", "s3://bucket/target/"), engine, settings)
-    assert not is_target_source(Candidate("model", "s3://bucket/eagle"), engine, settings)
+    assert _is_target_source(Candidate("model", "s3://bucket/target/"), engine, settings)
+    assert not _is_target_source(Candidate("model", "s3://bucket/eagle"), engine, settings)
     monkeypatch.setenv("MX_MODEL_URI", "s3://bucket/eagle")
-    assert is_target_source(Candidate("model", "s3://bucket/eagle"), engine, load_settings())
+    assert _is_target_source(Candidate("model", "s3://bucket/eagle"), engine, load_settings())
 
 
 def test_resolve_walks_the_chain_then_the_load_is_planned(tmp_path):
@@ -190,7 +193,7 @@ def test_doctor_and_the_strategy_agree(monkeypatch, tmp_path, case, skip_empty):
     answer in test_mtp_architectures.py and test_module_reads.py). Only a target with a table row leaves its
     draft's layers out without a module (Qwen3.5's, DeepSeek-V3.2's); DeepSeek-V3's streams the whole checkpoint."""
     monkeypatch.setenv("MX_ROBUST_SKIP_EMPTY_SHARDS", skip_empty)
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("table", "convention"))
     path, tensors, draft_names = _loadable(CHECKPOINTS[case](str(tmp_path / "ckpt")))
     doctor = diagnose(path).as_dict()
     monkeypatch.setenv("MX_MODEL_URI", path)
@@ -266,13 +269,13 @@ def test_the_selection_drops_what_the_model_says_it_does_not_load(tmp_path, monk
     selection, narrowed = planned(checkpoint, BuiltModule(draft_pp2, unused=unused), settings, source_is_target=True)
     assert narrowed.expected == ["mtp.fc.weight"]
     assert narrowed.shard_keys == [ckpt.names[0]]  # shard b held only a dropped tensor: not read
-    assert selection.unused_by_model == {"lm_head.weight", "model.layers.1.w"}
+    assert selection.of_kind(UNUSED_BY_MODEL) == {"lm_head.weight", "model.layers.1.w"}
     assert selection.shared == frozenset()
-    assert whole_selection.unused_by_model == frozenset() and set(whole_plan.expected) == {
+    assert whole_selection.of_kind(UNUSED_BY_MODEL) == frozenset() and set(whole_plan.expected) == {
         "mtp.fc.weight", "lm_head.weight", "model.layers.1.w"}  # fmt: skip
     # A target's whole-checkpoint plan is narrowed the same way (vLLM 0.33's targets say it too).
     target, full = planned(checkpoint, BuiltModule(TARGET, unused=unused), settings, source_is_target=True)
-    assert full.expected == ["mtp.fc.weight"] and target.unused_by_model == {"lm_head.weight", "model.layers.1.w"}
+    assert full.expected == ["mtp.fc.weight"] and target.of_kind(UNUSED_BY_MODEL) == {"lm_head.weight", "model.layers.1.w"}
 
 
 def test_a_draft_the_model_says_loads_nothing_is_refused_before_streaming(tmp_path, monkeypatch):
@@ -287,31 +290,33 @@ def test_a_draft_the_model_says_loads_nothing_is_refused_before_streaming(tmp_pa
     assert failure.value.mutated is False
 
 
-# -- what may stream before the module answers (LoadPlan.head, Selection.uncertain) ---------------
+# -- what may stream before the module answers (stream.read_ahead: plan_head, uncertain) ---------------
 
 
 def test_the_head_is_the_plans_first_tensors_within_the_budget_and_the_rest_follows():
     shards = (_shard("a", "x.0", "x.1", "x.2"), _shard("b", "x.3", "x.4"))  # 4 bytes each
     plan = LoadPlan("s3://b", shards, None)
-    first = plan.head(12)
+    first = plan_head(plan, 12)
     assert first.expected == ["x.0", "x.1", "x.2"] and first.shard_keys == ["a"] and first.bytes == 12
-    assert plan.head(13).expected == ["x.0", "x.1", "x.2"]  # a tensor is never split
-    assert plan.head(1).expected == ["x.0"]  # a budget smaller than the first still reads it
-    assert plan.head(1 << 40).expected == plan.expected
-    assert plan.head(0) is None and LoadPlan("s3://b", (), None).head(8) is None
-    rest = plan.rest(frozenset(first.expected))
+    assert plan_head(plan, 13).expected == ["x.0", "x.1", "x.2"]  # a tensor is never split
+    assert plan_head(plan, 1).expected == ["x.0"]  # a budget smaller than the first still reads it
+    assert plan_head(plan, 1 << 40).expected == plan.expected
+    assert plan_head(plan, 0) is None and plan_head(LoadPlan("s3://b", (), None), 8) is None
+    rest = read_ahead._rest(plan, frozenset(first.expected))
     assert rest.expected == ["x.3", "x.4"] and rest.shard_keys == ["b"]
-    assert plan.rest(frozenset(plan.expected)) is None
+    assert read_ahead._rest(plan, frozenset(plan.expected)) is None
     # Only the plan's own names, in its order.
     narrowed = LoadPlan("s3://b", shards, frozenset({"x.1", "x.4"}))
-    assert narrowed.head(1 << 40).expected == ["x.1", "x.4"]
+    assert plan_head(narrowed, 1 << 40).expected == ["x.1", "x.4"]
 
 
 def _foreseen_head(checkpoint, engine, held=None):
     """The read-ahead's head of ``engine``'s load, selected without asking (a module still to be asked)."""
     module = BuiltModule(engine, held=held, question=lambda checkpoint: pytest.fail("the module was asked"))
-    selection, plan = planned(checkpoint, module, load_settings(), source_is_target=True, ask=False)
-    return selection, plan.head(1 << 40, selection.uncertain)
+    settings = load_settings()
+    selection, plan = planned(checkpoint, module, settings, source_is_target=True, ask=False)
+    leave = read_ahead._uncertain(selection, checkpoint, plan_of(checkpoint, None, settings).expected, module, settings)
+    return selection, plan_head(plan, 1 << 40, leave), leave
 
 
 def test_a_drafts_head_leaves_its_embeddings_heads_and_shared_weights_to_the_answer(tmp_path):
@@ -320,8 +325,8 @@ def test_a_drafts_head_leaves_its_embeddings_heads_and_shared_weights_to_the_ans
              "model.layers.2.eh_proj.weight", "lm_head.weight", "model.norm.weight")  # fmt: skip
     _, checkpoint = _one_by_one(str(tmp_path / "ckpt"), *((name,) for name in names))
     draft_pp2 = EngineView(True, "mtp", (), 1, 2, {"num_hidden_layers": 2, "num_nextn_predict_layers": 1}, {})
-    selection, head = _foreseen_head(checkpoint, draft_pp2)
-    assert selection.shared == {"lm_head.weight"} and selection.uncertain == {
+    selection, head, leave = _foreseen_head(checkpoint, draft_pp2)
+    assert selection.shared == {"lm_head.weight"} and leave == {
         "model.layers.2.embed_tokens.weight", "model.layers.2.shared_head.head.weight", "lm_head.weight"}  # fmt: skip
     assert head.expected == ["model.layers.2.enorm.weight", "model.layers.2.eh_proj.weight"]
     # A target's embedding and head are its own: read ahead.
@@ -344,4 +349,4 @@ def test_a_layer_the_module_does_not_hold_is_not_read_ahead(tmp_path):
     assert _foreseen_head(checkpoint, TARGET, renamed)[1].expected == expected
     assert _foreseen_head(checkpoint, TARGET, frozenset({"w0", "w1"}))[1].expected == list(names)
     assert _foreseen_head(checkpoint, TARGET, None)[1].expected == list(names)
-    assert layer_of("model.layers.².w") is None and layer_of("lm_head.weight") is None
+    assert read_ahead._layer_of("model.layers.².w") is None and read_ahead._layer_of("lm_head.weight") is None

@@ -16,7 +16,7 @@ import pytest
 from helpers.checkpoints import tiny_shards, upload, write_checkpoint
 from helpers.engine import direct_load, make_context, model_config
 
-from mx_strategies.observe.progress import ProgressLog, ProgressTracker, for_load, human_bytes, human_seconds
+from mx_strategies.observe.progress import ProgressLog, ProgressTracker, for_load, human_bytes, _human_seconds
 from mx_strategies.settings import load_settings
 
 PROGRESS_LOGGER = "modelexpress.strategy_robust_model_streamer.progress"  # kept quiet by conftest
@@ -72,7 +72,7 @@ def test_human_bytes(n, text):
 
 @pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (59, "59s"), (292, "4m52s"), (3780, "1h03m")])
 def test_human_seconds(seconds, text):
-    assert human_seconds(seconds) == text
+    assert _human_seconds(seconds) == text
 
 
 def test_log_writes_a_line_per_finished_shard_and_per_beat():
@@ -146,11 +146,12 @@ def _ctx(rank=0, tqdm=None):
 PLAN = SimpleNamespace(source="/m", shards=(), names=None)
 
 
-def test_rank_zero_only_by_default_and_every_rank_when_asked(monkeypatch):
+def test_lines_on_rank_zero_only_and_an_interval_of_zero_turns_them_off(monkeypatch):
     assert for_load(PLAN, load_settings(), _ctx(0), "target").lines
     assert for_load(PLAN, load_settings(), _ctx(1), "target") is None
-    monkeypatch.setenv("MX_ROBUST_PROGRESS_ALL_RANKS", "true")
-    assert for_load(PLAN, load_settings(), _ctx(1), "target").prefix == "[Worker 1] target "
+    monkeypatch.setenv("MX_ROBUST_PROGRESS_ALL_RANKS", "true")  # retired: warned about, changes nothing
+    assert for_load(PLAN, load_settings(), _ctx(0), "target").prefix == "[Worker 0] target "
+    assert for_load(PLAN, load_settings(), _ctx(1), "target") is None
     monkeypatch.setenv("MX_ROBUST_PROGRESS_INTERVAL_S", "0")
     assert for_load(PLAN, load_settings(), _ctx(0), "target") is None
 
@@ -209,9 +210,9 @@ def test_a_load_on_rank_one_is_quiet_by_default(monkeypatch, caplog, tmp_path):
 
     assert direct_load(model_config(), ckpt.reference, ctx_factory=rank_one).error is None
     assert _progress_lines(caplog) == []
-    monkeypatch.setenv("MX_ROBUST_PROGRESS_ALL_RANKS", "1")
+    monkeypatch.setenv("MX_ROBUST_PROGRESS_ALL_RANKS", "1")  # retired: warned about, the rank stays quiet
     assert direct_load(model_config(), ckpt.reference, ctx_factory=rank_one).error is None
-    assert len(_progress_lines(caplog)) == 2 and all(line.startswith("[Worker 1] ") for line in _progress_lines(caplog))
+    assert _progress_lines(caplog) == []
 
 
 def test_a_load_where_vllm_shows_its_bar_shows_one(monkeypatch, capsys, tmp_path):

@@ -77,7 +77,7 @@ from test_whole_parameters import refused  # noqa: E402
 
 from mx_strategies.robust import RobustModelStreamerStrategy  # noqa: E402
 from mx_strategies.select import mtp_table  # noqa: E402
-from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.verify.tensor_bytes import same_bytes  # noqa: E402
 
 # Sizes that make the block-FP8 grids real: 128-row blocks, DeepSeek's 576-row kv_a_proj_with_mqa (512 + 64).
 DEEPSEEK_SIZES = dict(hidden_size=256, intermediate_size=256, moe_intermediate_size=128, q_lora_rank=128,
@@ -176,7 +176,7 @@ def quantized(scheme: str, root, monkeypatch) -> Quantized:
         return _gpt_oss(root)
     config = {**builders.TARGET_CONFIGS[spec.arch], **spec.fields}
     folder, built, ckpt, (target, vc, mc, truth, tensors), mtp = target_and_draft_checkpoint(
-        spec.arch, root, config=config, unwritten=KV_CACHE_SCALE.search
+        spec.arch, root, config=config, _unwritten=KV_CACHE_SCALE.search
     )
     written = set(ckpt.draft_tensors.values())
 

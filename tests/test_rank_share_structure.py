@@ -17,8 +17,8 @@ from helpers.checkpoints import write_checkpoint
 from mx_strategies.plan.planning import plan_of
 from mx_strategies.select.built_module import BuiltModule
 from mx_strategies.select.module_reads import ModuleReads
-from mx_strategies.select.rank_share import OTHER_EXPERT_RANK, OTHER_STAGE, RankShare, share_of
-from mx_strategies.select.selection import NOT_HELD, select
+from mx_strategies.select.rank_share import _OTHER_EXPERT_RANK, _OTHER_STAGE, RankShare, share_of
+from mx_strategies.select.selection import NOT_HELD, select_tensors
 from mx_strategies.settings import load_settings
 from mx_strategies.inspect.sources import Candidate, probe
 from helpers.engine import TARGET
@@ -62,13 +62,13 @@ def test_the_structure_says_which_layers_and_experts_this_rank_holds():
     share = share_of(Stage())
     assert share.missing_layers == ("model.layers.0.", "model.layers.1.")
     assert dict(share.local_experts) == {"model.layers.2.mlp.experts.": {2, 3}, "model.layers.3.mlp.experts.": {2, 3}}
-    assert share.why_not_held("model.layers.1.self_attn.q_proj.weight") == OTHER_STAGE
+    assert share.why_not_held("model.layers.1.self_attn.q_proj.weight") == _OTHER_STAGE
     assert share.why_not_held("model.layers.10.norm.weight") is None  # the prefix ends at the dot: not layer 1
-    assert share.why_not_held("model.layers.2.mlp.experts.0.gate_proj.weight") == OTHER_EXPERT_RANK
+    assert share.why_not_held("model.layers.2.mlp.experts.0.gate_proj.weight") == _OTHER_EXPERT_RANK
     assert share.why_not_held("model.layers.2.mlp.experts.3.gate_proj.weight") is None
     # As vLLM's ep_weight_filter: only the heavy weights are skipped; scales stay.
     assert share.why_not_held("model.layers.2.mlp.experts.0.gate_proj.weight_scale_inv") is None
-    assert share.why_not_held("model.layers.2.mlp.experts.0.gate_proj.weight_packed") == OTHER_EXPERT_RANK
+    assert share.why_not_held("model.layers.2.mlp.experts.0.gate_proj.weight_packed") == _OTHER_EXPERT_RANK
     assert share.why_not_held("model.layers.2.mlp.shared_experts.gate_proj.weight") is None
     assert share.why_not_held("lm_head.weight") is None
 
@@ -97,7 +97,7 @@ def test_the_structure_narrows_a_table_plan_but_not_the_modules_own_answer(tmp_p
     checkpoint = probe(Candidate("explicit", ckpt.path), settings)
 
     def planned(**module):
-        selection = select(checkpoint, BuiltModule(TARGET, **module), settings, source_is_target=True)
+        selection = select_tensors(checkpoint, BuiltModule(TARGET, **module), settings, source_is_target=True)
         return selection, plan_of(checkpoint, selection.names, settings)
 
     _, full = planned()
@@ -106,9 +106,9 @@ def test_the_structure_narrows_a_table_plan_but_not_the_modules_own_answer(tmp_p
     selection, narrowed = planned(share=share)
     assert set(narrowed.expected) == {"model.embed_tokens.weight", "model.layers.2.norm.weight",
                                       "model.layers.2.mlp.experts.2.down_proj.weight", "lm_head.weight"}  # fmt: skip
-    assert selection.not_held == {"model.layers.0.norm.weight", "model.layers.2.mlp.experts.0.down_proj.weight"}
+    assert selection.of_kind(NOT_HELD) == {"model.layers.0.norm.weight", "model.layers.2.mlp.experts.0.down_proj.weight"}
     assert selection.left_bytes.get(NOT_HELD, 0) == 2 * 4 + 2 * 2 * 4
-    assert selection.reasons["model.layers.0.norm.weight"] == OTHER_STAGE
+    assert selection.left_out["model.layers.0.norm.weight"].why == _OTHER_STAGE
     assert narrowed.bytes == full.bytes - selection.left_bytes.get(NOT_HELD, 0)
 
     # The module's own answer already is the rank's share: the structure is not asked again.
@@ -121,7 +121,7 @@ def test_the_structure_narrows_a_table_plan_but_not_the_modules_own_answer(tmp_p
 @pytest.mark.parametrize("prefix", ["model.layers.2.mlp.experts.", "layers.2.mlp.experts."])
 def test_expert_ids_are_read_at_the_moe_path_only(prefix):
     share = RankShare((), {prefix: frozenset({1})})
-    assert share.why_not_held(prefix + "0.w1.weight") == OTHER_EXPERT_RANK
+    assert share.why_not_held(prefix + "0.w1.weight") == _OTHER_EXPERT_RANK
     assert share.why_not_held(prefix + "1.w1.weight") is None
     assert share.why_not_held(prefix + "w13_weight") is None  # a fused 3-D tensor: no id, left to the loader
 
@@ -192,7 +192,7 @@ def test_under_eplb_a_rank_reads_what_vllms_own_rule_loads(ep_rank, tmp_path):
     assert expected == ({0, 1, 2} if ep_rank == 0 else {0, 1, 3})
     assert dict(share.local_experts) == {"layers.0.experts.": expected}
     absent = ({0, 1, 2, 3} - expected).pop()
-    assert share.why_not_held(f"layers.0.experts.{absent}.down_proj.weight") == OTHER_EXPERT_RANK
+    assert share.why_not_held(f"layers.0.experts.{absent}.down_proj.weight") == _OTHER_EXPERT_RANK
     assert share.why_not_held(f"layers.0.experts.{absent}.down_proj.weight_scale") is None  # scales stay, as vLLM's
     assert all(share.why_not_held(f"layers.0.experts.{e}.down_proj.weight") is None for e in expected)
 

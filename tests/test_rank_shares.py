@@ -22,7 +22,7 @@ default loader on the same classes.
 * ``ep-probe-fault``: distributed, rank 1 reaches the store through a dead
   port: both ranks refuse before anything is streamed, ``mutated=False``.
 * ``pp2-table``, ``ep-own-table``: the same layouts with the dry run left out
-  (``MX_ROBUST_SELECTION_SOURCES=table,convention``): DeepSeek-V3's classes
+  (``module_reads.SELECTION_ORDER=table,convention``): DeepSeek-V3's classes
   build here, so no table row names its MTP layer; the whole checkpoint is
   narrowed by the module's structure (``mx_strategies.select.rank_share``: its
   ``PPMissingLayer``s, its ``expert_map``) to the rank's share, the MTP layer
@@ -64,10 +64,10 @@ LAYOUTS = {
     "ep-own": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "0"}, communicator="torch"),
     "ep-probe-fault": dict(tp=2, pp=1, ep=True, draft=False, env={"MX_MS_DISTRIBUTED": "1"}, dead_rank=1,
                            communicator="platform"),  # fmt: skip
-    "pp2-table": dict(tp=1, pp=2, ep=False, draft=True, env={"MX_ROBUST_SELECTION_SOURCES": "table,convention"},
+    "pp2-table": dict(tp=1, pp=2, ep=False, draft=True, env={}, sources="table,convention",
                       communicator="torch"),  # fmt: skip
     "ep-own-table": dict(tp=2, pp=1, ep=True, draft=False, communicator="platform",
-                         env={"MX_MS_DISTRIBUTED": "0", "MX_ROBUST_SELECTION_SOURCES": "table,convention"}),
+                         env={"MX_MS_DISTRIBUTED": "0"}, sources="table,convention"),
     # Tensor parallel 2 (stacked parameters sliced per rank) on a checkpoint that lacks one member of four stacks.
     "tp2-partial": dict(tp=2, pp=1, ep=False, draft=True, env={"MX_MS_DISTRIBUTED": "0"}, communicator="torch",
                         checkpoint="partial"),  # fmt: skip
@@ -124,7 +124,7 @@ def _run_layout(name: str, store) -> dict:
         for rank in range(2):
             args.append(dict(rank=rank, port=port, tp=layout["tp"], pp=layout["pp"], ep=layout["ep"],
                              draft=layout["draft"], communicator=layout["communicator"],
-                             config_dir=store["config_only"], local_dir=store["local"]))  # fmt: skip
+                             config_dir=store["config_only"], local_dir=store["local"], sources=layout.get("sources")))  # fmt: skip
             env = {k: v for k, v in os.environ.items() if not k.startswith(("MX_", "VLLM_", "RUNAI_"))}
             endpoint = f"http://127.0.0.1:{dead}" if layout.get("dead_rank") == rank else proxies[rank].endpoint
             uri = store["partial_uri"] if layout.get("checkpoint") == "partial" else store["uri"]

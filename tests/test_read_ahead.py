@@ -41,7 +41,7 @@ from test_mtp_architectures import (  # noqa: E402
 
 from mx_strategies.robust import RobustModelStreamerStrategy  # noqa: E402
 from mx_strategies.stream import read_ahead as read_ahead_module  # noqa: E402
-from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.verify.tensor_bytes import same_bytes  # noqa: E402
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from modelexpress.load_strategy import LoadStrategyChain
 from mx_strategies.observe.report import clear_reports, recent_reports
 from mx_strategies.select import module_reads, reads_cache
 from mx_strategies.settings import load_settings
-from mx_strategies.stream.tensor_bytes import same_bytes
+from mx_strategies.verify.tensor_bytes import same_bytes
 
 DROPPED = "was proven wrong by this load (the model-side check failed) and was dropped: the next load asks the module again"
 
@@ -95,7 +95,7 @@ def test_a_kept_answer_the_load_proves_wrong_costs_one_failed_load(checkpoint, t
     assert answer["left_out"] == {} and answer["module_class"].endswith(".ReadingModel")
     # The answer, edited on the shared volume to leave out two tensors the module reads.
     left_out = sorted(checkpoint.reference)[:2]
-    answer["left_out"] = {name: module_reads.NOT_READ for name in left_out}
+    answer["left_out"] = {name: module_reads._FED_NOT_READ for name in left_out}
     kept.write_text(json.dumps(answer))
 
     # Start 1: robust streams what the kept answer says, the model-side check finds the two parameters unwritten,
@@ -149,7 +149,7 @@ def _kept_answer(tmp_path, checkpoint) -> module_reads.ModuleReads:
     context = ("stand-in", 0, "target", 1, 1, 0)
     assert not module_reads.ask_cached(model, ckpt, settings, context).cached
     answer = module_reads.ask_cached(model, ckpt, settings, context)
-    assert answer.cached and answer.kept_key and kept_files(tmp_path) == [reads_cache.path_of(tmp_path / "kept", answer.kept_key)]
+    assert answer.cached and answer.kept_key and kept_files(tmp_path) == [reads_cache._path_of(tmp_path / "kept", answer.kept_key)]
     return answer
 
 

@@ -7,15 +7,23 @@ Every test starts from an environment without MX_* variables (conftest's
 
 from __future__ import annotations
 
+import ast
+import logging
 import re
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from dotenv import dotenv_values
+from helpers.checkpoints import write_shard
 from helpers.scripts import load_script
 
+import mx_strategies.settings as settings_module
 from mx_strategies.errors import ConfigurationError
-from mx_strategies.settings import RobustSettings, load_settings
+from mx_strategies.settings import RETIRED, RobustSettings, load_settings
+
+SETTINGS_LOGGER = "modelexpress.strategy_robust_model_streamer.settings"
 
 settings_doc = load_script("settings_doc")
 
@@ -41,29 +49,19 @@ DEFAULTS = {
     "guard_chain": "auto",
     "discovery_depth": 3,
     "probe_timeout_s": 20.0,
-    "max_discovery_entries": 100_000,
     "max_header_bytes": 100 * 1024 * 1024,
-    "max_index_bytes": 64 * 1024 * 1024,
-    "max_config_bytes": 16 * 1024 * 1024,
-    "probe_max_attempts": 3,
     "skip_empty_shards": True,
     "completeness": "fail",
     "model_completeness": "fail",
     "verify_content": "off",
-    "verify_sample": 8,
     "file_reader": "auto",
-    "delivery_order": "arrival",
-    "plan_order_hold_bytes": 1 << 30,
     "read_ahead_bytes": 16 << 30,
     "progress_interval_s": 10.0,
-    "progress_all_ranks": False,
     "draft_conventions": ["mtp", "nextn_layers", "mtp_layers"],
     "draft_extra_prefixes": [],
     "draft_shared_weights": "auto",
     "target_selection": "model",
-    "selection_sources": ["dry_run", "table", "convention"],
     "dry_run_timeout_s": 120.0,
-    "dry_run_sample_above": 8192,
     "reads_cache_dir": Path("~/.cache/mx-strategies/reads"),
     "streamer_concurrency": None,
     "streamer_memory_limit": None,
@@ -81,29 +79,19 @@ NON_DEFAULTS = {
     "MX_ROBUST_GUARD_CHAIN": ("module", "module"),
     "MX_ROBUST_DISCOVERY_DEPTH": ("0", 0),
     "MX_ROBUST_PROBE_TIMEOUT_S": ("2.5", 2.5),
-    "MX_ROBUST_MAX_DISCOVERY_ENTRIES": ("5000", 5000),
     "MX_ROBUST_MAX_HEADER_BYTES": ("1048576", 1048576),
-    "MX_ROBUST_MAX_INDEX_BYTES": ("2097152", 2097152),
-    "MX_ROBUST_MAX_CONFIG_BYTES": ("65536", 65536),
-    "MX_ROBUST_PROBE_MAX_ATTEMPTS": ("10", 10),
     "MX_ROBUST_SKIP_EMPTY_SHARDS": ("0", False),
     "MX_ROBUST_COMPLETENESS": ("warn", "warn"),
     "MX_ROBUST_MODEL_COMPLETENESS": ("warn", "warn"),
     "MX_ROBUST_FILE_READER": ("page_cache", "page_cache"),
-    "MX_ROBUST_DELIVERY_ORDER": ("plan", "plan"),
-    "MX_ROBUST_PLAN_ORDER_HOLD_BYTES": ("0", 0),
     "MX_ROBUST_READ_AHEAD_BYTES": ("0", 0),
     "MX_ROBUST_PROGRESS_INTERVAL_S": ("0.5", 0.5),
-    "MX_ROBUST_PROGRESS_ALL_RANKS": ("yes", True),
     "MX_ROBUST_VERIFY_CONTENT": ("sample", "sample"),
-    "MX_ROBUST_VERIFY_SAMPLE": ("64", 64),
     "MX_ROBUST_DRAFT_CONVENTIONS": ("nextn_layers", ["nextn_layers"]),
     "MX_ROBUST_DRAFT_EXTRA_PREFIXES": ("model.eagle.,extra.", ["model.eagle.", "extra."]),
     "MX_ROBUST_DRAFT_SHARED_WEIGHTS": ("always", "always"),
     "MX_ROBUST_TARGET_SELECTION": ("all", "all"),
-    "MX_ROBUST_SELECTION_SOURCES": ("table, convention", ["table", "convention"]),
     "MX_ROBUST_DRY_RUN_TIMEOUT_S": ("2.5", 2.5),
-    "MX_ROBUST_DRY_RUN_SAMPLE_ABOVE": ("0", 0),
     "MX_ROBUST_READS_CACHE_DIR": ("/var/cache/mx-reads", Path("/var/cache/mx-reads")),
     "MX_ROBUST_STREAMER_CONCURRENCY": ("32", 32),
     "MX_ROBUST_STREAMER_MEMORY_LIMIT": ("-1", -1),
@@ -220,7 +208,7 @@ def test_environment_wins_over_file_and_file_over_defaults(monkeypatch, tmp_path
     settings = load_settings()
     assert settings.discovery_depth == 1  # environment over file
     assert settings.completeness == "warn"  # file over default
-    assert settings.probe_max_attempts == DEFAULTS["probe_max_attempts"]  # default
+    assert settings.probe_timeout_s == DEFAULTS["probe_timeout_s"]  # default
 
 
 # -- invalid values: one message naming the variable, the value, what is allowed
@@ -228,10 +216,7 @@ def test_environment_wins_over_file_and_file_over_defaults(monkeypatch, tmp_path
 
 INVALID = [
     ("MX_ROBUST_MODEL_COMPLETENESS", "maybe", "Input should be 'fail' or 'warn'"),
-    ("MX_ROBUST_DELIVERY_ORDER", "sorted", "Input should be 'arrival' or 'plan'"),
     ("MX_ROBUST_FILE_READER", "mmap", "Input should be 'auto', 'page_cache' or 'runai'"),
-    ("MX_ROBUST_PLAN_ORDER_HOLD_BYTES", "-1",
-     "Input should be greater than or equal to 0 (allowed: an integer from 0 to 1099511627776)"),
     ("MX_ROBUST_READ_AHEAD_BYTES", "16GiB",
      "Input should be a valid integer, unable to parse string as an integer (allowed: an integer from 0 to 17592186044416)"),
     # source order: bad entry, duplicate, empty
@@ -254,18 +239,8 @@ INVALID = [
     ("MX_ROBUST_COMPLETENESS", "maybe", "Input should be 'fail' or 'warn'"),
     ("MX_ROBUST_DRAFT_SHARED_WEIGHTS", "sometimes", "Input should be 'auto', 'always' or 'never'"),
     ("MX_ROBUST_TARGET_SELECTION", "everything", "Input should be 'model' or 'all'"),
-    # what the module reads
-    ("MX_ROBUST_SELECTION_SOURCES", "dry_run,guess",
-     "unknown entry 'guess' (allowed: one or more of dry_run, table, convention, each at most once)"),
-    ("MX_ROBUST_SELECTION_SOURCES", "", "names no entry (allowed: one or more of dry_run, table, convention, each at most once)"),
     ("MX_ROBUST_DRY_RUN_TIMEOUT_S", "0", "Input should be greater than 0 (allowed: a number > 0 and <= 3600)"),
-    ("MX_ROBUST_DRY_RUN_SAMPLE_ABOVE", "-1", "Input should be greater than or equal to 0 (allowed: an integer >= 0)"),
     ("MX_ROBUST_VERIFY_CONTENT", "most", "Input should be 'off', 'sample' or 'all'"),
-    # content verification sample
-    ("MX_ROBUST_VERIFY_SAMPLE", "0",
-     "Input should be greater than or equal to 1 (allowed: an integer from 1 to 1000000)"),
-    ("MX_ROBUST_VERIFY_SAMPLE", "1000001",
-     "Input should be less than or equal to 1000000 (allowed: an integer from 1 to 1000000)"),
     # discovery depth
     ("MX_ROBUST_DISCOVERY_DEPTH", "9", "Input should be less than or equal to 8 (allowed: an integer from 0 to 8)"),
     ("MX_ROBUST_DISCOVERY_DEPTH", "-1", "Input should be greater than or equal to 0 (allowed: an integer from 0 to 8)"),
@@ -278,13 +253,6 @@ INVALID = [
     ("MX_ROBUST_PROBE_TIMEOUT_S", "nan", "Input should be a finite number (allowed: a number > 0 and <= 600)"),
     ("MX_ROBUST_PROBE_TIMEOUT_S", "soon",
      "Input should be a valid number, unable to parse string as a number (allowed: a number > 0 and <= 600)"),
-    # probe attempts
-    ("MX_ROBUST_PROBE_MAX_ATTEMPTS", "0",
-     "Input should be greater than or equal to 1 (allowed: an integer from 1 to 10)"),
-    ("MX_ROBUST_PROBE_MAX_ATTEMPTS", "11",
-     "Input should be less than or equal to 10 (allowed: an integer from 1 to 10)"),
-    ("MX_ROBUST_PROBE_MAX_ATTEMPTS", "2.5",
-     "Input should be a valid integer, unable to parse string as an integer (allowed: an integer from 1 to 10)"),
     # streamer pass-through
     ("MX_ROBUST_STREAMER_CONCURRENCY", "0",
      "Input should be greater than or equal to 1 (allowed: an integer from 1 to 1024, or empty for unset)"),
@@ -306,14 +274,8 @@ INVALID = [
      "Input should be less than or equal to 18446744073709551615 "
      "(allowed: an integer from 1 to 18446744073709551615, or empty for unset)"),
     # probe caps (issue 15)
-    ("MX_ROBUST_MAX_DISCOVERY_ENTRIES", "0",
-     "Input should be greater than or equal to 1 (allowed: an integer from 1 to 10000000)"),
     ("MX_ROBUST_MAX_HEADER_BYTES", "104857601",
      "Input should be less than or equal to 104857600 (allowed: an integer from 64 to 104857600)"),
-    ("MX_ROBUST_MAX_INDEX_BYTES", "63",
-     "Input should be greater than or equal to 64 (allowed: an integer from 64 to 1073741824)"),
-    ("MX_ROBUST_MAX_CONFIG_BYTES", "1GiB",
-     "Input should be a valid integer, unable to parse string as an integer (allowed: an integer from 64 to 1073741824)"),
     # MX_MODEL_URI (issue 15)
     ("MX_MODEL_URI", " ",
      "is blank (unset it, or name a checkpoint) "
@@ -333,8 +295,6 @@ INVALID = [
     ("MX_ROBUST_PROGRESS_INTERVAL_S", "-1",
      "Input should be greater than or equal to 0 (allowed: a number from 0 to 3600)"),
     ("MX_ROBUST_PROGRESS_INTERVAL_S", "inf", "Input should be a finite number (allowed: a number from 0 to 3600)"),
-    ("MX_ROBUST_PROGRESS_ALL_RANKS", "rank0",
-     "Input should be a valid boolean, unable to interpret input (allowed: true or false; 1/0, yes/no, on/off also work)"),
     # booleans
     ("MX_ROBUST_SKIP_EMPTY_SHARDS", "perhaps",
      "Input should be a valid boolean, unable to interpret input (allowed: true or false; 1/0, yes/no, on/off also work)"),
@@ -362,12 +322,12 @@ def test_every_validated_setting_has_an_invalid_value_test():
 
 def test_several_invalid_values_are_reported_together(monkeypatch):
     monkeypatch.setenv("MX_ROBUST_COMPLETENESS", "maybe")
-    monkeypatch.setenv("MX_ROBUST_PROBE_MAX_ATTEMPTS", "0")
+    monkeypatch.setenv("MX_ROBUST_DISCOVERY_DEPTH", "9")
     with pytest.raises(ConfigurationError) as caught:
         load_settings()
     assert str(caught.value) == (
-        "MX_ROBUST_PROBE_MAX_ATTEMPTS='0' is invalid: Input should be greater than or equal to 1 "
-        "(allowed: an integer from 1 to 10); "
+        "MX_ROBUST_DISCOVERY_DEPTH='9' is invalid: Input should be less than or equal to 8 "
+        "(allowed: an integer from 0 to 8); "
         "MX_ROBUST_COMPLETENESS='maybe' is invalid: Input should be 'fail' or 'warn'"
     )
 
@@ -509,3 +469,137 @@ def test_regenerating_writes_what_the_check_accepts(tmp_path, capsys):
     (tmp_path / settings_doc.TOML_EXAMPLE).write_text("# edited by hand\n", encoding="utf-8")
     assert settings_doc.main(["--check", "--root", str(tmp_path)]) == 1
     assert "configs/robust.toml.example is out of date" in capsys.readouterr().err
+
+
+# -- retired variables: one warning each, never an error, nothing changed ------
+
+
+@pytest.fixture
+def settings_log(monkeypatch, caplog):
+    """The settings' warnings, with this process's memory of those already given cleared."""
+    monkeypatch.setattr(settings_module, "_warned", set())
+    caplog.set_level(logging.WARNING, logger=SETTINGS_LOGGER)
+    return lambda: [r.getMessage() for r in caplog.records if r.name == SETTINGS_LOGGER]
+
+
+@pytest.mark.parametrize("env", sorted(RETIRED))
+def test_a_retired_variable_logs_one_warning_naming_what_replaced_it(monkeypatch, settings_log, env):
+    monkeypatch.setenv(env, "plan")  # any value, even one the setting once refused
+    assert load_settings().model_dump() == DEFAULTS
+    load_settings()  # once per process, however often the settings are read
+    assert settings_log() == [f"{env} is retired and no longer read: {RETIRED[env]}; unset it"]
+
+
+def test_retired_variables_in_a_config_file_warn_too(monkeypatch, tmp_path, settings_log):
+    _use_config(monkeypatch, tmp_path / "robust.toml", 'MX_ROBUST_DELIVERY_ORDER = "plan"\nMX_ROBUST_COMPLETENESS = "warn"\n')
+    monkeypatch.setenv("MX_ROBUST_PROGRESS_ALL_RANKS", "true")
+    assert load_settings().completeness == "warn"
+    assert settings_log() == [  # the environment's first, then the file's
+        f"MX_ROBUST_PROGRESS_ALL_RANKS is retired and no longer read: {RETIRED['MX_ROBUST_PROGRESS_ALL_RANKS']}; "
+        "unset it",
+        f"MX_ROBUST_DELIVERY_ORDER is retired and no longer read: {RETIRED['MX_ROBUST_DELIVERY_ORDER']}; unset it",
+    ]
+
+
+def test_a_retired_variable_is_no_setting_and_a_typo_still_is_refused(monkeypatch, settings_log):
+    assert not RETIRED.keys() & ALL_ENVS
+    monkeypatch.setenv("MX_ROBUST_PROGRESS_ALL_RANKS", "true")
+    monkeypatch.setenv("MX_ROBUST_COMPLETNESS", "warn")
+    with pytest.raises(ConfigurationError, match=r"^MX_ROBUST_COMPLETNESS is not a setting \(did you mean MX_ROBUST_COMPLETENESS\?\)$"):
+        load_settings()
+    assert len(settings_log()) == 1
+
+
+def test_the_docs_list_every_retired_variable_with_what_replaced_it():
+    docs_text = (REPO / "docs/settings.md").read_text(encoding="utf-8")
+    for env, replacement in RETIRED.items():
+        assert f"- `{env}`: {replacement}." in docs_text
+
+
+# -- every setting earns its place: who sets it, and a test that shows what it changes
+
+# Each setting -> the test that shows what it changes (docs/settings.md names it; scripts/settings_doc.py reads it).
+SHOWN_BY = {
+    "MX_MODEL_URI": "tests/test_report.py::test_report_says_what_loaded_from_where_and_how_long_each_phase_took",
+    "MX_ROBUST_SOURCE_ORDER": "tests/test_sources.py::test_source_order_is_configurable",
+    "MX_ROBUST_REQUIRE_MODEL_URI": "tests/test_robust.py::test_offered_without_mx_model_uri_unless_the_gate_is_kept",
+    "MX_ROBUST_GUARD_CHAIN": "tests/test_chain_guard.py::test_the_setting_lets_instant_tensor_read_any_folder",
+    "MX_ROBUST_DISCOVERY_DEPTH": "tests/test_target_loads.py::test_discovery_depth_too_shallow_rejects_hf_layout_with_reason",
+    "MX_ROBUST_PROBE_TIMEOUT_S": "tests/test_sources.py::test_unreachable_endpoint_fails_cleanly_and_quickly",
+    "MX_ROBUST_MAX_HEADER_BYTES": "tests/test_settings.py::test_a_header_over_max_header_bytes_is_a_named_problem",
+    "MX_ROBUST_SKIP_EMPTY_SHARDS": "tests/test_planning.py::test_loaded_shards_leave_empty_ones_out_unless_told",
+    "MX_ROBUST_COMPLETENESS": "tests/test_streaming.py::test_shortfall_under_warn_policy_loads_and_warns",
+    "MX_ROBUST_MODEL_COMPLETENESS": "tests/test_whole_parameters.py::test_warn_accepts_a_partial_parameter_and_says_so",
+    "MX_ROBUST_VERIFY_CONTENT": "tests/test_faults.py::test_flipped_data_bytes_are_caught_by_verify_all",
+    "MX_ROBUST_READ_AHEAD_BYTES": "tests/test_read_ahead.py::test_no_read_ahead_when_it_is_switched_off",
+    "MX_ROBUST_FILE_READER":
+        "tests/test_file_reader.py::test_auto_reads_warm_files_from_the_page_cache_and_cold_ones_with_runai",
+    "MX_ROBUST_PROGRESS_INTERVAL_S": "tests/test_progress.py::test_lines_on_rank_zero_only_and_an_interval_of_zero_turns_them_off",
+    "MX_ROBUST_DRAFT_CONVENTIONS": "tests/test_draft.py::test_only_the_configured_conventions_are_tried",
+    "MX_ROBUST_DRAFT_EXTRA_PREFIXES": "tests/test_mtp_drafts.py::test_mtp_layers_convention_and_extra_prefixes",
+    "MX_ROBUST_DRAFT_SHARED_WEIGHTS": "tests/test_mtp_drafts.py::test_shared_weights_policy",
+    "MX_ROBUST_TARGET_SELECTION": "tests/test_mtp_architectures.py::test_target_selection_all_streams_the_whole_checkpoint",
+    "MX_ROBUST_DRY_RUN_TIMEOUT_S": "tests/test_settings.py::test_a_dry_run_over_its_time_bound_leaves_the_module_unanswered",
+    "MX_ROBUST_READS_CACHE_DIR": "tests/test_module_reads.py::test_the_answer_is_kept_and_a_restart_asks_nothing",
+    "MX_ROBUST_STREAMER_CONCURRENCY": "tests/test_streaming.py::test_streamer_settings_apply_during_the_load_only",
+    "MX_ROBUST_STREAMER_MEMORY_LIMIT": "tests/test_streaming.py::test_streamer_settings_apply_during_the_load_only",
+    "MX_ROBUST_STREAMER_CHUNK_BYTESIZE": "tests/test_streaming.py::test_streamer_settings_apply_during_the_load_only",
+    "MX_ROBUST_STREAMER_S3_MAX_RETRIES": "tests/test_faults.py::test_retry_setting_changes_between_loads_in_one_process",
+    "MX_ROBUST_STREAMER_S3_RETRY_TIMEOUT_S":
+        "tests/test_faults.py::test_retry_timeout_setting_lets_runai_outlast_a_longer_burst",
+}  # fmt: skip
+
+
+def test_every_setting_has_a_test_that_shows_what_it_changes():
+    assert set(SHOWN_BY) == ALL_ENVS, "a setting was added or retired: update SHOWN_BY"
+    for env, node in SHOWN_BY.items():
+        path, _, function = node.partition("::")
+        tree = ast.parse((REPO / path).read_text(encoding="utf-8"))
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        assert function in defined, f"{env}: {node} names no test"
+        assert env in (REPO / path).read_text(encoding="utf-8") or path.endswith("test_settings.py") or \
+            _field_of(env) in (REPO / path).read_text(encoding="utf-8"), f"{env}: {path} never sets it"  # fmt: skip
+
+
+def test_every_setting_says_who_would_set_it():
+    properties = RobustSettings.model_json_schema()["properties"]
+    assert {env for env, prop in properties.items() if prop.get("who")} == ALL_ENVS
+
+
+def test_a_header_over_max_header_bytes_is_a_named_problem(monkeypatch, tmp_path):
+    from mx_strategies.inspect.sources import Candidate, probe
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    write_shard(str(folder / "model.safetensors"), {f"layer.{i}.weight": torch.ones(2) for i in range(8)})
+    assert probe(Candidate("explicit", str(folder)), load_settings()).problems == []
+    monkeypatch.setenv("MX_ROBUST_MAX_HEADER_BYTES", "64")
+    (problem,) = probe(Candidate("explicit", str(folder)), load_settings()).problems
+    assert problem.kind == "corrupt_header" and "over MX_ROBUST_MAX_HEADER_BYTES=64" in problem.message
+
+
+def test_a_dry_run_over_its_time_bound_leaves_the_module_unanswered(monkeypatch, tmp_path):
+    from mx_strategies.inspect.sources import Candidate, probe
+    from mx_strategies.select import module_reads
+
+    class Slow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.Parameter(torch.zeros(2))
+
+        def load_weights(self, weights):
+            for name, tensor in weights:
+                time.sleep(0.05)
+                self.norm.data.copy_(tensor)
+            return {"norm"}
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    write_shard(str(folder / "model.safetensors"), {f"n{i}": torch.ones(2) for i in range(20)})
+    checkpoint = probe(Candidate("explicit", str(folder)), load_settings())
+    assert not isinstance(module_reads.ask(Slow(), checkpoint, load_settings()), module_reads.Unanswered)
+    monkeypatch.setenv("MX_ROBUST_DRY_RUN_TIMEOUT_S", "0.2")
+    started = time.perf_counter()
+    answer = module_reads.ask(Slow(), checkpoint, load_settings())
+    assert isinstance(answer, module_reads.Unanswered) and "took longer than its time bound" in answer.reason
+    assert time.perf_counter() - started < 5

@@ -23,13 +23,13 @@ from helpers.checkpoints import write_shard
 from modelexpress import p2p_pb2
 
 from mx_strategies.select import mtp_table
-from mx_strategies.inspect.checkpoint import inspect
+from mx_strategies.inspect.index import inspect
 from mx_strategies.engine import SGLANG, EngineView, engine_view
 from mx_strategies.errors import DraftPlanError
 from mx_strategies.select.built_module import BuiltModule
-from mx_strategies.engine.sglang import SGLANG_MTP_METHODS, is_mtp_draft
+from mx_strategies.engine.sglang import SGLANG_MTP_METHODS, _is_mtp_draft
 from mx_strategies.plan.planning import plan_of
-from mx_strategies.select.selection import select
+from mx_strategies.select.selection import select_tensors
 from mx_strategies.settings import load_settings
 from mx_strategies.inspect.storage import LocalStore
 
@@ -63,7 +63,7 @@ def draft(architecture: str, **fields) -> EngineView:
 def plan(folder: str, engine: EngineView):
     """(selection, plan) of ``engine``'s load from ``folder``, the target's checkpoint."""
     checkpoint, settings = inspect(LocalStore(folder), 2), load_settings()
-    selection = select(checkpoint, BuiltModule(engine), settings, source_is_target=True)
+    selection = select_tensors(checkpoint, BuiltModule(engine), settings, source_is_target=True)
     return selection, plan_of(checkpoint, selection.names, settings)
 
 
@@ -246,10 +246,10 @@ def test_every_sglang_draft_class_the_table_knows_is_an_mtp_draft_by_its_class_n
     """The engine view decides "MTP draft" by SGLang's class-name suffixes alone (it asks no table): every
     SGLang row's draft class must pass that rule, under every method SGLang runs it with, or its load would
     be planned as a draft with a checkpoint of its own."""
-    rows = mtp_table.rows_for(engine=SGLANG)
+    rows = mtp_table._rows_for(engine=SGLANG)
     assert rows
     for row in rows:
         for architecture in row.draft_architectures:
             for method in set(row.methods) & set(SGLANG_MTP_METHODS):
-                assert is_mtp_draft(True, method, (architecture,)), (row.key, architecture, method)
-    assert not is_mtp_draft(True, "eagle", ("LlamaForCausalLMEagle3",))
+                assert _is_mtp_draft(True, method, (architecture,)), (row.key, architecture, method)
+    assert not _is_mtp_draft(True, "eagle", ("LlamaForCausalLMEagle3",))

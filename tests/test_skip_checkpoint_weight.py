@@ -29,7 +29,7 @@ from test_mtp_architectures import (  # noqa: E402,F401 - fixtures and helpers o
     vllm_cpu,
 )
 
-from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.verify.tensor_bytes import same_bytes  # noqa: E402
 
 ARCHITECTURE = "VisionSkippingDeepseekV3ForCausalLM"
 VISION = "vision_tower."

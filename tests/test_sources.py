@@ -131,7 +131,7 @@ def test_unreachable_endpoint_fails_cleanly_and_quickly(monkeypatch, tmp_path):
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     monkeypatch.setenv("MX_ROBUST_PROBE_TIMEOUT_S", "1")
-    monkeypatch.setenv("MX_ROBUST_PROBE_MAX_ATTEMPTS", "1")
+    monkeypatch.setattr("mx_strategies.inspect.object_stores.PROBE_MAX_ATTEMPTS", 1)
     uri = "s3://models/tiny"
     monkeypatch.setenv("MX_MODEL_URI", uri)
     reference = tiny_shards(1)[0]
@@ -150,7 +150,7 @@ def test_unreachable_endpoint_fails_cleanly_and_quickly(monkeypatch, tmp_path):
 def test_missing_bucket_fails_cleanly(monkeypatch, s3):
     uri = f"s3://{s3.bucket}-does-not-exist/tiny"
     monkeypatch.setenv("MX_MODEL_URI", uri)
-    monkeypatch.setenv("MX_ROBUST_PROBE_MAX_ATTEMPTS", "1")
+    monkeypatch.setattr("mx_strategies.inspect.object_stores.PROBE_MAX_ATTEMPTS", 1)
     attempt = direct_load(model_config(), tiny_shards(1)[0])
     assert attempt.error is not None and attempt.error.mutated is False
     message = str(attempt.error)

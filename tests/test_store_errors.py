@@ -17,11 +17,11 @@ import pytest
 from test_docs import anchors
 
 from mx_strategies import cli
-from mx_strategies.inspect import storage
+from mx_strategies.inspect import access_hints
 from mx_strategies.testing.loopback import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-TROUBLESHOOTING = REPO / "docs" / "troubleshooting.md"
+_TROUBLESHOOTING = REPO / "docs" / "troubleshooting.md"
 
 S3_READ = (
     "read AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE, AWS_ENDPOINT_URL, AWS_REGION, "
@@ -49,7 +49,7 @@ def bare_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))  # no application-default login
-    monkeypatch.setenv("MX_ROBUST_PROBE_MAX_ATTEMPTS", "1")
+    monkeypatch.setattr("mx_strategies.inspect.object_stores.PROBE_MAX_ATTEMPTS", 1)
     monkeypatch.setenv("MX_ROBUST_PROBE_TIMEOUT_S", "2")
     # google.auth reads NO_GCE_CHECK at import; on a GCE runner its metadata server would hand out credentials.
     from google.auth.compute_engine import _metadata
@@ -204,18 +204,18 @@ def test_azure_without_any_variable(capsys, bare_environment):
 def test_a_long_multi_line_client_message_is_one_bounded_line(bare_environment):
     """Azure's errors carry the whole XML answer over several lines: the line keeps the first DETAIL_CHARS."""
     error = RuntimeError("Server failed to authenticate the request.\nRequestId:1\n" + "<xml>" * 500)
-    message = str(storage.access_error(storage.AZURE_PREFIX, "az://c/m: listing failed", error))
+    message = str(access_hints.access_error(access_hints.AZURE_PREFIX, "az://c/m: listing failed", error))
     assert "\n" not in message
     detail = message.split("; read ")[0]
     assert detail == "az://c/m: listing failed: " + (
         "RuntimeError: Server failed to authenticate the request. RequestId:1 " + "<xml>" * 500
-    )[: storage.DETAIL_CHARS - 3] + "..."
+    )[: access_hints._DETAIL_CHARS - 3] + "..."
 
 
 def test_every_troubleshooting_section_cited_exists():
     """Each ``docs/troubleshooting.md#anchor`` the package cites (literally, or per store) is a heading there."""
-    known = anchors(TROUBLESHOOTING.read_text(encoding="utf-8"))
-    cited = set(storage.ANCHORS.values())
+    known = anchors(_TROUBLESHOOTING.read_text(encoding="utf-8"))
+    cited = set(access_hints._ANCHORS.values())
     for path in (REPO / "mx_strategies").rglob("*.py"):
         cited |= set(re.findall(r"troubleshooting\.md#([A-Za-z0-9_-]+)", path.read_text(encoding="utf-8")))
     assert cited >= {"s3", "gcs", "azure"}

@@ -67,15 +67,15 @@ def test_a_failed_load_is_counted_under_its_errors_reason(cls):
         except errors.MxStrategiesError as exc:
             raise StrategyFailed(str(exc), mutated=False) from exc
     except StrategyFailed as failed:
-        assert telemetry.failure_reason(failed) == REASONS[cls]
-    assert REASONS[cls] in telemetry.FAILURE_REASONS
+        assert telemetry._failure_reason(failed) == REASONS[cls]
+    assert REASONS[cls] in telemetry._FAILURE_REASONS
 
 
 def test_an_engine_error_is_other():
     try:
         raise StrategyFailed("post-load processing failed", mutated=True) from RuntimeError("boom")
     except StrategyFailed as failed:
-        assert telemetry.failure_reason(failed) == "other"
+        assert telemetry._failure_reason(failed) == "other"
 
 
 @pytest.mark.parametrize(
@@ -83,14 +83,14 @@ def test_an_engine_error_is_other():
     [("s3://b/m", "s3"), ("gs://b/m", "gs"), ("az://c/m", "az"), ("/models/m", "local"), ("hf://org/m", "other")],
 )
 def test_source_kind(uri, kind):
-    assert telemetry.source_kind(uri) == kind
+    assert telemetry._source_kind(uri) == kind
 
 
 def _report(**changes) -> LoadReport:
     fields = dict(
         role="target", rank=0, source="s3://b/m", source_label="MX_MODEL_URI", rejected=(), convention=None,
         shards=("a.safetensors",), tensors=3, bytes_streamed=96, checkpoint_bytes=96, metadata_bytes=10,
-        distributed=False, delivery_order="arrival", held_peak_bytes=0,
+        distributed=False,
         timings={"resolve": 0.5, "stream": 2.0, "verify": 0.25, "completeness": 0.125, "post_load": 0.0625,
                  "total": 2.5625},
     )  # fmt: skip
@@ -99,9 +99,9 @@ def _report(**changes) -> LoadReport:
 
 
 def test_phases_partition_the_strategys_load():
-    phases = telemetry.phase_seconds(_report())
+    phases = telemetry._phase_seconds(_report())
     assert phases == {"resolve": 0.5, "stream": 1.625, "verify": 0.25, "completeness": 0.125, "post_load": 0.0625}
-    assert tuple(phases) == telemetry.PHASES
+    assert tuple(phases) == telemetry._PHASES
     assert sum(phases.values()) == _report().timings["total"]
 
 
@@ -185,9 +185,9 @@ def test_scraped_metrics_equal_the_load_reports(s3, tmp_path):
     assert samples["mx_robust_failures_total"] == {
         (("outcome", "refused"), ("reason", "no_source"), ("role", "target"), ("scheme", "")): 1.0
     }
-    for phase in telemetry.PHASES:
+    for phase in telemetry._PHASES:
         labels = {"engine": "vllm", "model": "tiny", "phase": phase}
-        expected = [telemetry.phase_seconds(LoadReport(**_fields(r)))[phase] for r in both]
+        expected = [telemetry._phase_seconds(LoadReport(**_fields(r)))[phase] for r in both]
         assert value("mx_robust_load_phase_seconds_count", **labels) == 2
         assert value("mx_robust_load_phase_seconds_sum", **labels) == expected[0] + expected[1]
     # ModelExpress's own families are served by the same endpoint.
@@ -227,10 +227,10 @@ def test_phase_spans_hang_under_load_model_and_carry_the_report(spans, monkeypat
     (report,) = recent_reports()
     finished = spans.get_finished_spans()
     (load,) = [s for s in finished if s.name == "Load model"]
-    phase_spans = [s for s in finished if s.name.startswith(telemetry.SPAN_PREFIX)]
-    assert [s.name for s in phase_spans] == [telemetry.SPAN_PREFIX + p for p in telemetry.PHASES]
-    expected = telemetry.phase_seconds(LoadReport(**_fields(report)))
-    for span, phase in zip(phase_spans, telemetry.PHASES):
+    phase_spans = [s for s in finished if s.name.startswith(telemetry._SPAN_PREFIX)]
+    assert [s.name for s in phase_spans] == [telemetry._SPAN_PREFIX + p for p in telemetry._PHASES]
+    expected = telemetry._phase_seconds(LoadReport(**_fields(report)))
+    for span, phase in zip(phase_spans, telemetry._PHASES):
         assert span.parent is not None and span.parent.span_id == load.context.span_id
         assert span.context.trace_id == load.context.trace_id
         assert dict(span.attributes) == {
@@ -264,7 +264,7 @@ def test_a_failed_load_leaves_a_failed_span_with_its_reason(spans, monkeypatch, 
     finished = spans.get_finished_spans()
     (load,) = [s for s in finished if s.name == "Load model"]
     (span,) = [s for s in finished if s.name.startswith("Robust")]
-    assert span.name == telemetry.FAILED_SPAN and span.parent.span_id == load.context.span_id
+    assert span.name == telemetry._FAILED_SPAN and span.parent.span_id == load.context.span_id
     assert span.status.status_code == StatusCode.ERROR
     assert (span.attributes["robust.reason"], span.attributes["robust.outcome"]) == ("no_source", "refused")
 

@@ -1,4 +1,4 @@
-"""mx_strategies.stream.tensor_bytes: raw bytes, SHA-256 and byte equality for every dtype torch has.
+"""mx_strategies.verify.tensor_bytes: raw bytes, SHA-256 and byte equality for every dtype torch has.
 
 Every torch dtype, empty and not, 0-dim and not contiguous, checked against
 two encodings that do not go through the function under test: the data
@@ -18,11 +18,11 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from mx_strategies.stream.tensor_bytes import PACKED_SUB_BYTE, digest, raw_bytes, same_bytes, sha256
+from mx_strategies.verify.tensor_bytes import _PACKED_SUB_BYTE, digest, _raw_bytes, same_bytes, sha256
 
 ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
 QUANTIZED = [torch.qint8, torch.quint8, torch.qint32]  # made by quantize ops; torch.empty's are unusable
-BYTE_DTYPES = [d for d in ALL_DTYPES if d not in PACKED_SUB_BYTE and d not in QUANTIZED]
+BYTE_DTYPES = [d for d in ALL_DTYPES if d not in _PACKED_SUB_BYTE and d not in QUANTIZED]
 # The dtypes a safetensors file can hold (safetensors' own list, as torch names them).
 SAFETENSORS_DTYPES = [
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64,
@@ -64,7 +64,7 @@ def test_raw_bytes_and_digest_of_every_dtype_match_the_storage(dtype, shape):
     tensor = _patterned(shape, dtype)
     expected = _storage_bytes(tensor)
     assert len(expected) == tensor.numel() * tensor.element_size()
-    assert raw_bytes(tensor) == expected
+    assert _raw_bytes(tensor) == expected
     assert sha256(tensor) == hashlib.sha256(expected).hexdigest()
     assert digest(tensor) == [str(dtype), list(shape), hashlib.sha256(expected).hexdigest()]
     assert same_bytes(tensor, _patterned(shape, dtype))  # not clone(): int4, uint1, ... have no copy kernel
@@ -78,14 +78,14 @@ def test_raw_bytes_and_digest_of_every_dtype_match_the_storage(dtype, shape):
 )
 def test_raw_bytes_are_what_safetensors_stores(dtype, shape):
     tensor = _patterned(shape, dtype)
-    assert raw_bytes(tensor) == _safetensors_bytes(tensor)
+    assert _raw_bytes(tensor) == _safetensors_bytes(tensor)
 
 
 def test_the_empty_bf16_placeholder_that_broke_ci():
     placeholder = torch.empty(0, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="BFloat16"):
         placeholder.numpy()  # what the old digest called
-    assert raw_bytes(placeholder) == b""
+    assert _raw_bytes(placeholder) == b""
     assert digest(placeholder) == ["torch.bfloat16", [0], hashlib.sha256(b"").hexdigest()]
 
 
@@ -94,7 +94,7 @@ def test_views_are_read_in_row_major_order(dtype):
     base = _patterned((4, 6), dtype)
     for view in (base.t(), base[1:3, ::2], base[2], base[3, 5]):
         assert not view.is_contiguous() or view.storage_offset() > 0
-        assert raw_bytes(view) == _storage_bytes(view.contiguous())
+        assert _raw_bytes(view) == _storage_bytes(view.contiguous())
         assert same_bytes(view, view.contiguous())
 
 
@@ -103,7 +103,7 @@ def test_views_of_one_byte_dtypes_without_a_copy_kernel(dtype):
     base = _patterned((4, 6), dtype)
     as_bytes = base.view(torch.uint8)  # the same elements, one byte each: torch copies uint8
     for view, same in ((base.t(), as_bytes.t()), (base[1:3, ::2], as_bytes[1:3, ::2]), (base[3, 5], as_bytes[3, 5])):
-        assert raw_bytes(view) == bytes(same.contiguous().reshape(-1).tolist())
+        assert _raw_bytes(view) == bytes(same.contiguous().reshape(-1).tolist())
 
 
 def test_same_bytes_is_bit_equality_not_value_equality():
@@ -129,21 +129,21 @@ def test_quantized_tensors_give_their_stored_integers(dtype, shape):
     values = torch.arange(max(1, torch.Size(shape).numel()), dtype=torch.float32)[: torch.Size(shape).numel()]
     quantized = torch.quantize_per_tensor(values.reshape(shape) - 3.0, 0.5, 2, dtype)
     stored = quantized.int_repr()
-    assert raw_bytes(quantized) == _storage_bytes(stored)
+    assert _raw_bytes(quantized) == _storage_bytes(stored)
     assert sha256(quantized) == hashlib.sha256(_storage_bytes(stored)).hexdigest()
     if quantized.dim():
-        assert raw_bytes(quantized.t() if quantized.dim() == 2 else quantized.flip(0)) == raw_bytes(
+        assert _raw_bytes(quantized.t() if quantized.dim() == 2 else quantized.flip(0)) == _raw_bytes(
             stored.t() if stored.dim() == 2 else stored.flip(0)
         )
 
 
-@pytest.mark.parametrize("dtype", sorted(PACKED_SUB_BYTE, key=str), ids=str)
+@pytest.mark.parametrize("dtype", sorted(_PACKED_SUB_BYTE, key=str), ids=str)
 def test_packed_sub_byte_dtypes_are_refused_by_name(dtype):
     tensor = torch.empty(4, dtype=dtype)
     with pytest.raises(TypeError, match=f"{dtype} packs several elements per byte"):
-        raw_bytes(tensor)
+        _raw_bytes(tensor)
 
 
 def test_every_torch_dtype_is_covered():
-    assert set(BYTE_DTYPES) | set(QUANTIZED) | PACKED_SUB_BYTE == set(ALL_DTYPES)
+    assert set(BYTE_DTYPES) | set(QUANTIZED) | _PACKED_SUB_BYTE == set(ALL_DTYPES)
     assert {torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.float4_e2m1fn_x2} <= set(BYTE_DTYPES)

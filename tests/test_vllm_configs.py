@@ -84,7 +84,7 @@ from vllm.config import (  # noqa: E402
 from mx_strategies.engine import engine_view  # noqa: E402
 from mx_strategies.testing.loopback import free_port  # noqa: E402
 from mx_strategies.testing.synthetic import mtp_checkpoint  # noqa: E402
-from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.verify.tensor_bytes import same_bytes  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REINIT_MESSAGE = "Re-initializing vLLM model after failed strategy"
@@ -289,7 +289,7 @@ def test_robust_chain_with_real_vllm_configs(tmp_path, arch, source, s3, robust,
     # DeepSeek-V3's and Qwen3-Next's classes build here, so no table row names their MTP layers: without a
     # module the target streams the whole checkpoint (its real load_weights skips the MTP layer), the draft
     # takes its layers by the generic convention.
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("table", "convention"))
     reference = reference_tensors(folder)
     mc, sc, draft_config = target_and_draft(uri)
     vc = engine_config(mc, sc)

@@ -1,4 +1,4 @@
-"""Whole parameters or no load, on vLLM's real classes (mx_strategies.select.coverage through the module question).
+"""Whole parameters or no load, on vLLM's real classes (mx_strategies.verify.coverage through the module question).
 
 vLLM stacks checkpoint tensors into one parameter: ``gate_proj`` + ``up_proj`` -> ``gate_up_proj``
 (a dense MLP, a shared expert), per-expert ``gate_proj``/``up_proj`` -> ``experts.w13_weight``,
@@ -42,7 +42,7 @@ from test_mtp_architectures import (  # noqa: E402
 from mx_strategies.select import mtp_table  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.robust import RobustModelStreamerStrategy  # noqa: E402
-from mx_strategies.stream.tensor_bytes import same_bytes  # noqa: E402
+from mx_strategies.verify.tensor_bytes import same_bytes  # noqa: E402
 
 # (arch, checkpoint name left out, the parameter, the part of it no tensor fills).
 # The tiny configs (tests/mtp_arch/builders.py): hidden 64, MoE intermediate 32 (shared expert 32,
@@ -165,10 +165,10 @@ def partial_draft(case: str, tmp_path, monkeypatch):
 
 
 def test_where_the_table_decides_the_partial_stack_is_found_in_what_the_load_wrote(tmp_path, monkeypatch, vllm_cpu):  # noqa: F811
-    """MX_ROBUST_SELECTION_SOURCES=table,convention: no module answer to check before streaming; the write watch
+    """module_reads.SELECTION_ORDER=table,convention: no module answer to check before streaming; the write watch
     sees half of the shared expert's rows never written, and the load fails (mutated=True: the chain rebuilds)."""
     _, _, param, part = DRAFT_CASES["shared-expert"]
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", "table,convention")
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("table", "convention"))
     _, load = partial_draft("shared-expert", tmp_path, monkeypatch)
     with pytest.raises(StrategyFailed) as failure:
         load()
@@ -192,7 +192,7 @@ def test_warn_accepts_a_partial_parameter_and_says_so(tmp_path, monkeypatch, cap
     assert len(warnings) == 1 and f"{part} of {param}" in warnings[0] and missing in warnings[0]
 
 
-# -- what the load really wrote (mx_strategies.stream.write_watch) ---------------------------------------------
+# -- what the load really wrote (mx_strategies.verify.after.watched) ---------------------------------------------
 
 
 class Stacked(torch.nn.Module):

@@ -28,8 +28,8 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from ..select import mtp_table
-from ..inspect.checkpoint import ERROR, WARNING, Checkpoint, ProbeLimits, Problem, Shard, inspect, loaded_shards, natural_key
-from ..select.draft import describe_conventions, layer_layout
+from ..inspect.checkpoint import ERROR, WARNING, Checkpoint, Problem, Shard, loaded_shards, natural_key
+from ..inspect.index import inspect
 from ..engine import ENGINES, SGLANG, TRTLLM, VLLM, EngineView, missing_hooks
 from ..errors import (
     ConfigurationError,
@@ -41,18 +41,11 @@ from ..errors import (
 )
 from ..plan.planning import LoadPlan, plan_of
 from ..select.built_module import BuiltModule
-from ..select.selection import LEFT_TO_DRAFT, Selection, select
+from ..select.selection import LEFT_TO_DRAFT, SKIPPED, Selection, select_tensors
 from ..settings import RobustSettings, env_name, load_settings
 from ..inspect.sources import Resolution, candidates, resolve
-from ..inspect.storage import (
-    ListingTooLarge,
-    ObjectInfo,
-    Store,
-    StoreError,
-    is_object_store_uri,
-    looks_like_hub_id,
-    open_store,
-)
+from ..inspect.object_stores import open_store
+from ..inspect.storage import ListingTooLarge, ObjectInfo, Store, StoreError, is_object_store_uri, looks_like_hub_id
 
 NAME = "doctor"
 HELP = "check a checkpoint's shards, index and MTP head from headers only"
@@ -259,12 +252,7 @@ def inspect_uri(uri: str, settings: RobustSettings) -> tuple[Optional[Checkpoint
         parent = os.path.dirname(os.path.abspath(uri))
         raise DoctorUsageError(f"{uri}: a file, not a folder; doctor reads the checkpoint's folder: {parent}")
     try:
-        store = open_store(
-            uri,
-            timeout_s=settings.probe_timeout_s,
-            max_attempts=settings.probe_max_attempts,
-            max_entries=settings.max_discovery_entries,
-        )
+        store = open_store(uri, timeout_s=settings.probe_timeout_s)
         listing = store.list(settings.discovery_depth)
     except ListingTooLarge as exc:
         return None, [Problem("too_many_entries", ERROR, None, None, str(exc))]
@@ -276,7 +264,7 @@ def inspect_uri(uri: str, settings: RobustSettings) -> tuple[Optional[Checkpoint
         where = "nothing under this prefix" if is_object_store_uri(uri) else "the folder is empty"
         return None, [Problem("no_checkpoint", ERROR, None, None, f"{uri}: {NO_SAFETENSORS} ({where})")]
     try:
-        checkpoint = inspect(ListedStore(store, listing), settings.discovery_depth, ProbeLimits.from_settings(settings))
+        checkpoint = inspect(ListedStore(store, listing), settings.discovery_depth, settings.max_header_bytes)
     except NoCheckpoint as exc:
         message = str(exc)
         if message.startswith(NO_SAFETENSORS_FILE):
@@ -364,7 +352,7 @@ def architecture_view(row: Optional[mtp_table.MtpArchitecture], selection: Optio
         "override": row.override,
         "own_checkpoint": row.own_checkpoint,
         "where": mtp_table.describe(row),
-        "skipped": sorted(selection.skipped) if selection is not None else [],
+        "skipped": sorted(selection.of_kind(SKIPPED)) if selection is not None else [],
     }
 
 
@@ -373,7 +361,7 @@ def planned(
 ) -> tuple[Selection, LoadPlan]:
     """A load's selection and plan, as the strategy makes them, without a built module to ask (the table and
     the conventions answer here; a load asks the module itself)."""
-    selection = select(checkpoint, BuiltModule(engine), settings, source_is_target=source_is_target, ask=False)
+    selection = select_tensors(checkpoint, BuiltModule(engine), settings, source_is_target=source_is_target, ask=False)
     return selection, plan_of(checkpoint, selection.names, settings)
 
 
@@ -398,7 +386,7 @@ def target_view(planned_target: Optional[tuple[Selection, LoadPlan]], checkpoint
         "checkpoint_bytes": checkpoint.data_bytes,
         "shards": plan.shard_keys,
         "architecture": selection.architecture,
-        "left_to_draft": len(selection.left_to_draft),
+        "left_to_draft": len(selection.of_kind(LEFT_TO_DRAFT)),
         "left_to_draft_bytes": selection.left_bytes.get(LEFT_TO_DRAFT, 0),
         # doctor builds no module: the table or the conventions answer here; a load asks the module itself.
         "selection_source": selection.source,
@@ -412,8 +400,8 @@ def draft_view(checkpoint: Checkpoint, settings: RobustSettings, engine_name: st
     config.json (vLLM's hf_config_override, SGLang's _config_draft_model); without one,
     the generic conventions apply.
     """
-    layout = layer_layout(checkpoint.config)
-    tried = describe_conventions(settings, layout)
+    layout = mtp_table.conventions_layout(checkpoint.config)
+    tried = mtp_table.describe_conventions(settings, layout)
     engine, row = draft_engine(checkpoint, engine_name)
     if row is not None:
         tried = f"{mtp_table.describe(row)} (mtp_table row for this config.json)"
@@ -481,17 +469,13 @@ def chain_view(
     try:
         resolution = resolve(cands, settings)
     except NoStreamableSource as exc:
-        view["rejected"] = [_rejection(r) for r in exc.rejected]
+        view["rejected"] = [r.as_dict() for r in exc.rejected]
         view["error"] = str(exc)
         return view, None
-    view["rejected"] = [_rejection(r) for r in resolution.rejected]
+    view["rejected"] = [r.as_dict() for r in resolution.rejected]
     view["chosen"] = {"label": resolution.candidate.label, "uri": resolution.candidate.uri}
     view["trail"] = resolution.trail()
     return view, resolution
-
-
-def _rejection(rejection) -> dict:
-    return {"label": rejection.candidate.label, "uri": rejection.candidate.uri, "reason": rejection.reason}
 
 
 def settings_view(settings: RobustSettings) -> dict:

@@ -385,7 +385,7 @@ def _ask_modules(checkpoint: Checkpoint, settings: RobustSettings, expect_draft:
         from vllm.utils.torch_utils import set_default_torch_dtype
     except Exception as exc:  # noqa: BLE001 - no vLLM here: nothing to build
         return both(f"vLLM cannot be imported here ({one_line(exc)})")
-    from ..select import kept
+    from ..select.built_module import BuiltModule
     from ..engine import EngineView, declared_unused, model_identity
 
     if not isinstance(checkpoint.config, dict):
@@ -452,7 +452,7 @@ def _ask_modules(checkpoint: Checkpoint, settings: RobustSettings, expect_draft:
             call, raised = _recording_call()
             with set_current_vllm_config(vllm_config):
                 answer = ask(module, checkpoint, settings, unused=declared_unused(module),
-                             replaced=kept.engine_fills(engine), call=call)  # fmt: skip
+                             replaced=BuiltModule(engine).filled_by_engine, call=call)  # fmt: skip
             out[role] = _view(answer, module, raised[-1] if raised and not isinstance(answer, ModuleReads) else None)
     out.setdefault("draft", _not_asked("no MTP draft"))
     return out

@@ -20,7 +20,7 @@ def config_get(config: Any, key: str) -> Any:
     return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
 
 
-def config_value(config: Any, key: str, *, text_first: bool = False) -> Any:
+def _config_value(config: Any, key: str, *, text_first: bool = False) -> Any:
     """``key`` of ``config`` at its top level or in its ``text_config``, the first that has it (the text
     config first where the model class reads its text model's values: ``text_first``)."""
     text = config_get(config, "text_config")
@@ -67,15 +67,15 @@ def layer_layout(
     first = count = None
     first_from = count_from = "not found"
     for label, config in configs:
-        value = _count(config_value(config, "num_hidden_layers", text_first=text_first), 0)
+        value = _count(_config_value(config, "num_hidden_layers", text_first=text_first), 0)
         if value is not None and (first is None or first == 0 < value):
             first, first_from = value, f"num_hidden_layers of {label}"
         for key in count_keys if count is None else ():
-            value = _count(config_value(config, key, text_first=text_first), 1)
+            value = _count(_config_value(config, key, text_first=text_first), 1)
             if value is not None:
                 count, count_from = value, f"{key} of {label}"
                 break
     return LayerLayout(first, count, first_from, count_from)
 
 
-__all__ = ["LayerLayout", "config_get", "config_value", "layer_layout"]
+__all__ = ["LayerLayout", "config_get", "layer_layout"]

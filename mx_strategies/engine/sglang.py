@@ -40,7 +40,7 @@ from .view import SGLANG, EngineView, _parallel_size, _positive_int, loader_opti
 
 # Suffixes of SGLang's MTP draft classes (model_config.py _config_draft_model): every SGLang MTP draft class
 # robust knows ends with one (tests/test_sglang_plans.py holds the table's SGLang rows to it).
-MTP_ARCHITECTURE_SUFFIXES = ("NextN", "MTP", "Mtp")
+_MTP_ARCHITECTURE_SUFFIXES = ("NextN", "MTP", "Mtp")
 # SGLang's speculative algorithms under which a draft may be an MTP draft (NEXTN arrives as EAGLE).
 SGLANG_MTP_METHODS = ("eagle", "nextn", "mtp")
 
@@ -64,18 +64,18 @@ def _parallel(field: str) -> Optional[int]:
         return None
 
 
-def method_of(model_config: Any) -> Optional[str]:
+def _method_of(model_config: Any) -> Optional[str]:
     """SGLang's speculative algorithm, lower case (a string or its SpeculativeAlgorithm enum)."""
     algorithm = getattr(model_config, "speculative_algorithm", None)
     algorithm = getattr(algorithm, "name", algorithm)
     return algorithm.lower() if isinstance(algorithm, str) and algorithm else None
 
 
-def is_mtp_draft(is_draft: bool, method: Optional[str], architectures: tuple[str, ...]) -> bool:
+def _is_mtp_draft(is_draft: bool, method: Optional[str], architectures: tuple[str, ...]) -> bool:
     """An SGLang draft whose class reads its layers out of the target's checkpoint (NextN / MTP)."""
     if not is_draft or method not in SGLANG_MTP_METHODS or not architectures:
         return False
-    return architectures[0].endswith(MTP_ARCHITECTURE_SUFFIXES)
+    return architectures[0].endswith(_MTP_ARCHITECTURE_SUFFIXES)
 
 
 def sglang_view(ctx: Any) -> EngineView:
@@ -83,7 +83,7 @@ def sglang_view(ctx: Any) -> EngineView:
     model_config = ctx.model_config
     adapter = getattr(ctx, "adapter", None)
     is_draft = bool(getattr(model_config, "is_draft_model", False))
-    method = method_of(model_config) if is_draft else None
+    method = _method_of(model_config) if is_draft else None
     hf_config = getattr(model_config, "hf_config", None)
     architectures, model_type = model_identity(hf_config)
     server = _server_args()
@@ -103,7 +103,7 @@ def sglang_view(ctx: Any) -> EngineView:
         model_type=model_type,
         target_hf_config=None,  # SGLang's draft hf_config keeps the target's num_hidden_layers
         engine=SGLANG,
-        mtp=is_mtp_draft(is_draft, method, architectures),
+        mtp=_is_mtp_draft(is_draft, method, architectures),
         draft_layer=_index(getattr(load_config, "draft_model_idx", None)) if is_draft else None,
         draft_sources=tuple(
             uri for uri in (getattr(model_config, "model_path", None),) if is_draft and isinstance(uri, str) and uri
@@ -147,4 +147,4 @@ def bypassed_features(model: Any) -> list[str]:
     ]
 
 
-__all__ = ["bypassed_features", "is_mtp_draft", "method_of", "sglang_view", "withhold_sglang_draft"]
+__all__ = ["bypassed_features", "sglang_view", "withhold_sglang_draft"]

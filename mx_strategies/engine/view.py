@@ -19,6 +19,13 @@ from .config import config_get
 MTP_METHODS = ("mtp",)
 
 
+def is_mtp_method(method: Optional[str], methods: tuple[str, ...] = MTP_METHODS) -> bool:
+    """Whether speculative ``method`` runs an MTP draft, whose tensors live in the target's checkpoint: one of
+    ``methods`` (vLLM's ``mtp``; a table row's own, such as ``dspark``) or any ``*_mtp``."""
+    method = (method or "").lower()
+    return method in methods or method.endswith("_mtp")
+
+
 @dataclass(frozen=True)
 class EngineView:
     """The engine facts a load plan depends on."""
@@ -63,10 +70,7 @@ class EngineView:
     @property
     def is_mtp(self) -> bool:
         """An MTP draft: its tensors live in the target's checkpoint (vLLM method ``mtp``, ``*_mtp``)."""
-        if self.mtp is not None:
-            return self.mtp
-        method = (self.speculative_method or "").lower()
-        return method in MTP_METHODS or method.endswith("_mtp")
+        return self.mtp if self.mtp is not None else is_mtp_method(self.speculative_method)
 
     @property
     def shares_target_weights(self) -> bool:
@@ -117,7 +121,7 @@ def model_identity(hf_config: Any) -> tuple[tuple[str, ...], Optional[str]]:
 # ``is_unused_checkpoint_weight`` (its loader skips shards holding only such names), and ``skip_checkpoint_weight``
 # (vLLM PR #58016, shipped by forks: its loader drops such tensors before reading them; a fork's model may raise
 # when one reaches its load_weights).
-UNUSED_HOOKS = ("is_unused_checkpoint_weight", "skip_checkpoint_weight")
+_UNUSED_HOOKS = ("is_unused_checkpoint_weight", "skip_checkpoint_weight")
 
 
 def declared_unused(model: Any) -> Optional[Callable[[str], bool]]:
@@ -135,7 +139,7 @@ def declared_unused(model: Any) -> Optional[Callable[[str], bool]]:
     if model is None:
         return None
     hooks = []
-    for hook in UNUSED_HOOKS:
+    for hook in _UNUSED_HOOKS:
         owner = next((cls for cls in type(model).__mro__ if hook in vars(cls)), None)
         if owner is not None and not owner.__module__.endswith("interfaces_base"):
             hooks.append(getattr(model, hook))
@@ -196,7 +200,7 @@ def loader_options(load_config: Any) -> dict:
 
 
 # ModelExpress's adapter class for each engine: what a strategy's ``requires`` is checked against.
-ADAPTER_CLASSES = {
+_ADAPTER_CLASSES = {
     VLLM: ("modelexpress.engines.vllm.adapter", "VllmAdapter"),
     SGLANG: ("modelexpress.engines.sglang.adapter", "SglangAdapter"),
     TRTLLM: ("modelexpress.engines.trtllm.adapter", "TrtllmAdapter"),
@@ -214,7 +218,7 @@ def missing_hooks(engine: str, requires: tuple) -> Optional[list[str]]:
     """
     import importlib
 
-    module_name, class_name = ADAPTER_CLASSES[engine]
+    module_name, class_name = _ADAPTER_CLASSES[engine]
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
     except Exception:  # noqa: BLE001 - an adapter that does not import offers nothing

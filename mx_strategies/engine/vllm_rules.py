@@ -21,13 +21,13 @@ from typing import Any, Optional
 
 # The V1 proposer (vLLM <= 0.33): shares a draft's embedding at pipeline parallel 1 only
 # (``LLMBaseProposer._maybe_share_embeddings``).
-V1_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
+_V1_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
 # The V2 runner's draft loading (vLLM >= 0.33; the only one in 0.34): ``maybe_share_target_embed`` also shares at
 # pipeline parallel > 1 with a draft class that defines ``has_own_embed_tokens`` (eagle/utils.py, about line 97).
-V2_DRAFT_LOADING = "vllm.v1.worker.gpu.spec_decode.eagle.utils"
+_V2_DRAFT_LOADING = "vllm.v1.worker.gpu.spec_decode.eagle.utils"
 # vLLM 0.32 and 0.33: MTP classes (Step-3.5, Step5) raise in load_weights when a parameter, their embedding
 # included, was not loaded; 0.34 deleted the module and the checks.
-MTP_COMPLETENESS = "vllm.model_executor.model_loader.mtp_validation"
+_MTP_COMPLETENESS = "vllm.model_executor.model_loader.mtp_validation"
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,10 +44,10 @@ def mtp_load_demands_every_parameter() -> bool:
     True on vLLM 0.32 and 0.33 (``model_loader/mtp_validation.py`` exists): Step-3.5's and Step5's
     ``load_weights`` then need their embedding even where the proposer replaces it afterwards.
     """
-    return _has_module(MTP_COMPLETENESS)
+    return _has_module(_MTP_COMPLETENESS)
 
 
-def shares_embedding_beyond_pp1() -> bool:
+def _shares_embedding_beyond_pp1() -> bool:
     """Whether the installed vLLM may give a draft the target's embedding at pipeline parallel > 1.
 
     Only where the V2 runner is the one runner drafts load on (vLLM 0.34): its ``maybe_share_target_embed``
@@ -56,7 +56,7 @@ def shares_embedding_beyond_pp1() -> bool:
     shares at size 1 only. docs/engines.md and tests/test_engine_rules.py show it; planning does not rely on it
     (:func:`draft_embedding_replaced`).
     """
-    return _has_module(V2_DRAFT_LOADING) and not _has_module(V1_PROPOSER)
+    return _has_module(_V2_DRAFT_LOADING) and not _has_module(_V1_PROPOSER)
 
 
 def draft_embedding_replaced(pipeline_parallel_size: int, draft: Any) -> bool:
@@ -79,7 +79,7 @@ def draft_embedding_replaced(pipeline_parallel_size: int, draft: Any) -> bool:
 
 
 # vLLM 0.34's default loader filters an expert-parallel rank's experts under EPLB too, by the initial placement.
-EP_WEIGHT_FILTER = "vllm.model_executor.model_loader.ep_weight_filter"
+_EP_WEIGHT_FILTER = "vllm.model_executor.model_loader.ep_weight_filter"
 
 
 def eplb_local_experts(num_logical: int, num_redundant: int, ep_size: int, ep_rank: int) -> Optional[frozenset[int]]:
@@ -162,13 +162,11 @@ def speculative_method(speculative_config: Any) -> Optional[str]:
 
 
 __all__ = [
-    "EP_WEIGHT_FILTER",
     "draft_class",
     "eplb_initial_placement",
     "eplb_local_experts",
     "draft_embedding_replaced",
     "draft_heads_replaced",
     "mtp_load_demands_every_parameter",
-    "shares_embedding_beyond_pp1",
     "speculative_method",
 ]

@@ -11,9 +11,9 @@ whose ``reason`` says which rule was broken:
 - ``too_large``: more bytes than the cap for this kind of file (the caller
   checks the size before reading; the reader checks again);
 - ``not_utf8`` / ``invalid_json`` / ``not_an_object``;
-- ``too_deep``: nested deeper than :data:`MAX_DEPTH` (checked on the raw
+- ``too_deep``: arrays and objects nested deeper than :data:`_MAX_NESTING` (checked on the raw
   text, before the parser recurses);
-- ``bad_number``: an integer of more than :data:`MAX_INT_DIGITS` digits, a
+- ``bad_number``: an integer of more than 24 digits, a
   float that is not finite, ``NaN`` or ``Infinity``;
 - ``duplicate_key``: one key twice in an object (``key`` names it);
 - ``bad_key``: a key that is no valid Unicode (a lone surrogate escape),
@@ -32,12 +32,13 @@ from typing import Any, Optional
 
 from ..errors import MxStrategiesError
 
-# Real headers, indexes and configs nest 3 to 6 levels; 64 leaves room and stays far from the recursion limit.
-MAX_DEPTH = 64
+# How deep arrays and objects may nest: real headers, indexes and configs nest 3 to 6 levels; 64 leaves room and
+# stays far from the recursion limit.
+_MAX_NESTING = 64
 # 2**64 has 20 digits; anything longer is no shape, offset or layer count.
-MAX_INT_DIGITS = 24
+_MAX_INT_DIGITS = 24
 # Float literals longer than this are not config values (Python parses any length, slowly).
-MAX_FLOAT_CHARS = 64
+_MAX_FLOAT_CHARS = 64
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
@@ -53,7 +54,7 @@ class JsonRejected(MxStrategiesError):
         self.key = key
 
 
-def nesting_depth_exceeds(raw: bytes, limit: int) -> bool:
+def _nests_deeper(raw: bytes, limit: int) -> bool:
     """Whether ``raw`` nests arrays/objects deeper than ``limit`` (strings ignored).
 
     Linear and in C: strings are cut out, everything but brackets deleted,
@@ -77,14 +78,14 @@ def nesting_depth_exceeds(raw: bytes, limit: int) -> bool:
 
 def _parse_int(text: str) -> int:
     digits = len(text) - (text[0] == "-")
-    if digits > MAX_INT_DIGITS:
-        raise JsonRejected(f"an integer of {digits} digits (at most {MAX_INT_DIGITS} allowed)", "bad_number")
+    if digits > _MAX_INT_DIGITS:
+        raise JsonRejected(f"an integer of {digits} digits (at most {_MAX_INT_DIGITS} allowed)", "bad_number")
     return int(text)
 
 
 def _parse_float(text: str) -> float:
-    if len(text) > MAX_FLOAT_CHARS:
-        raise JsonRejected(f"a number written with {len(text)} characters (at most {MAX_FLOAT_CHARS})", "bad_number")
+    if len(text) > _MAX_FLOAT_CHARS:
+        raise JsonRejected(f"a number written with {len(text)} characters (at most {_MAX_FLOAT_CHARS})", "bad_number")
     value = float(text)
     if not math.isfinite(value):
         raise JsonRejected(f"the number {text[:32]} is not finite", "bad_number")
@@ -123,7 +124,7 @@ _DECODER = json.JSONDecoder(
 def read_json(raw: bytes, *, max_bytes: int, cap_name: str = "the cap", want_object: bool = True) -> Any:
     """Parse ``raw`` under the rules above; raise :class:`JsonRejected` for any breach.
 
-    ``cap_name`` is the setting that holds ``max_bytes``, for the message.
+    ``cap_name`` says what holds ``max_bytes`` (a setting, or the fixed limit), for the message.
     ``want_object``: the top level must be an object (every file we read is one).
     """
     if len(raw) > max_bytes:
@@ -132,18 +133,16 @@ def read_json(raw: bytes, *, max_bytes: int, cap_name: str = "the cap", want_obj
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise JsonRejected(f"not UTF-8 text ({exc.reason} at byte {exc.start})", "not_utf8") from None
-    if nesting_depth_exceeds(raw, MAX_DEPTH):
-        raise JsonRejected(f"nested deeper than {MAX_DEPTH} levels", "too_deep")
+    if _nests_deeper(raw, _MAX_NESTING):
+        raise JsonRejected(f"nested deeper than {_MAX_NESTING} levels", "too_deep")
     try:
-        value, end = _DECODER.raw_decode(text, _skip_space(text, 0))
-        if _skip_space(text, end) != len(text):
-            raise json.JSONDecodeError("Extra data", text, end)
+        value = _DECODER.decode(text)  # JSON whitespace around the value, nothing else
     except JsonRejected:
         raise
     except json.JSONDecodeError as exc:
         raise JsonRejected(f"not valid JSON ({exc})", "invalid_json") from None
     except RecursionError:  # a backstop: the depth check above comes first
-        raise JsonRejected(f"nested deeper than {MAX_DEPTH} levels", "too_deep") from None
+        raise JsonRejected(f"nested deeper than {_MAX_NESTING} levels", "too_deep") from None
     except (ValueError, OverflowError, TypeError) as exc:  # a hook or the parser on input we did not foresee
         raise JsonRejected(f"not valid JSON ({type(exc).__name__}: {exc})", "invalid_json") from None
     if want_object and not isinstance(value, dict):
@@ -151,18 +150,8 @@ def read_json(raw: bytes, *, max_bytes: int, cap_name: str = "the cap", want_obj
     return value
 
 
-_SPACE = re.compile(r"[ \t\n\r]*")
-
-
-def _skip_space(text: str, start: int) -> int:
-    match = _SPACE.match(text, start)
-    return match.end() if match else start
-
-
 def _json_type(value: Any) -> str:
     return {list: "array", str: "string", bool: "boolean", type(None): "null", int: "number", float: "number"}.get(
         type(value), type(value).__name__
     )
 
-
-__all__ = ["JsonRejected", "MAX_DEPTH", "MAX_INT_DIGITS", "nesting_depth_exceeds", "read_json"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-REMEDIES: dict[str, str] = {
+_REMEDIES: dict[str, str] = {
     # warnings: robust loads around them
     "empty_shard": "nothing with mx_strategies.robust (it skips the file); elsewhere upgrade runai-model-streamer "
     "to 0.17.0 or newer, or delete the empty file",
@@ -35,8 +35,7 @@ REMEDIES: dict[str, str] = {
     "offset_overlap": "re-export the shard",
     "trailing_bytes": "re-export or re-upload the shard",
     "not_regular_file": "replace it with the real file",
-    "too_many_entries": "point the URI at the checkpoint's own folder, or raise MX_ROBUST_MAX_DISCOVERY_ENTRIES / "
-    "lower MX_ROBUST_DISCOVERY_DEPTH",
+    "too_many_entries": "point the URI at the checkpoint's own folder, or lower MX_ROBUST_DISCOVERY_DEPTH",
     "no_checkpoint": "point at the checkpoint itself (MX_MODEL_URI=s3://bucket/model), not a config-only copy; "
     "convert .bin weights to safetensors",
     # the source chain and the engine (doctor's own kinds)
@@ -48,17 +47,15 @@ REMEDIES: dict[str, str] = {
 
 def remedy(kind: str) -> str:
     """The one line that says what to do about a problem of ``kind`` (every kind robust reports has one)."""
-    return REMEDIES[kind]
+    return _REMEDIES[kind]
 
 
 def remedy_for(kinds: Iterable[str]) -> Optional[str]:
     """The hint for a refusal over problems of these ``kinds``: each distinct remedy once, in first-seen order."""
     seen: list[str] = []
     for kind in kinds:
-        line = REMEDIES.get(kind)
+        line = _REMEDIES.get(kind)
         if line is not None and line not in seen:
             seen.append(line)
     return "; ".join(seen) or None
 
-
-__all__ = ["REMEDIES", "remedy", "remedy_for"]

@@ -25,12 +25,12 @@ import time
 from typing import Optional
 
 # S3 answers worth another attempt (botocore's standard mode retries the same).
-RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
-RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError"})
-PRESIGN_TTL_S = 3600  # a URL is reused for at most PRESIGN_REUSE_S, well inside its validity
-PRESIGN_REUSE_S = 900
-BACKOFF_BASE_S = 0.05
-BACKOFF_CAP_S = 2.0
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+_RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError"})
+_PRESIGN_TTL_S = 3600  # a URL is reused for at most _PRESIGN_REUSE_S, well inside its validity
+_PRESIGN_REUSE_S = 900
+_BACKOFF_BASE_S = 0.05
+_BACKOFF_CAP_S = 2.0
 
 
 class RangedReadError(Exception):
@@ -69,11 +69,10 @@ class RangedReader:
         now = time.monotonic()
         with self._lock:
             cached = self._urls.get((bucket, key))
-            if cached is not None and now - cached[1] < PRESIGN_REUSE_S:
+            if cached is not None and now - cached[1] < _PRESIGN_REUSE_S:
                 return cached[0]
-        url = self._client.generate_presigned_url(
-            "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=PRESIGN_TTL_S
-        )
+        url = self._client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
+                                                  ExpiresIn=_PRESIGN_TTL_S)  # fmt: skip
         with self._lock:
             self._urls[(bucket, key)] = (url, now)
         return url
@@ -84,7 +83,7 @@ class RangedReader:
         code, message, attempts = "", "", 0
         for attempts in range(1, self._max_attempts + 1):
             if attempts > 1:
-                time.sleep(random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempts - 1))))
+                time.sleep(random.uniform(0, min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** (attempts - 1))))
             try:
                 response = self._pool.request(
                     "GET", self._url(bucket, key), headers=headers, timeout=self._timeout, preload_content=True
@@ -101,10 +100,8 @@ class RangedReader:
             if response.status == 403:
                 with self._lock:  # credentials may have rotated: sign again on the next attempt
                     self._urls.pop((bucket, key), None)
-            if response.status not in RETRY_STATUS and code not in RETRY_CODES:
+            if response.status not in _RETRY_STATUS and code not in _RETRY_CODES:
                 break
         tried = f" (after {attempts} attempts)" if attempts > 1 else ""
         raise RangedReadError(code, message + tried)
 
-
-__all__ = ["RangedReadError", "RangedReader"]

@@ -23,30 +23,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .checkpoint import INDEX_NAME, Checkpoint, ProbeLimits, inspect
+from .checkpoint import INDEX_NAME, Checkpoint
 from ..engine.vllm import is_speculative_draft
 from ..errors import NoCheckpoint, NoStreamableSource, StoreError
 from ..settings import RobustSettings
+from .index import inspect
+from .object_stores import open_store
 from .remedies import remedy
-from .storage import normalize_uri, open_store
+from .storage import normalize_uri
 
 # The label of the candidate derived from the target's model_weights, e.g. "target model_weights + dspark".
-TARGET_SUBFOLDER_LABEL = "target model_weights + {sub}"
+_TARGET_SUBFOLDER_LABEL = "target model_weights + {sub}"
 
 
 @dataclass(frozen=True)
 class Candidate:
-    label: str  # "model_weights", "model", "MX_MODEL_URI" or TARGET_SUBFOLDER_LABEL's "target model_weights + <sub>"
+    label: str  # "model_weights", "model", "MX_MODEL_URI" or _TARGET_SUBFOLDER_LABEL's "target model_weights + <sub>"
     uri: str
 
 
 @dataclass(frozen=True)
 class Rejection:
+    """A candidate source passed over, and why: in the trail, the load report and doctor's chain."""
+
     candidate: Candidate
     reason: str
 
     def __str__(self) -> str:
         return f"{self.candidate.label}={self.candidate.uri!r}: {self.reason}"
+
+    def as_dict(self) -> dict:
+        return {"label": self.candidate.label, "uri": self.candidate.uri, "reason": self.reason}
 
 
 @dataclass
@@ -56,12 +63,11 @@ class Resolution:
     rejected: list[Rejection] = field(default_factory=list)
 
     def trail(self) -> str:
-        steps = [f"passed over {r}" for r in self.rejected]
-        steps.append(f"chose {self.candidate.label}={self.candidate.uri!r}")
-        return "; ".join(steps)
+        chose = f"chose {self.candidate.label}={self.candidate.uri!r}"
+        return "; ".join([*(f"passed over {r}" for r in self.rejected), chose])
 
 
-def no_source(rejected: list[Rejection]) -> NoStreamableSource:
+def _no_source(rejected: list[Rejection]) -> NoStreamableSource:
     """The error for a chain whose every candidate was rejected, listing each and why."""
     detail = "; ".join(str(r) for r in rejected) if rejected else "no candidate was set"
     return NoStreamableSource(f"no candidate source holds streamable safetensors: {detail}", rejected,
@@ -86,26 +92,19 @@ def candidates(model_config: object, settings: RobustSettings, vllm_config: Any 
         "model": engine_model(model_config),
         "MX_MODEL_URI": settings.model_uri,
     }
-    derived = target_subfolder(model_config, vllm_config)
+    derived = _target_subfolder(model_config, vllm_config)
     own = [label for label in settings.source_order if label in ("model_weights", "model")]
-    seen: set[str] = set()
-    result = []
-
-    def add(candidate: Candidate) -> None:
-        if normalize_uri(candidate.uri) not in seen:
-            seen.add(normalize_uri(candidate.uri))
-            result.append(candidate)
-
+    result: dict[str, Candidate] = {}  # by location: the first label naming it
     for label in settings.source_order:
         uri = values.get(label)
         if uri and isinstance(uri, str):
-            add(Candidate(label, uri))
+            result.setdefault(normalize_uri(uri), Candidate(label, uri))
         if derived is not None and own and label == own[-1]:
-            add(derived)
-    return result
+            result.setdefault(normalize_uri(derived.uri), derived)
+    return list(result.values())
 
 
-def target_subfolder(model_config: object, vllm_config: Any) -> Optional[Candidate]:
+def _target_subfolder(model_config: object, vllm_config: Any) -> Optional[Candidate]:
     """The target's ``model_weights`` joined with the sub-folder of the target's ``model`` the draft lies in.
 
     vLLM 0.34 defaults a MiniMax-M3 DSpark draft to ``<target.model>/dspark``; with the target on an
@@ -123,7 +122,7 @@ def target_subfolder(model_config: object, vllm_config: Any) -> Optional[Candida
     for value in (getattr(model_config, "model_weights", None), getattr(model_config, "model", None)):
         sub = _sub_path(value, base) if isinstance(value, str) and value else None
         if sub is not None:
-            return Candidate(TARGET_SUBFOLDER_LABEL.format(sub=sub), f"{normalize_uri(weights)}/{sub}")
+            return Candidate(_TARGET_SUBFOLDER_LABEL.format(sub=sub), f"{normalize_uri(weights)}/{sub}")
     return None
 
 
@@ -140,13 +139,8 @@ def _sub_path(path: str, base: str) -> Optional[str]:
 
 def probe(candidate: Candidate, settings: RobustSettings) -> Checkpoint:
     """Inspect one candidate; raise NoCheckpoint/StoreError when it is no source."""
-    store = open_store(
-        candidate.uri,
-        timeout_s=settings.probe_timeout_s,
-        max_attempts=settings.probe_max_attempts,
-        max_entries=settings.max_discovery_entries,
-    )
-    checkpoint = inspect(store, settings.discovery_depth, ProbeLimits.from_settings(settings))
+    store = open_store(candidate.uri, timeout_s=settings.probe_timeout_s)
+    checkpoint = inspect(store, settings.discovery_depth, settings.max_header_bytes)
     if not checkpoint.loadable_shards and not checkpoint.errors:
         # An index never names an empty shard, so count them from the problems, not checkpoint.shards.
         empty = sum(1 for p in checkpoint.problems if p.kind == "empty_shard")
@@ -172,5 +166,5 @@ def resolve(cands: list[Candidate], settings: RobustSettings) -> Resolution:
             rejected.append(Rejection(candidate, str(exc)))
             continue
         return Resolution(candidate, checkpoint, rejected)
-    raise no_source(rejected)
+    raise _no_source(rejected)
 

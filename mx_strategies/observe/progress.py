@@ -16,8 +16,8 @@ planned, and the source::
 
     [Worker 0] target streaming s3://models/tiny: 1.2 GB of 2.4 GB (50.0%), 1.1 GB/s, ETA 1s, 1 of 2 shards
 
-Rank 0 writes it by default (``MX_ROBUST_PROGRESS_ALL_RANKS=true``: every
-rank); ``MX_ROBUST_PROGRESS_INTERVAL_S=0`` turns the lines off. Where vLLM
+Rank 0 writes it (the other ranks stream the same bytes at the same pace);
+``MX_ROBUST_PROGRESS_INTERVAL_S=0`` turns the lines off. Where vLLM
 shows its own progress bar (``use_tqdm_on_load`` in its load config, rank
 0), a tqdm bar over the planned bytes is shown too. The lines go to the
 logger ``modelexpress.strategy_robust_model_streamer.progress``; a test
@@ -36,10 +36,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
-logger = logging.getLogger("modelexpress.strategy_robust_model_streamer.progress")
+_logger = logging.getLogger("modelexpress.strategy_robust_model_streamer.progress")
 
 # vLLM's runai loader names its bar this way (weight_utils.runai_safetensors_weights_iterator).
-BAR_DESCRIPTION = "Loading safetensors using Runai Model Streamer (robust)"
+_BAR_DESCRIPTION = "Loading safetensors using Runai Model Streamer (robust)"
 _UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
 
 
@@ -56,7 +56,7 @@ def human_bytes(n: float) -> str:
     return f"{value:.{digits}f} {unit}"
 
 
-def human_seconds(seconds: float) -> str:
+def _human_seconds(seconds: float) -> str:
     """``42s``, ``4m52s``, ``1h03m``."""
     whole = int(round(seconds))
     if whole < 60:
@@ -95,7 +95,7 @@ class Progress:
         return 100.0 * self.done_bytes / self.planned_bytes if self.planned_bytes else 100.0
 
     def text(self) -> str:
-        eta = "unknown" if self.eta is None else human_seconds(self.eta)
+        eta = "unknown" if self.eta is None else _human_seconds(self.eta)
         return (
             f"{human_bytes(self.done_bytes)} of {human_bytes(self.planned_bytes)} ({self.percent:.1f}%), "
             f"{human_bytes(self.rate)}/s, ETA {eta}, {self.shards_done} of {self.shards_total} shards"
@@ -110,13 +110,7 @@ class ProgressTracker:
     clock is injected, nothing is logged.
     """
 
-    def __init__(
-        self,
-        source: str,
-        shards: Iterable[tuple[str, int, int]],
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, source: str, shards: Iterable[tuple[str, int, int]], *, clock: Callable[[], float] = time.monotonic) -> None:
         """``shards``: (shard, expected tensors, planned bytes) in plan order."""
         self.source = source
         self._clock = clock
@@ -151,20 +145,14 @@ class ProgressTracker:
         return self.done_bytes >= self.planned_bytes and self.shards_done == self.shards_total
 
     def snapshot(self) -> Progress:
-        return Progress(
-            self.source,
-            self.done_bytes,
-            self.planned_bytes,
-            self.shards_done,
-            self.shards_total,
-            self._clock() - self.started,
-        )
+        seconds = self._clock() - self.started
+        return Progress(self.source, self.done_bytes, self.planned_bytes, self.shards_done, self.shards_total, seconds)
 
 
 class ProgressLog:
     """Writes a tracker's progress: per finished shard, every ``interval_s`` (a thread), and to a tqdm bar.
 
-    ``emit`` receives each line (default: INFO on :data:`logger`); ``bar`` is
+    ``emit`` receives each line (default: INFO on the progress logger); ``bar`` is
     a tqdm-like object (``update(n)``, ``close()``) or None.
     """
 
@@ -182,7 +170,7 @@ class ProgressLog:
         self.prefix = prefix
         self.interval_s = interval_s
         self.lines = lines and interval_s > 0
-        self._emit = emit or logger.info
+        self._emit = emit or _logger.info
         self.bar = bar
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -222,15 +210,15 @@ class ProgressLog:
         if self._thread is not None:
             self._thread.join(timeout=1.0)
             self._thread = None
-        if self.bar is not None:
-            try:
-                self.bar.close()
-            except Exception:  # noqa: BLE001
-                pass
-            self.bar = None
+        bar, self.bar = self.bar, None
+        try:
+            if bar is not None:
+                bar.close()
+        except Exception:  # noqa: BLE001 - a progress bar never breaks a load
+            pass
 
 
-def plan_shards(plan: Any) -> list[tuple[str, int, int]]:
+def _plan_shards(plan: Any) -> list[tuple[str, int, int]]:
     """(shard URI, expected tensors, planned bytes) for each shard of a :class:`~.planning.LoadPlan`."""
     names = plan.names
     out = []
@@ -240,7 +228,7 @@ def plan_shards(plan: Any) -> list[tuple[str, int, int]]:
     return out
 
 
-def engine_shows_bar(ctx: Any) -> bool:
+def _engine_shows_bar(ctx: Any) -> bool:
     """Whether the engine shows its own load progress bar here: ``use_tqdm_on_load``, on rank 0 (vLLM's rule)."""
     load_config = getattr(ctx, "load_config", None)
     return bool(getattr(load_config, "use_tqdm_on_load", False)) and getattr(ctx, "global_rank", 0) == 0
@@ -251,34 +239,23 @@ def _bar(total: int) -> Any:
         from tqdm import tqdm
     except ImportError:  # tqdm comes with the engines, not with us
         return None
-    return tqdm(total=total, desc=BAR_DESCRIPTION, unit="B", unit_scale=True, mininterval=2)  # as vLLM's bar
+    return tqdm(total=total, desc=_BAR_DESCRIPTION, unit="B", unit_scale=True, mininterval=2)  # as vLLM's bar
 
 
 def for_load(plan: Any, settings: Any, ctx: Any, role: str) -> Optional[ProgressLog]:
     """The progress of this load, or None when this rank shows none (never raises)."""
     try:
         rank = getattr(ctx, "global_rank", 0)
-        lines = settings.progress_interval_s > 0 and (rank == 0 or settings.progress_all_ranks)
-        show_bar = engine_shows_bar(ctx)
+        lines = settings.progress_interval_s > 0 and rank == 0
+        show_bar = _engine_shows_bar(ctx)
         if not (lines or show_bar):
             return None
-        tracker = ProgressTracker(plan.source, plan_shards(plan))
+        tracker = ProgressTracker(plan.source, _plan_shards(plan))
         bar = _bar(tracker.planned_bytes) if show_bar else None
         return ProgressLog(
             tracker, prefix=f"[Worker {rank}] {role} ", interval_s=settings.progress_interval_s, lines=lines, bar=bar
         )
     except Exception as exc:  # noqa: BLE001 - progress is never worth a failed load
-        logger.debug(f"no progress for this load: {exc}")
+        _logger.debug(f"no progress for this load: {exc}")
         return None
 
-
-__all__ = [
-    "Progress",
-    "ProgressLog",
-    "ProgressTracker",
-    "engine_shows_bar",
-    "for_load",
-    "human_bytes",
-    "human_seconds",
-    "plan_shards",
-]

@@ -17,26 +17,17 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:  # the parts a report is built from (:func:`report_of`); none of them imported to run
-    from ..inspect.sources import Resolution
+    from ..inspect.sources import Rejection, Resolution
     from ..plan.distributed import RankShares
     from ..plan.planning import LoadPlan, PlannedLoad
     from ..select.selection import Selection
     from ..stream.streaming import VerifiedStream
 
 METADATA_KEY = "robust_model_streamer"
-RECENT_LIMIT = 32  # reports kept per process: a target, a draft and their retries fit many times over
+_RECENT_LIMIT = 32  # reports kept per process: a target, a draft and their retries fit many times over
 
-_recent: deque[dict] = deque(maxlen=RECENT_LIMIT)
+_recent: deque[dict] = deque(maxlen=_RECENT_LIMIT)
 _lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """A candidate source passed over, and why."""
-
-    label: str
-    uri: str
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -47,7 +38,7 @@ class LoadReport:
     rank: int
     source: str
     source_label: str  # "model_weights", "model", "MX_MODEL_URI" or "explicit"
-    rejected: tuple[Rejected, ...]
+    rejected: "tuple[Rejection, ...]"  # the candidates passed over, in the order they were probed
     convention: Optional[str]  # the draft naming convention that matched; None for a full load
     shards: tuple[str, ...]  # shard keys streamed, in plan order
     tensors: int
@@ -55,8 +46,6 @@ class LoadReport:
     checkpoint_bytes: int  # tensor bytes in the whole checkpoint
     metadata_bytes: int  # header bytes the probe read
     distributed: bool
-    delivery_order: str  # "arrival", "plan", or plan until the hold-back bound was passed
-    held_peak_bytes: int  # most tensor bytes held back for plan order (0 in arrival order)
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds: resolve, stream, post_load, total
     # Tensors the selection picked and the model said it does not load (is_unused_checkpoint_weight): not streamed.
     unused_by_model: tuple[str, ...] = ()
@@ -83,7 +72,7 @@ class LoadReport:
     # their shares differ (the host streams their union once; each rank feeds its model its own). None: as streamed.
     bytes_carried: Optional[int] = None
     # Read by runai while the module was asked (the head of the selection made without
-    # asking, mx_strategies.select.selection.Selection.uncertain), and of
+    # asking, less what only the answer settles: mx_strategies.stream.read_ahead), and of
     # those the bytes the answered plan did not hold: dropped, never delivered.
     read_ahead_bytes: int = 0
     read_ahead_discarded_bytes: int = 0
@@ -106,12 +95,12 @@ class LoadReport:
         return None if self.bytes_from_storage is None else max(self.bytes_arrived - self.bytes_from_storage, 0)
 
     def as_dict(self) -> dict:
-        return {"outcome": "loaded", **asdict(self), "bytes_from_peers": self.bytes_from_peers, "trail": self.trail()}
+        rejected = tuple(r.as_dict() for r in self.rejected)
+        return {"outcome": "loaded", **asdict(self), "rejected": rejected, "bytes_from_peers": self.bytes_from_peers,
+                "trail": self.trail()}  # fmt: skip
 
     def trail(self) -> str:
-        steps = [f"passed over {r.label}={r.uri!r}: {r.reason}" for r in self.rejected]
-        steps.append(f"chose {self.source_label}={self.source!r}")
-        return "; ".join(steps)
+        return "; ".join([*(f"passed over {r}" for r in self.rejected), f"chose {self.source_label}={self.source!r}"])
 
     def summary(self) -> str:
         """The one log line a load ends with."""
@@ -150,7 +139,9 @@ def planned_lines(load: "PlannedLoad") -> list[tuple[int, str]]:
     role, plan, carrier, shares = load.selection.role, load.plan, load.carrier, load.shares
     lines = [(logging.INFO, f"{role} source: {load.resolution.trail()}")]
     lines += [(logging.INFO, f"{p.kind}: {p.message}") for p in load.resolution.checkpoint.problems]
-    lines += load.selection.lines(len(plan.expected))
+    from .selection_log import selection_lines
+
+    lines += selection_lines(load.selection, len(plan.expected))
     if shares is not None and carrier is not None:
         lines.append((logging.INFO, (
             f"{role}: the ranks of this host ({list(shares.host_ranks)}) read different shares; streaming their "
@@ -183,24 +174,17 @@ def report_of(
 ) -> LoadReport:
     """One load's report, from its typed parts: where it came from, what was selected and why, what the
     plan streamed, what the stream saw, and who read what."""
-    from ..select.selection import LEFT_TO_DRAFT, NOT_HELD, NOT_READ  # the kinds, where the selection names them
+    from .selection_log import selection_fields
 
-    checkpoint, left_bytes = resolution.checkpoint, selection.left_bytes
-    rejected = tuple(Rejected(r.candidate.label, r.candidate.uri, r.reason) for r in resolution.rejected)
+    checkpoint = resolution.checkpoint
     return LoadReport(
         # where it came from
         role=selection.role, rank=rank, source=resolution.candidate.uri, source_label=resolution.candidate.label,
-        rejected=rejected, checkpoint_bytes=checkpoint.data_bytes, metadata_bytes=checkpoint.metadata_bytes,
-        # what the selection decided, and what it left out
-        convention=selection.convention, architecture=selection.architecture, selection_source=selection.source,
-        module_class=selection.module_class, selection_note=selection.note, selection_seconds=selection.seconds,
-        selection_cached=selection.cached, unused_by_model=tuple(sorted(selection.unused_by_model)),
-        left_to_draft=len(selection.left_to_draft), left_to_draft_bytes=left_bytes.get(LEFT_TO_DRAFT, 0),
-        left_out=len(selection.reasons), left_out_bytes=left_bytes.get(NOT_READ, 0),
-        not_held=len(selection.not_held), not_held_bytes=left_bytes.get(NOT_HELD, 0),
+        rejected=tuple(resolution.rejected), checkpoint_bytes=checkpoint.data_bytes, metadata_bytes=checkpoint.metadata_bytes,
+        **selection_fields(selection),  # what the selection decided, and what it left out
         # what the plan streamed, and what the stream saw
         shards=tuple(plan.shard_keys), tensors=len(plan.expected), bytes_streamed=plan.bytes,
-        distributed=stream.distributed, delivery_order=stream.delivery_order, held_peak_bytes=stream.held_peak_bytes,
+        distributed=stream.distributed,
         bytes_from_storage=stream.bytes_from_storage, read_ahead_bytes=stream.read_ahead_bytes,
         read_ahead_discarded_bytes=stream.bytes_discarded, timings=timings, reader=stream.reader.reader,
         reader_why=stream.reader.why, files_mapped=stream.files_mapped,
@@ -255,5 +239,3 @@ def clear_reports() -> None:
     with _lock:
         _recent.clear()
 
-
-__all__ = ["LoadFailure", "LoadReport", "METADATA_KEY", "Rejected", "attach", "clear_reports", "recent_reports", "load_timings", "planned_lines", "record", "report_of"]

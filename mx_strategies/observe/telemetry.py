@@ -38,7 +38,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 
 from ..errors import (
     ContentMismatch,
@@ -56,7 +57,7 @@ from ..errors import (
 )
 from .report import LoadReport
 
-logger = logging.getLogger("modelexpress.strategy_robust_model_streamer.telemetry")
+_logger = logging.getLogger("modelexpress.strategy_robust_model_streamer.telemetry")
 
 #: robust's phases, in the order they run; together they are the strategy's whole load (report.timings["total"]).
 #:   resolve       inspect the candidate sources' headers, plan and select the tensors
@@ -64,24 +65,13 @@ logger = logging.getLogger("modelexpress.strategy_robust_model_streamer.telemetr
 #:   verify        after the last tensor: the source re-check and the ledger
 #:   completeness  the model's own check that every parameter was written
 #:   post_load     the engine's processing after the weights (after_weight_iter_load)
-PHASES = ("resolve", "stream", "verify", "completeness", "post_load")
-ROLES = ("target", "draft", "other")
-SOURCE_KINDS = ("s3", "gs", "az", "local", "other")
-ORIGINS = ("storage", "peers")
-SELECTION_SOURCES = ("dry_run", "table", "convention", "whole", "other")
-#: Why a load was given up. ``refused``: ``mutated=False`` (before the engine's weight loading held the stream); ``failed``: after.
-FAILURE_REASONS = (
-    "no_source",
-    "inconsistent_checkpoint",
-    "selection",
-    "completeness",
-    "ranks_disagree",
-    "streamer",
-    "other",
-)
-OUTCOMES = ("refused", "failed")
+_PHASES = ("resolve", "stream", "verify", "completeness", "post_load")
+_ROLES = ("target", "draft", "other")
+_SOURCE_KINDS = ("s3", "gs", "az", "local", "other")
+_SELECTION_SOURCES = ("dry_run", "table", "convention", "whole", "other")
+_ENGINES = ("vllm", "sglang", "trtllm")
 
-# Most specific first: the first class an error is an instance of names its reason.
+# Why a load was given up: the first class an error is an instance of names its reason (most specific first).
 _REASON_OF = (
     (NoStreamableSource, "no_source"),
     (NoCheckpoint, "no_source"),
@@ -96,23 +86,25 @@ _REASON_OF = (
     (StreamBroken, "streamer"),
     (ContentMismatch, "streamer"),
 )
+_FAILURE_REASONS = (*dict.fromkeys(reason for _, reason in _REASON_OF), "other")
 
-SPAN_PREFIX = "Robust "
-FAILED_SPAN = "Robust failed"
+_SPAN_PREFIX = "Robust "
+_FAILED_SPAN = "Robust failed"
 
 
 def _clamp(value: Any, allowed: tuple[str, ...]) -> str:
+    """``value`` where it is one of ``allowed``, else ``other``: every label is a closed set."""
     return value if value in allowed else "other"
 
 
-def source_kind(uri: str) -> str:
+def _source_kind(uri: str) -> str:
     """s3, gs, az for object stores, local for a path; other for anything else."""
     if "://" not in uri:
         return "local"
-    return _clamp(uri.split("://", 1)[0], SOURCE_KINDS)
+    return _clamp(uri.split("://", 1)[0], _SOURCE_KINDS)
 
 
-def failure_reason(exc: BaseException) -> str:
+def _failure_reason(exc: BaseException) -> str:
     """The closed-set reason of a failed load: from the error itself or the one it was raised from."""
     seen = 0
     while exc is not None and seen < 4:
@@ -124,7 +116,7 @@ def failure_reason(exc: BaseException) -> str:
     return "other"
 
 
-def phase_seconds(report: LoadReport) -> dict[str, float]:
+def _phase_seconds(report: LoadReport) -> dict[str, float]:
     """robust's phases from the report's timings; ``stream`` net of verify and completeness (which lie inside it)."""
     timings = report.timings
     verify = timings.get("verify", 0.0)
@@ -166,7 +158,7 @@ class _Families:
             return Counter(name, documentation, [*labels, "scheme"], registry=registry)
 
         self.bytes_streamed = counter(
-            "mx_robust_bytes_streamed_total", ["role", "source_kind"],
+            "mx_robust_bytes_streamed_total", ["role"],
             "Tensor bytes robust_model_streamer delivered to the model, by role and source kind (s3|gs|az|local).",
         )  # fmt: skip
         self.bytes_by_origin = counter(
@@ -211,7 +203,7 @@ def _metrics() -> Optional[_Families]:
             try:
                 _families = _Families()
             except Exception as exc:  # noqa: BLE001
-                logger.warning(f"robust_model_streamer metrics disabled: {exc}")
+                _logger.warning(f"robust_model_streamer metrics disabled: {exc}")
         return _families
 
 
@@ -219,18 +211,16 @@ def _record_metrics(report: LoadReport, engine: str, model: object) -> None:
     families = _metrics()
     if families is None:
         return
-    scheme = families.scheme
-    role = _clamp(report.role, ROLES)
-    model_label = families.model_label(model)
-    engine_label = engine if engine in ("vllm", "sglang", "trtllm") else "other"
-    for phase, seconds in phase_seconds(report).items():
-        families.phase_seconds.labels(engine_label, model_label, phase, scheme).observe(max(seconds, 0.0))
-    families.bytes_streamed.labels(role, source_kind(report.source), scheme).inc(report.bytes_streamed)
+    scheme, role = families.scheme, _clamp(report.role, _ROLES)
+    labels = (_clamp(engine, _ENGINES), families.model_label(model))
+    for phase, seconds in _phase_seconds(report).items():
+        families.phase_seconds.labels(*labels, phase, scheme).observe(max(seconds, 0.0))
+    families.bytes_streamed.labels(role, _source_kind(report.source), scheme).inc(report.bytes_streamed)
     if report.bytes_from_storage is not None:
         families.bytes_by_origin.labels(role, "storage", scheme).inc(report.bytes_from_storage)
         families.bytes_by_origin.labels(role, "peers", scheme).inc(report.bytes_from_peers or 0)
     families.tensors.labels(role, scheme).inc(report.tensors)
-    families.selections.labels(role, _clamp(report.selection_source, SELECTION_SOURCES), scheme).inc()
+    families.selections.labels(role, _clamp(report.selection_source, _SELECTION_SOURCES), scheme).inc()
 
 
 # -- traces --------------------------------------------------------------------
@@ -244,13 +234,13 @@ def _tracer() -> Any:
     return tracer if hasattr(tracer, "start_span") else None  # ModelExpress's no-op tracer has none
 
 
-def span_attributes(report: LoadReport) -> dict[str, Any]:
+def _span_attributes(report: LoadReport) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         "robust.role": report.role,
         "global_rank": report.rank,
         "robust.source_uri": report.source,
         "robust.source_label": report.source_label,
-        "robust.source_kind": source_kind(report.source),
+        "robust.source_kind": _source_kind(report.source),
         "robust.selection_source": report.selection_source,
         "robust.bytes_streamed": report.bytes_streamed,
         "robust.tensors": report.tensors,
@@ -263,22 +253,31 @@ def span_attributes(report: LoadReport) -> dict[str, Any]:
     return attributes
 
 
-def _wall_ns(perf: float, now_perf: float, now_ns: int) -> int:
-    return now_ns - int(round((now_perf - perf) * 1e9))
+def _wall_clock() -> Callable[[float], int]:
+    """``time.perf_counter`` readings -> wall-clock nanoseconds (a span's times), against one reading of both."""
+    now_perf, now_ns = time.perf_counter(), time.time_ns()
+    return lambda perf: now_ns - int(round((now_perf - perf) * 1e9))
 
 
 def _record_spans(report: LoadReport, ended: float) -> None:
     tracer = _tracer()
     if tracer is None:
         return
-    now_perf, now_ns = time.perf_counter(), time.time_ns()
-    attributes = span_attributes(report)
+    attributes, wall_ns = _span_attributes(report), _wall_clock()
     at = ended - report.timings.get("total", 0.0)
-    for phase, seconds in phase_seconds(report).items():
-        seconds = max(seconds, 0.0)
-        span = tracer.start_span(SPAN_PREFIX + phase, start_time=_wall_ns(at, now_perf, now_ns), attributes=attributes)
-        at += seconds
-        span.end(end_time=_wall_ns(at, now_perf, now_ns))
+    for phase, seconds in _phase_seconds(report).items():
+        span = tracer.start_span(_SPAN_PREFIX + phase, start_time=wall_ns(at), attributes=attributes)
+        at += max(seconds, 0.0)
+        span.end(end_time=wall_ns(at))
+
+
+@contextmanager
+def _never_raising(what: str) -> Iterator[None]:
+    """Telemetry never fails a load: whatever goes wrong inside is logged at DEBUG and dropped."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001
+        _logger.debug(f"robust {what} not recorded: {exc}")
 
 
 # -- what robust.py calls ------------------------------------------------------
@@ -286,62 +285,28 @@ def _record_spans(report: LoadReport, ended: float) -> None:
 
 def record_load(report: LoadReport, ctx: Any, *, engine: str, ended: float) -> None:
     """A finished load: metrics and spans from its report. ``ended``: perf_counter at its end. Never raises."""
-    try:
+    with _never_raising("load metrics"):
         _record_metrics(report, engine, getattr(getattr(ctx, "identity", None), "model_name", None))
-    except Exception as exc:  # noqa: BLE001
-        logger.debug(f"robust load metrics not recorded: {exc}")
-    try:
+    with _never_raising("load spans"):
         _record_spans(report, ended)
-    except Exception as exc:  # noqa: BLE001
-        logger.debug(f"robust load spans not recorded: {exc}")
 
 
 def record_failure(error: BaseException, role: str, rank: int, *, mutated: bool, started: float) -> None:
     """A load given up (``StrategyFailed``; its cause says why). Never raises."""
-    reason = failure_reason(error)
+    reason = _failure_reason(error)
     outcome = "failed" if mutated else "refused"
-    try:
+    with _never_raising("failure metric"):
         families = _metrics()
         if families is not None:
-            families.failures.labels(_clamp(role, ROLES), reason, outcome, families.scheme).inc()
-    except Exception as exc:  # noqa: BLE001
-        logger.debug(f"robust failure metric not recorded: {exc}")
-    try:
+            families.failures.labels(_clamp(role, _ROLES), reason, outcome, families.scheme).inc()
+    with _never_raising("failure span"):
         tracer = _tracer()
         if tracer is not None:
-            now_perf, now_ns = time.perf_counter(), time.time_ns()
-            span = tracer.start_span(
-                FAILED_SPAN,
-                start_time=_wall_ns(started, now_perf, now_ns),
-                attributes={
-                    "robust.role": role,
-                    "global_rank": rank,
-                    "robust.reason": reason,
-                    "robust.outcome": outcome,
-                    "robust.error": str(error)[:512],
-                },
-            )
-            try:
+            attributes = {"robust.role": role, "global_rank": rank, "robust.reason": reason,
+                          "robust.outcome": outcome, "robust.error": str(error)[:512]}  # fmt: skip
+            span = tracer.start_span(_FAILED_SPAN, start_time=_wall_clock()(started), attributes=attributes)
+            with _never_raising("failure status"):
                 from opentelemetry.trace import Status, StatusCode
 
                 span.set_status(Status(StatusCode.ERROR, reason))
-            except Exception:  # noqa: BLE001
-                pass
-            span.end(end_time=now_ns)
-    except Exception as exc:  # noqa: BLE001
-        logger.debug(f"robust failure span not recorded: {exc}")
-
-
-__all__ = [
-    "FAILURE_REASONS",
-    "OUTCOMES",
-    "PHASES",
-    "SELECTION_SOURCES",
-    "SOURCE_KINDS",
-    "failure_reason",
-    "phase_seconds",
-    "record_failure",
-    "record_load",
-    "source_kind",
-    "span_attributes",
-]
+            span.end(end_time=time.time_ns())

@@ -18,12 +18,12 @@ from __future__ import annotations
 from .sglang_adapter_state import patch_sglang_adapter_state
 from .sglang_parallel_getters import patch_sglang_parallel_getters
 
-SGLANG_PATCHES = (patch_sglang_parallel_getters, patch_sglang_adapter_state)
+_SGLANG_PATCHES = (patch_sglang_parallel_getters, patch_sglang_adapter_state)
 
 
 def apply_sglang_patches() -> tuple[str, ...]:
     """Apply every SGLang patch that the installed versions need; the names of those applied now."""
-    return tuple(patch.__name__ for patch in SGLANG_PATCHES if patch())
+    return tuple(patch.__name__ for patch in _SGLANG_PATCHES if patch())
 
 
-__all__ = ["SGLANG_PATCHES", "apply_sglang_patches"]
+__all__ = [ "apply_sglang_patches"]

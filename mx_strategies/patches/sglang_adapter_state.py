@@ -22,7 +22,7 @@ import logging
 
 from ._versions import modelexpress_in
 
-logger = logging.getLogger("modelexpress.mx_strategies.patches")
+_logger = logging.getLogger("modelexpress.mx_strategies.patches")
 _MARK = "__mx_strategies_patch__"
 
 
@@ -76,7 +76,7 @@ def patch_sglang_adapter_state() -> bool:
         setattr(adapter_cls, name, function)
         added.append(name)
     if added:
-        logger.info(
+        _logger.info(
             f"mx-strategies: ModelExpress's SglangAdapter has no {' or '.join(added)}; defined over SGLang's "
             f"world group (CPU group for gathers), as its VllmAdapter does over vLLM's"
         )

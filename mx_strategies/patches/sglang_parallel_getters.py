@@ -29,10 +29,10 @@ from typing import Any, Callable
 
 from ._versions import installed, modelexpress_in
 
-logger = logging.getLogger("modelexpress.mx_strategies.patches")
+_logger = logging.getLogger("modelexpress.mx_strategies.patches")
 
 # ModelExpress's name -> the field of SGLang's ParallelContext that answers it.
-GETTERS = {
+_GETTERS = {
     "get_world_group": "world_group",
     "get_tensor_model_parallel_rank": "tp_rank",
     "get_tensor_model_parallel_world_size": "tp_size",
@@ -62,13 +62,13 @@ def patch_sglang_parallel_getters() -> bool:
         get_parallel = importlib.import_module("sglang.srt.runtime_context").get_parallel
     except (ImportError, AttributeError):
         return False  # no SGLang, or one from before get_parallel: its getters are exported
-    missing = [name for name in GETTERS if not callable(getattr(distributed, name, None))]
+    missing = [name for name in _GETTERS if not callable(getattr(distributed, name, None))]
     if not missing:
         return False
     for name in missing:
-        setattr(distributed, name, _getter(name, GETTERS[name], get_parallel))
+        setattr(distributed, name, _getter(name, _GETTERS[name], get_parallel))
     version = ".".join(map(str, installed("sglang") or ())) or "unknown"
-    logger.info(
+    _logger.info(
         f"mx-strategies: SGLang {version} does not export {', '.join(missing)} from sglang.srt.distributed, "
         f"which ModelExpress's SglangAdapter calls; provided them from sglang.srt.runtime_context.get_parallel()"
     )

@@ -32,23 +32,24 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence, TypeVar
 import numpy as np
 
 from ..errors import MxStrategiesError, RanksDisagree
-from ..inspect.checkpoint import loaded_shards, unreachable
+from ..inspect.checkpoint import loaded_shards
 from ..inspect.sources import Candidate, Resolution, resolve
 from ..select.selection import Selection
 from ..settings import RobustSettings
+from .rank_checks import unreachable
 
-Plan = TypeVar("Plan")
+_Plan = TypeVar("Plan")
 
-PLANNED = "planned"
-FAILED = "failed"
+_PLANNED = "planned"
+_FAILED = "failed"
 
 
-def agreed_plan(
+def _agreed_plan(
     adapter: Any,
     rank: int,
-    plan: Callable[[], Plan],
-    check: Optional[Callable[[Plan], Optional[str]]] = None,
-) -> Plan:
+    plan: Callable[[], _Plan],
+    check: Optional[Callable[[_Plan], Optional[str]]] = None,
+) -> _Plan:
     """Rank 0's ``plan()``, shared with every rank, once every rank accepted it.
 
     ``check(plan)`` runs on every rank and returns why this rank cannot
@@ -59,9 +60,9 @@ def agreed_plan(
     mine: Optional[tuple[str, Any]] = None
     if rank == 0:
         try:
-            mine = (PLANNED, plan())
+            mine = (_PLANNED, plan())
         except MxStrategiesError as exc:
-            mine = (FAILED, str(exc))
+            mine = (_FAILED, str(exc))
     try:
         shared = adapter.broadcast_state(mine)
     except Exception as exc:  # the process group itself failed: no rank can trust a plan
@@ -72,7 +73,7 @@ def agreed_plan(
             f"({type(adapter).__name__}.broadcast_state); not streaming distributed without it"
         )
     kind, payload = shared
-    if kind == FAILED:
+    if kind == _FAILED:
         raise RanksDisagree(f"rank 0 could not plan the load, so no rank streams it: {payload}")
     refusal = None
     if check is not None:
@@ -114,7 +115,7 @@ def distributes(engine: Any, enabled: bool) -> tuple[bool, str]:
 
 
 @dataclass(frozen=True)
-class RankRead:
+class _RankRead:
     """One rank's share of a distributed load, as every rank learns it."""
 
     rank: int
@@ -131,7 +132,7 @@ class RankShares:
     own: frozenset[str]  # what this rank's model is fed
     carried: frozenset[str]  # the union of the shares of this rank's host: what runai streams on every rank of it
     host_ranks: tuple[int, ...]
-    ranks: tuple[RankRead, ...]  # every rank, in rank order
+    ranks: tuple[_RankRead, ...]  # every rank, in rank order
 
     @property
     def shares_differ(self) -> bool:
@@ -153,7 +154,7 @@ def _bits(mask: bytes, count: int) -> np.ndarray:
     return np.unpackbits(np.frombuffer(mask, dtype=np.uint8), count=count, bitorder="little").astype(bool)
 
 
-def agreed_shares(
+def _agreed_shares(
     adapter: Any,
     rank: int,
     universe: Sequence[str],
@@ -193,7 +194,7 @@ def agreed_shares(
     weights = np.asarray(sizes, dtype=np.int64)
     bits = {r: _bits(mask, len(universe)) for r, _, _, mask, _ in states}
     reads = tuple(
-        RankRead(r, h, int(bits[r].sum()), int(weights[bits[r]].sum())) for r, h, _, _, _ in sorted(states)
+        _RankRead(r, h, int(bits[r].sum()), int(weights[bits[r]].sum())) for r, h, _, _, _ in sorted(states)
     )
     host_ranks = tuple(r for r, h, _, _, _ in sorted(states) if h == host)
     union = np.zeros(len(universe), dtype=bool)
@@ -203,7 +204,7 @@ def agreed_shares(
     return RankShares(rank, frozenset(own), carried, host_ranks, reads)
 
 
-class AgreedSelection(NamedTuple):
+class _AgreedSelection(NamedTuple):
     """What every rank agreed to: rank 0's source, this rank's own selection of it, every rank's share."""
 
     resolution: Resolution
@@ -218,7 +219,7 @@ def agreed_selection(
     module: Any,
     settings: RobustSettings,
     select: Callable[[Resolution, Any, RobustSettings], Selection],
-) -> AgreedSelection:
+) -> _AgreedSelection:
     """Rank 0 resolves and selects (``select``: :func:`..select.selection.select_resolved`, asking ``module``,
     the :class:`..select.built_module.BuiltModule`); every rank checks
     it reaches the files rank 0's selection streams, selects its own share of rank 0's checkpoint, and the
@@ -233,7 +234,7 @@ def agreed_selection(
     def reaches(decided: tuple[Resolution, Selection]) -> Optional[str]:
         return unreachable(decided[0].checkpoint, settings, decided[1].names)
 
-    resolution, selection = agreed_plan(adapter, rank, decide, reaches)
+    resolution, selection = _agreed_plan(adapter, rank, decide, reaches)
     checkpoint, refusal = resolution.checkpoint, None
     if rank != 0:  # rank 0's selection is rank 0's share; every other rank selects its own
         checked = {s.key for s in loaded_shards(checkpoint, settings, selection.names)}  # rank 0's, checked already
@@ -245,9 +246,8 @@ def agreed_selection(
     # Every rank's share is a subset of the loaded shards' tensors (in load order; an empty shard holds none).
     universe = list(checkpoint.tensors().values())
     own = None if refusal else frozenset(t.name for t in universe if selection.names is None or t.name in selection.names)
-    shares = agreed_shares(adapter, rank, [t.name for t in universe], [t.nbytes for t in universe], own, refusal)
-    return AgreedSelection(resolution, selection, shares)
+    shares = _agreed_shares(adapter, rank, [t.name for t in universe], [t.nbytes for t in universe], own, refusal)
+    return _AgreedSelection(resolution, selection, shares)
 
 
-__all__ = ["AgreedSelection", "RankRead", "RankShares", "RanksDisagree", "agreed_plan", "agreed_selection",
-           "agreed_shares", "distributes"]
+__all__ = ["RankShares", "RanksDisagree", "agreed_selection", "distributes"]

@@ -58,28 +58,6 @@ class LoadPlan:
         kept = frozenset(n for n in self.expected if n in keep)
         return LoadPlan(self.source, tuple(shards_holding(self.shards, kept)), kept)
 
-    def head(self, limit_bytes: int, leave: frozenset[str] = frozenset()) -> "Optional[LoadPlan]":
-        """Its first tensors in plan order, at most ``limit_bytes`` of them (at least one tensor, where the
-        first alone is larger), none of ``leave``; None: nothing."""
-        if limit_bytes <= 0:
-            return None
-        names, taken = [], 0
-        for shard in self.shards:
-            for name, info in shard.tensors.items():
-                if not self._holds(name) or name in leave:
-                    continue
-                if names and taken + info.nbytes > limit_bytes:
-                    return self.narrowed(names)
-                names.append(name)
-                taken += info.nbytes
-        return self.narrowed(names) if names else None
-
-    def rest(self, streamed: Iterable[str]) -> "Optional[LoadPlan]":
-        """What this plan holds beyond ``streamed``; None: nothing."""
-        done = frozenset(streamed)
-        rest = self.narrowed(n for n in self.expected if n not in done)
-        return rest if rest.names else None
-
 
 def plan_of(checkpoint: Checkpoint, names: Optional[Iterable[str]], settings: RobustSettings) -> LoadPlan:
     """``names`` (None: every tensor) placed on ``checkpoint``'s loaded shards, in load order."""

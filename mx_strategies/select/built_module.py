@@ -10,7 +10,7 @@ asks it once (:meth:`BuiltModule.of`):
   buffer names (:mod:`.engine`);
 - its rank's share: pipeline-missing layers, expert map, EPLB
   (:mod:`.rank_share`);
-- what the engine writes into it after loading (:func:`.kept.engine_fills`);
+- what the engine writes into it after loading (:func:`.mtp_table.filled_by_engine`: a draft's shared embedding and head);
 - SGLang's features robust's stream would bypass (:func:`.engine.bypassed_features`);
 - its :mod:`.mtp_table` row, matched once.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import kept, module_reads, mtp_table, rank_share
+from . import module_reads, mtp_table, rank_share
 from ..inspect.checkpoint import Checkpoint
 from ..engine import SGLANG, EngineView, bypassed_features, declared_unused, held_names
 from .module_reads import Answer
@@ -60,7 +60,8 @@ class BuiltModule:
             else None
         )
         if self.filled_by_engine is None:
-            self.filled_by_engine = kept.engine_fills(self.engine, self.draft_row)
+            self.filled_by_engine = (lambda name: False) if not self.engine.is_draft else mtp_table.filled_by_engine(
+                self.draft_row, shares_target_weights=self.engine.shares_target_weights, heads_replaced=self.engine.heads_replaced)
 
     @classmethod
     def of(cls, model: Any, engine: EngineView, settings: RobustSettings, rank: int) -> "BuiltModule":
@@ -85,7 +86,7 @@ class BuiltModule:
             rank,
             engine.shares_target_weights,
             engine.heads_replaced,
-            tuple(settings.selection_sources),
+            module_reads.SELECTION_ORDER,
         )
         replaced = built.filled_by_engine
         built.question = lambda checkpoint: module_reads.ask_cached(

@@ -7,7 +7,7 @@ of the module (:mod:`.twin`), over the checkpoint's names with tensors that
 hold no data (``device="meta"``, the header's shape and dtype). It records
 which names the module uses, into which of its parameters each one flows,
 and which elements of each parameter each write reaches
-(:class:`.coverage.Write`: whole parameters or no load).
+(:class:`..verify.coverage.Write`: whole parameters or no load).
 
 Why the model stays as it was:
 
@@ -35,12 +35,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
-from .coverage import Layout, Write, writes_in_place, written_part
+from ..verify.coverage import Layout, Write, writes_in_place, written_part
 from ..thread_pools import run_inline, submits_from_this_thread
 from .twin import TwinFailed, make_twin
 
 # Torch calls that only look at a tensor's metadata: no use of its values.
-METADATA_CALLS = frozenset(
+_METADATA_CALLS = frozenset(
     {
         "__get__", "size", "dim", "numel", "stride", "element_size", "is_contiguous", "__len__", "ndimension",
         "nelement", "__repr__", "__format__", "data_ptr", "storage_offset", "is_floating_point", "is_complex",
@@ -48,7 +48,7 @@ METADATA_CALLS = frozenset(
     }
 )
 # Reading a value out of a data-less tensor: answered with a zero (the dry run only follows where data goes).
-SCALAR_CALLS = frozenset({"item", "__int__", "__float__", "__index__"})
+_SCALAR_CALLS = frozenset({"item", "__int__", "__float__", "__index__"})
 
 
 class DryRunFailed(Exception):
@@ -56,7 +56,7 @@ class DryRunFailed(Exception):
 
 
 @dataclass
-class DryRun:
+class _DryRun:
     """What one dry run saw: the names the module used, the parameters each flowed into, and every write's region."""
 
     read: frozenset[str]
@@ -167,7 +167,7 @@ def _mode(state: _State):
                 raise DryRunFailed("took longer than its time bound")
             name = getattr(func, "__name__", "")
             used = names_in(args) | names_in(kwargs.values())
-            if name in METADATA_CALLS:
+            if name in _METADATA_CALLS:
                 # Looking at a tensor is no use of its values; a view it returns (``.T``, ``.data``) carries its names.
                 result = func(*args, **kwargs)
                 if used and isinstance(result, torch.Tensor) and result.is_meta:
@@ -175,7 +175,7 @@ def _mode(state: _State):
                 return result
             if used:
                 state.read |= used
-            if name in SCALAR_CALLS and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+            if name in _SCALAR_CALLS and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
                 state.scalar_from = frozenset(used)  # the number flows into the next write
                 return 0.0 if args[0].is_floating_point() and name != "__index__" else 0
             if name == "tolist" and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
@@ -251,7 +251,7 @@ def dry_run(
     *,
     timeout_s: float,
     call: Optional[Callable[[Any, Iterator[tuple[str, Any]]], Any]] = None,
-) -> DryRun:
+) -> _DryRun:
     """Run ``model.load_weights`` over ``headers`` (name -> (shape, torch dtype)) with data-less tensors.
 
     ``call(model, weights)``: how the engine feeds the model (default
@@ -298,10 +298,10 @@ def dry_run(
     if isinstance(returned, (set, frozenset, list, tuple)) and all(isinstance(n, str) for n in returned):
         names = frozenset(returned)
     full = {name: name not in state.partial for name in state.written}
-    return DryRun(
+    return _DryRun(
         frozenset(state.read), dict(state.written), full, tuple(state.whole_writes), fed,
         time.perf_counter() - started, names, tuple(state.writes), layouts, twin.seconds,
     )  # fmt: skip
 
 
-__all__ = ["DryRun", "DryRunFailed", "dry_run"]
+__all__ = ["DryRunFailed", "dry_run"]

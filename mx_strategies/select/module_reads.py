@@ -12,11 +12,11 @@ The sources, in order:
    What the model or the engine says itself shapes it: vLLM's
    ``is_unused_checkpoint_weight`` (names the model never loads are not even
    fed) and the engine's replacement of a draft's embedding and head after
-   loading (:func:`.kept.engine_fills`, :mod:`.engine.vllm_rules`);
+   loading (:func:`.mtp_table.filled_by_engine`, :mod:`.engine.vllm_rules`);
 2. ``table``: :mod:`.mtp_table`, only where the dry run cannot answer (the
    class raises on data-less tensors, or there is no model), with a WARNING
    naming the class and the reason;
-3. ``convention``: the generic MTP naming conventions of :mod:`.draft`.
+3. ``convention``: the generic MTP naming conventions (rows of :mod:`.mtp_rows`).
 
 Sources 2 and 3 are decided in :mod:`.selection` (they need no model); this
 module answers 1, or says why it could not (:class:`Unanswered`).
@@ -35,20 +35,26 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
-from ..inspect.checkpoint import Checkpoint, storage_shape
-from .kept import judged_parameters
-from .coverage import Gap, gaps as coverage_gaps
+from ..inspect.checkpoint import Checkpoint
+from ..inspect.headers import storage_shape
+from ..verify.coverage import Gap
+from ..verify.kept import before_streaming
 from .dry_run import DryRunFailed, dry_run
 from ..settings import RobustSettings
 
-SOURCES = ("dry_run", "table", "convention", "whole")
+_SOURCES = ("dry_run", "table", "convention", "whole")
+# The sources that may answer, in this order (the setting MX_ROBUST_SELECTION_SOURCES until issue 53); "whole" is
+# what a load falls back to. Read at call time, so a test may leave one out.
+SELECTION_ORDER = ("dry_run", "table", "convention")
+# Above this many names the dry run feeds a sample of them (:mod:`.name_sampling`), not every one.
+DRY_RUN_SAMPLE_ABOVE = 8192
 
 # Why a name is not streamed (stable codes: the cache stores them, reports show the text).
-NOT_READ = "not read by the module's load_weights (dry run)"
-INFERRED_NOT_READ = "not read by the module's load_weights (dry run of names of the same template)"
-DECLARED_UNUSED = "the model declares it unused (is_unused_checkpoint_weight, skip_checkpoint_weight)"
-REPLACED = "written only into parameters the engine replaces after loading (the target's embedding/head)"
-OVERWRITTEN = "a later checkpoint tensor overwrites the same parameter whole"
+_FED_NOT_READ = "not read by the module's load_weights (dry run)"
+_INFERRED_NOT_READ = "not read by the module's load_weights (dry run of names of the same template)"
+_DECLARED_UNUSED = "the model declares it unused (is_unused_checkpoint_weight, skip_checkpoint_weight)"
+_REPLACED = "written only into parameters the engine replaces after loading (the target's embedding/head)"
+_OVERWRITTEN = "a later checkpoint tensor overwrites the same parameter whole"
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,7 @@ def class_name(model: Any) -> str:
 
 def _dtypes() -> Mapping[str, Any]:
     """Torch's dtype for each safetensors dtype string (the headers')."""
-    from ..inspect.checkpoint import runai_dtypes
+    from ..inspect.headers import runai_dtypes
 
     return runai_dtypes()
 
@@ -116,7 +122,7 @@ def _overwritten(whole_writes: tuple, full: Mapping[str, bool]) -> dict[str, str
         if all(w > max(indices) and name not in whole_writes[w][1] for w in winners):
             params = sorted({p for i in indices for p in whole_writes[i][0]})
             kept = sorted({n for w in winners for n in whole_writes[w][1]})
-            dropped[name] = f"{OVERWRITTEN} ({', '.join(params)}; streamed: {', '.join(kept)})"
+            dropped[name] = f"{_OVERWRITTEN} ({', '.join(params)}; streamed: {', '.join(kept)})"
     return dropped
 
 
@@ -154,14 +160,14 @@ def ask(
     """Ask ``model`` which of ``checkpoint``'s tensors it reads (sources 1 and 2 of the module docstring).
 
     ``unused``: the model's ``is_unused_checkpoint_weight`` (:func:`.engine.declared_unused`);
-    ``replaced``: the parameters the engine writes after loading (:func:`.kept.engine_fills`);
+    ``replaced``: the parameters the engine writes after loading (:attr:`.built_module.BuiltModule.filled_by_engine`);
     ``call``: how the engine's adapter feeds the model (default ``model.load_weights(weights)``).
     Never raises for what the model does; the model is as before.
     """
     started = time.perf_counter()
     cls = class_name(model) if model is not None else ""
-    if "dry_run" not in settings.selection_sources:
-        return Unanswered(cls, "MX_ROBUST_SELECTION_SOURCES leaves out dry_run")
+    if "dry_run" not in SELECTION_ORDER:
+        return Unanswered(cls, "the selection sources leave out dry_run")
     if model is None or not callable(getattr(model, "load_weights", None)):
         return Unanswered(cls, "the engine has no module with a load_weights to ask")
     if getattr(model, "supports_dry_run", True) is False:
@@ -173,7 +179,7 @@ def ask(
         headers = {}
         for name, info in tensors.items():
             if unused(name):
-                left_out[name] = DECLARED_UNUSED
+                left_out[name] = _DECLARED_UNUSED
             else:
                 headers[name] = info
     dtypes = _dtypes()
@@ -190,7 +196,7 @@ def ask(
         return Unanswered(cls, str(exc))
     for name in headers:
         if name not in run.read:
-            left_out[name] = NOT_READ if name in run.fed_names else INFERRED_NOT_READ
+            left_out[name] = _FED_NOT_READ if name in run.fed_names else _INFERRED_NOT_READ
     read = [n for n in headers if n in run.read]
     copies = [n for n in read if run.written.get(n) and all(replaced(p) for p in run.written[n])]
     if copies:
@@ -203,27 +209,20 @@ def ask(
         except DryRunFailed:
             copies = []
     for name in copies:
-        left_out[name] = REPLACED
+        left_out[name] = _REPLACED
     left_out.update({n: why for n, why in _overwritten(run.whole_writes, run.full).items() if n not in left_out})
     names = frozenset(n for n in read if n not in left_out)
     if not names and read:
         return Unanswered(cls, f"the dry run found {len(read)} name(s) read, all replaced by the engine")
     if not names:
         return Unanswered(cls, f"the dry run found none of the {len(headers)} names fed read by the module")
-    # Which parameters are judged: the model's; their layouts: the twin's, whose storages the writes were in.
-    judged = {n: run.layouts.get(n, layout) for n, layout in judged_parameters(model, replaced).items()}
     unit = None
     if run.sample is not None:
         ints_of = run.sample.ints
         unit = lambda name: (lambda ints: ints if len(ints) >= 2 else None)(ints_of(name))  # noqa: E731
-    found = coverage_gaps(
-        judged,
-        run.writes,
-        streamed=names.__contains__,
-        present=tensors.__contains__,
-        packed=getattr(model, "packed_modules_mapping", None) or {},
-        unit=unit,
-    )
+    # Which parameters are judged: the model's; their layouts: the twin's, whose storages the writes were in.
+    judged, found = before_streaming(model, run.writes, layouts=run.layouts, replaced=replaced,
+                                     streamed=names.__contains__, present=tensors.__contains__, unit=unit)  # fmt: skip
     if run.sample is not None:  # the units no dry run was fed: a member their fed peers have, missing
         stacked = [n for n in run.fed_names if n in names and not run.full.get(n, True)]
         found += _unfed_gaps(run, run.sample.missing_members(run.fed_names, stacked), judged)
@@ -266,11 +265,11 @@ class _Runs:
 
 def _run(model: Any, headers: Mapping, header: Callable, settings: RobustSettings, call: Optional[Callable]) -> _Runs:
     """The dry run of ``headers`` (name -> TensorInfo, fed as ``header(info)``): all of them, or above
-    ``MX_ROBUST_DRY_RUN_SAMPLE_ABOVE`` names, a sample."""
+    :data:`DRY_RUN_SAMPLE_ABOVE` names, a sample."""
     from . import name_sampling
 
     timeout = settings.dry_run_timeout_s
-    if len(headers) <= settings.dry_run_sample_above:
+    if len(headers) <= DRY_RUN_SAMPLE_ABOVE:
         run = dry_run(model, {n: header(info) for n, info in headers.items()}, timeout_s=timeout, call=call)
         return _Runs(run.read, dict(run.written), dict(run.full), run.whole_writes, frozenset(headers), run.writes, run.layouts)
     started = time.perf_counter()
@@ -305,7 +304,7 @@ def ask_cached(
     """:func:`ask`, through the cache of :mod:`.reads_cache` (``context``: engine, release, role, layout, rank)."""
     from . import reads_cache
 
-    if model is None or "dry_run" not in settings.selection_sources or not hasattr(model, "named_parameters"):
+    if model is None or "dry_run" not in SELECTION_ORDER or not hasattr(model, "named_parameters"):
         return ask(model, checkpoint, settings, **how)
     started = time.perf_counter()
     tensors = checkpoint.tensors()
@@ -354,13 +353,9 @@ def left_out_summary(left_out: Mapping[str, str], shown: int = 5) -> str:
 __all__ = [
     "Answer",
     "Gap",
-    "INFERRED_NOT_READ",
-    "DECLARED_UNUSED",
+    "DRY_RUN_SAMPLE_ABOVE",
     "ModuleReads",
-    "NOT_READ",
-    "OVERWRITTEN",
-    "REPLACED",
-    "SOURCES",
+    "SELECTION_ORDER",
     "Unanswered",
     "ask",
     "ask_cached",

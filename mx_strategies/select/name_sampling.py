@@ -28,7 +28,7 @@ from collections import defaultdict
 from typing import Iterable, Mapping, Optional
 
 Key = tuple[str, int, int]  # (template, position, value)
-Parsed = tuple[str, tuple[int, ...]]  # (template, integers)
+_Parsed = tuple[str, tuple[int, ...]]  # (template, integers)
 
 
 def is_index(part: str) -> bool:
@@ -37,7 +37,7 @@ def is_index(part: str) -> bool:
     return part.isdigit() and part.isascii()
 
 
-def parse(name: str) -> Parsed:
+def parse(name: str) -> _Parsed:
     """``(template, integers)``: the name with each all-digit dot component replaced by ``#``, and those integers."""
     parts = name.split(".")
     ints = tuple(int(p) for p in parts if is_index(p))
@@ -46,15 +46,15 @@ def parse(name: str) -> Parsed:
     return ".".join("#" if is_index(p) else p for p in parts), ints
 
 
-def parse_all(names: Iterable[str]) -> dict[str, Parsed]:
+def _parse_all(names: Iterable[str]) -> dict[str, _Parsed]:
     """:func:`parse` of every name, each parsed once: ``name -> (template, integers)``.
 
     The names of a unit share everything up to their last integer (an expert's
     ``model.layers.5.mlp.experts.17`` before ``gate_proj.weight``): that head is parsed once and its
     two trailing components, when neither is an integer, are appended to its template.
     """
-    out: dict[str, Parsed] = {}
-    heads: dict[str, Parsed] = {}
+    out: dict[str, _Parsed] = {}
+    heads: dict[str, _Parsed] = {}
     for name in names:
         parts = name.rsplit(".", 2)
         if len(parts) == 3 and not is_index(parts[1]) and not is_index(parts[2]):
@@ -67,7 +67,7 @@ def parse_all(names: Iterable[str]) -> dict[str, Parsed]:
     return out
 
 
-def keys_of(template: str, ints: tuple[int, ...]) -> tuple[Key, ...]:
+def _keys_of(template: str, ints: tuple[int, ...]) -> tuple[Key, ...]:
     """The (template, position, value) keys of a name parsed into ``template`` and ``ints``."""
     return tuple((template, position, value) for position, value in enumerate(ints))
 
@@ -87,9 +87,9 @@ class Sample:
     parsing is per unit (the names sharing one tuple of integers) and per template, not per name.
     """
 
-    def __init__(self, names: Iterable[str], parsed: Optional[Mapping[str, Parsed]] = None):
+    def __init__(self, names: Iterable[str], parsed: Optional[Mapping[str, _Parsed]] = None):
         self.names = list(names)
-        self.parsed = parsed if parsed is not None else parse_all(self.names)
+        self.parsed = parsed if parsed is not None else _parse_all(self.names)
         # unit (integers) -> its members and, aligned, their templates
         self.units: dict[tuple[int, ...], list[str]] = defaultdict(list)
         self._templates: dict[tuple[int, ...], list[str]] = defaultdict(list)
@@ -101,7 +101,7 @@ class Sample:
 
     def keys(self, name: str) -> tuple[Key, ...]:
         """The (template, position, value) keys of ``name``."""
-        return keys_of(*self.parsed[name])
+        return _keys_of(*self.parsed[name])
 
     def ints(self, name: str) -> tuple[int, ...]:
         """The integers of ``name`` (its unit)."""
@@ -133,7 +133,7 @@ class Sample:
         """The keys of the fed names the module read."""
         read = set(read)
         parsed = self.parsed
-        return {key for name in fed if name in read for key in keys_of(*parsed[name])}
+        return {key for name in fed if name in read for key in _keys_of(*parsed[name])}
 
     def second_round(self, fed: Iterable[str], read: Iterable[str]) -> list[str]:
         """Units that pair each key never read so far with keys that were: the next names to feed."""
@@ -238,4 +238,4 @@ class Sample:
         return out
 
 
-__all__ = ["is_index", "Sample", "keys_of", "parse", "parse_all"]
+__all__ = ["is_index", "Sample", "parse"]

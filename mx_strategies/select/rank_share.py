@@ -36,9 +36,9 @@ from typing import Any, Mapping, Optional
 
 from ..engine import vllm_rules
 
-MISSING_LAYER_CLASSES = frozenset({"PPMissingLayer", "StageMissingLayer"})
-OTHER_STAGE = "another pipeline stage's layer (the module holds a PPMissingLayer there)"
-OTHER_EXPERT_RANK = "another expert-parallel rank's expert (the module's expert_map)"
+_MISSING_LAYER_CLASSES = frozenset({"PPMissingLayer", "StageMissingLayer"})
+_OTHER_STAGE = "another pipeline stage's layer (the module holds a PPMissingLayer there)"
+_OTHER_EXPERT_RANK = "another expert-parallel rank's expert (the module's expert_map)"
 # vLLM's ep_weight_filter skips only these: "scale tensors are tiny and some backends need them from ALL experts".
 _HEAVY_SUFFIXES = (".weight", ".weight_packed")
 _EXPERT_ID = re.compile(r"\.(\d+)\.")  # matched at the MoE path's end (pattern.match anchors at pos)
@@ -60,14 +60,14 @@ class RankShare:
     def why_not_held(self, name: str) -> Optional[str]:
         """Why this rank does not read checkpoint tensor ``name``, or None when it may."""
         if any(name.startswith(prefix) for prefix in self.missing_layers):
-            return OTHER_STAGE
+            return _OTHER_STAGE
         if not name.endswith(_HEAVY_SUFFIXES):
             return None
         for prefix, local in self.local_experts.items():
             if name.startswith(prefix):
                 match = _EXPERT_ID.match(name, len(prefix) - 1)
                 if match and int(match.group(1)) not in local:
-                    return OTHER_EXPERT_RANK
+                    return _OTHER_EXPERT_RANK
         return None
 
 
@@ -172,7 +172,7 @@ def share_of(model: Any) -> RankShare:
     missing: list[str] = []
     local: dict[str, frozenset[int]] = {}
     for path, module in named():
-        if type(module).__name__ in MISSING_LAYER_CLASSES:
+        if type(module).__name__ in _MISSING_LAYER_CLASSES:
             if path:
                 missing.append(path + ".")
             continue
@@ -194,4 +194,4 @@ def share_of(model: Any) -> RankShare:
     return RankShare(tuple(missing), outer)
 
 
-__all__ = ["OTHER_EXPERT_RANK", "OTHER_STAGE", "RankShare", "share_of"]
+__all__ = [ "RankShare", "share_of"]

@@ -6,7 +6,7 @@ asks the same module the same question; the answer is kept in one JSON file
 per key. The key is a SHA-256 over everything the answer depends on:
 
 - the engine and its release, mx-strategies' release and the code that asks (a digest of
-  :data:`QUESTION_CODE`: the dry run, the sampler, the twin, the coverage, the question);
+  :data:`_QUESTION_CODE`: the dry run, the sampler, the twin, the coverage, the question);
 - the module's class and every parameter and buffer it holds (name, shape,
   dtype): the config, the parallel layout and the quantization all show there;
 - the parallel layout and rank the load runs at, and the role;
@@ -19,7 +19,7 @@ rewritten); a cache that cannot be written is skipped with no error.
 The whole answer is kept but its names read, which are the checkpoint's less those left out.
 
 One thing ends a kept answer under its own key: a load that used it and failed
-the model-side check (:mod:`..stream.completeness`: the model keeps parameters it
+the model-side check (:mod:`..verify.after`: the model keeps parameters it
 left unwritten) proves it wrong (a stale or hand-edited file on a shared volume),
 and :func:`drop` removes its file (:func:`.module_reads.drop_disproved`), so the
 next load asks the module again instead of failing the same way.
@@ -38,9 +38,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
-FORMAT = 1
+_FORMAT = 1
 # The modules of this stage whose code decides an answer (their files are digested into the key).
-QUESTION_CODE = ("built_module", "coverage", "dry_run", "kept", "module_reads", "name_sampling", "twin")
+_QUESTION_CODE = ("built_module", "../verify/coverage", "dry_run", "../verify/kept", "module_reads", "name_sampling", "twin")
 
 
 def _code_digest() -> str:
@@ -48,8 +48,8 @@ def _code_digest() -> str:
 
     Read as files beside this one (this stage's), not imported: the question imports this module."""
     digest = hashlib.sha256()
-    for name in QUESTION_CODE:
-        path = Path(__file__).with_name(f"{name}.py")
+    for name in _QUESTION_CODE:
+        path = Path(__file__).parent / f"{name}.py"
         try:
             digest.update(path.read_bytes())
         except OSError:
@@ -71,7 +71,7 @@ def cache_key(model: Any, tensors: Mapping[str, Any], context: Iterable[Any]) ->
         ours = version("mx-strategies")
     except PackageNotFoundError:
         ours = "source"
-    add(FORMAT, ours, _code_digest(), f"{type(model).__module__}.{type(model).__qualname__}", *context)
+    add(_FORMAT, ours, _code_digest(), f"{type(model).__module__}.{type(model).__qualname__}", *context)
     for name, tensor in model.named_parameters(remove_duplicate=False):
         add("p", name, tuple(tensor.shape), str(tensor.dtype))
     for name, tensor in model.named_buffers(remove_duplicate=False):
@@ -81,7 +81,7 @@ def cache_key(model: Any, tensors: Mapping[str, Any], context: Iterable[Any]) ->
     return digest.hexdigest()
 
 
-def path_of(folder: Path, key: str) -> Path:
+def _path_of(folder: Path, key: str) -> Path:
     """The file that keeps the answer for ``key`` in ``folder``."""
     return Path(folder).expanduser() / f"{key}.json"
 
@@ -92,8 +92,8 @@ def load(folder: Optional[Path], key: str) -> Optional[dict]:
     if folder is None:
         return None
     try:
-        data = json.loads(path_of(folder, key).read_text())
-        if data.get("format") != FORMAT or data.get("key") != key:
+        data = json.loads(_path_of(folder, key).read_text())
+        if data.get("format") != _FORMAT or data.get("key") != key:
             return None
         return {
             "source": str(data["source"]),
@@ -111,9 +111,9 @@ def store(folder: Optional[Path], key: str, answer: Any) -> Optional[Path]:
     cache is off or cannot be written."""
     if folder is None:
         return None
-    path = path_of(folder, key)
+    path = _path_of(folder, key)
     data = {
-        "format": FORMAT,
+        "format": _FORMAT,
         "key": key,
         "source": answer.source,
         "module_class": answer.module_class,
@@ -142,7 +142,7 @@ def drop(folder: Optional[Path], key: str) -> tuple[Optional[Path], Optional[str
     if folder is None:
         return None, None
     try:
-        path = path_of(folder, key)
+        path = _path_of(folder, key)
     except RuntimeError as exc:  # a ~ with no home to expand it to
         return Path(folder) / f"{key}.json", str(exc)
     try:
@@ -154,4 +154,4 @@ def drop(folder: Optional[Path], key: str) -> tuple[Optional[Path], Optional[str
     return path, None
 
 
-__all__ = ["cache_key", "drop", "load", "path_of", "store"]
+__all__ = ["cache_key", "drop", "load", "store"]

@@ -1,11 +1,12 @@
 """The selection: which tensors a load streams and, for each one left out, why. Decided once, here.
 
 Given an inspected checkpoint, the module the engine built (or the engine
-alone, for doctor) and the settings, :func:`select` returns one frozen
-:class:`Selection`. Planning turns it into shards (:mod:`..plan.planning`),
-the read-ahead leaves alone what only the module's answer can settle
-(:attr:`Selection.uncertain`), and the report and the log read it; none of
-them asks the module, the table or the conventions again.
+alone, for doctor) and the settings, :func:`select_tensors` returns one
+frozen :class:`Selection`, plain data. Planning turns it into shards
+(:mod:`..plan.planning`), the read-ahead foresees one made without asking
+(:mod:`..stream.read_ahead`), and the report and the log read it
+(:mod:`..observe.selection_log`); none of them asks the module, the table
+or the conventions again.
 
 Rules, each decided here only:
 
@@ -15,8 +16,8 @@ Rules, each decided here only:
   then a dry run of its own ``load_weights``); where the module cannot be
   asked, the row of :mod:`.mtp_table` (a target: every tensor but its MTP
   draft's own layers; a draft: its own tensors, less what the engine skips
-  or replaces), then the generic conventions of :mod:`.draft`.
-  ``MX_ROBUST_SELECTION_SOURCES`` picks which of these answer;
+  or replaces), then the conventions' rows of :mod:`.mtp_rows`.
+  :data:`.module_reads.SELECTION_ORDER` names which of these answer;
   ``MX_ROBUST_TARGET_SELECTION=all`` loads a target's checkpoint whole;
 - any draft the engine points at the target's checkpoint takes its own
   tensors out of it, whatever its method (``mtp``, ``dspark``, ...); a draft
@@ -33,18 +34,13 @@ Rules, each decided here only:
 
 from __future__ import annotations
 
-import logging
-import re
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Mapping, Optional
 
-from . import mtp_table
+from . import module_reads, mtp_table
 from .built_module import BuiltModule
-from .coverage import Gap
-from .draft import EMBEDDING_OR_HEAD_PATTERN, layer_layout, select_draft_tensors
-from .kept import GAPS_SHOWN
-from .module_reads import Answer, ModuleReads, Unanswered, left_out_summary
-from .name_sampling import is_index
+from ..verify.kept import GAPS_SHOWN
+from .module_reads import Answer, ModuleReads, Unanswered
 from ..engine import EngineView
 from ..engine.config import LayerLayout
 from ..errors import DraftPlanError, InconsistentCheckpoint, PartialParameters, listed
@@ -54,7 +50,7 @@ from ..inspect.sources import Candidate, Resolution
 from ..inspect.storage import normalize_uri
 from ..settings import RobustSettings
 
-PROBLEMS_SHOWN = 5
+_PROBLEMS_SHOWN = 5
 
 # Why a tensor of the checkpoint is not streamed for this load.
 NOT_READ = "not_read"  # the module's answer does not read it
@@ -62,13 +58,11 @@ SKIPPED = "skipped"  # a table row's draft-side name the engine skips or replace
 UNUSED_BY_MODEL = "unused_by_model"  # selected, then dropped: the model says it does not load it
 LEFT_TO_DRAFT = "left_to_draft"  # a target's: its MTP draft's own, streamed by the draft
 NOT_HELD = "not_held"  # this rank's module does not hold it: another stage's layer, another rank's expert
-MODULE_ANSWERED = frozenset({"dry_run"})
-
-_PER_EXPERT = re.compile(r"\.experts\.\d+\.")
+_MODULE_ANSWERED = frozenset({"dry_run"})
 
 
 @dataclass(frozen=True)
-class LeftOut:
+class _LeftOut:
     """Why one tensor of the checkpoint is not streamed: a kind (the constants above) and its text."""
 
     kind: str
@@ -77,7 +71,8 @@ class LeftOut:
 
 @dataclass(frozen=True)
 class Selection:
-    """What one load streams, what decided it, and why every other tensor it names is left out."""
+    """What one load streams, what decided it, and why every other tensor it names is left out: plain data (its
+    log lines and report fields: :mod:`..observe.selection_log`)."""
 
     role: str
     names: Optional[frozenset[str]]  # None: every tensor of the loaded shards
@@ -88,121 +83,30 @@ class Selection:
     architecture: Optional[str] = None  # the mtp_table row of this load (a draft's, or a target's MTP draft's)
     convention: Optional[str] = None  # the draft naming convention that matched
     shared: frozenset[str] = frozenset()  # weights a draft streams that the target also has
-    left_out: Mapping[str, LeftOut] = field(default_factory=dict)
+    left_out: Mapping[str, _LeftOut] = field(default_factory=dict)
     left_bytes: Mapping[str, int] = field(default_factory=dict)  # kind -> bytes of the checkpoint left out so
-    # Names selected now that only the module's answer can settle (a selection made without asking):
-    # what a read-ahead leaves alone.
-    uncertain: frozenset[str] = frozenset()
-
-    # -- derived, never stored twice ------------------------------------------
 
     def of_kind(self, *kinds: str) -> frozenset[str]:
+        """The names left out for one of ``kinds`` (the constants above)."""
         return frozenset(n for n, why in self.left_out.items() if why.kind in kinds)
 
-    skipped = property(lambda self: self.of_kind(SKIPPED), doc="A table row's draft-side names the engine skips.")
-    unused_by_model = property(lambda self: self.of_kind(UNUSED_BY_MODEL), doc="Dropped on the model's own word.")
-    left_to_draft = property(lambda self: self.of_kind(LEFT_TO_DRAFT), doc="A target's MTP draft's own tensors.")
-    not_held = property(lambda self: self.of_kind(NOT_HELD), doc="Other ranks' tensors: stages, experts.")
 
-    @property
-    def reasons(self) -> dict[str, str]:
-        """The module's and the rank's reasons, name -> text (what the answer and the structure left out)."""
-        return {n: why.why for n, why in self.left_out.items() if why.kind in (NOT_READ, NOT_HELD)}
-
-    @property
-    def module_class(self) -> str:
-        return self.answer.module_class if self.answer is not None else ""
-
-    @property
-    def note(self) -> str:
-        """Why the module could not be asked, when a table, a convention or the whole checkpoint answered."""
-        return self.answer.reason if isinstance(self.answer, Unanswered) else ""
-
-    @property
-    def declined(self) -> bool:
-        """The module itself said it cannot be asked (``supports_dry_run = False``)."""
-        return isinstance(self.answer, Unanswered) and self.answer.declined
-
-    @property
-    def seconds(self) -> float:
-        return self.answer.seconds if isinstance(self.answer, ModuleReads) else 0.0
-
-    @property
-    def cached(self) -> bool:
-        return isinstance(self.answer, ModuleReads) and self.answer.cached
-
-    @property
-    def gaps(self) -> tuple[Gap, ...]:
-        """Parameters this load fills only in part, accepted under MX_ROBUST_MODEL_COMPLETENESS=warn."""
-        return self.answer.gaps if isinstance(self.answer, ModuleReads) else ()
-
-    @property
-    def judged(self) -> int:
-        """Parameters whose every element the module's answer was checked to fill."""
-        return self.answer.judged if isinstance(self.answer, ModuleReads) else 0
-
-    def lines(self, tensors: int) -> tuple[tuple[int, str], ...]:
-        """The load's log lines about this selection, (level, message); ``tensors``: how many stream."""
-        role, lines = self.role, []
-        if self.shared:
-            lines.append((logging.INFO, f"draft also streams shared weights: {sorted(self.shared)}"))
-        if self.source == "dry_run":
-            how = "kept answer" if self.cached else f"{self.seconds:.2f}s"
-            lines.append((logging.INFO, (
-                f"{role} selection_source=dry_run ({self.module_class}, {how}): {tensors} tensor(s) "
-                f"read by the module; {left_out_summary(self.reasons)}"
-            )))  # fmt: skip
-        elif self.note:
-            decides = f"; table row {self.architecture} decides" if self.source == "table" else ""
-            lines.append((logging.INFO if self.declined else logging.WARNING, (
-                f"{role} selection_source={self.source}: the module {self.module_class or '(none)'} "
-                f"could not be asked what it reads ({self.note}){decides}"
-            )))  # fmt: skip
-        if self.architecture and role == "draft" and self.source == "table":
-            lines.append((logging.INFO, f"draft architecture {self.architecture}: {len(self.skipped)} tensor(s) not streamed"))
-        if self.left_to_draft:
-            lines.append((logging.INFO, (
-                f"target: {len(self.left_to_draft)} tensor(s), {self.left_bytes.get(LEFT_TO_DRAFT, 0)} bytes, are "
-                f"the MTP draft's own ({self.architecture}); not streamed for the target "
-                f"(MX_ROBUST_TARGET_SELECTION=all streams them)"
-            )))  # fmt: skip
-        if self.unused_by_model:
-            # The model's own word overrides the selection: a table row or a convention picked too much.
-            shown = listed(sorted(self.unused_by_model), 10, ", ")
-            picked = f"table row {self.architecture}" if self.architecture else f"convention {self.convention}"
-            lines.append((logging.WARNING, (
-                f"{role}: {picked} selected {len(self.unused_by_model)} tensor(s) the model says it does not "
-                f"load (is_unused_checkpoint_weight, skip_checkpoint_weight); not streaming them: {shown}"
-            )))  # fmt: skip
-        if self.gaps:
-            lines.append((logging.WARNING, (
-                f"{role}: {len(self.gaps)} parameter(s) the checkpoint fills only in part, loaded anyway "
-                f"(MX_ROBUST_MODEL_COMPLETENESS=warn): " + listed([g.describe() for g in self.gaps], GAPS_SHOWN, "; ")
-            )))  # fmt: skip
-        if self.not_held:
-            lines.append((logging.INFO, (
-                f"{role}: {len(self.not_held)} tensor(s), {self.left_bytes.get(NOT_HELD, 0)} bytes, are other "
-                f"ranks' (pipeline stages, expert-parallel ranks: the module's structure); not streamed here"
-            )))  # fmt: skip
-        return tuple(lines)
-
-
-def describe_errors(checkpoint: Checkpoint) -> str:
+def _describe_errors(checkpoint: Checkpoint) -> str:
     errors = checkpoint.errors
-    return f"checkpoint {checkpoint.uri} is inconsistent, not loading it: {listed([p.message for p in errors], PROBLEMS_SHOWN, '; ')}"
+    return f"checkpoint {checkpoint.uri} is inconsistent, not loading it: {listed([p.message for p in errors], _PROBLEMS_SHOWN, '; ')}"
 
 
 # -- which checkpoint is whose ---------------------------------------------------
 
 
-def points_at_target(engine: EngineView) -> bool:
+def _points_at_target(engine: EngineView) -> bool:
     """Whether the engine points the draft itself at the target's checkpoint (vLLM's SpeculativeConfig does for
     ``mtp`` and DeepSeek-V4's ``dspark``; EAGLE's and Qwen3's DSpark point at checkpoints of their own)."""
     mine = {normalize_uri(u) for u in engine.draft_sources}
     return bool(mine & {normalize_uri(u) for u in engine.target_uris})
 
 
-def is_target_source(candidate: Candidate, engine: EngineView, settings: RobustSettings) -> bool:
+def _is_target_source(candidate: Candidate, engine: EngineView, settings: RobustSettings) -> bool:
     """Whether ``candidate`` is the target's checkpoint (MX_MODEL_URI or one of the target's sources)."""
     shared = {normalize_uri(u) for u in engine.target_uris}
     if settings.model_uri:
@@ -215,11 +119,11 @@ def is_target_source(candidate: Candidate, engine: EngineView, settings: RobustS
 
 def select_resolved(resolution: Resolution, module: BuiltModule, settings: RobustSettings, *, ask: bool = True) -> Selection:
     """The selection of this load of ``module`` from a source already chosen (by this rank, or by rank 0)."""
-    source_is_target = is_target_source(resolution.candidate, module.engine, settings)
-    return select(resolution.checkpoint, module, settings, source_is_target=source_is_target, ask=ask)
+    source_is_target = _is_target_source(resolution.candidate, module.engine, settings)
+    return select_tensors(resolution.checkpoint, module, settings, source_is_target=source_is_target, ask=ask)
 
 
-def select(
+def select_tensors(
     checkpoint: Checkpoint, module: BuiltModule, settings: RobustSettings, *, source_is_target: bool, ask: bool = True
 ) -> Selection:
     """What to stream from ``checkpoint`` for this load of ``module``, and why the rest is left out.
@@ -227,21 +131,19 @@ def select(
     ``source_is_target``: the checkpoint is the target's (a draft the engine
     points at it takes its own tensors out of it; any other draft must not be
     fed it). ``ask``: False decides without the module's answer (the
-    read-ahead's foresight), and names in :attr:`Selection.uncertain` what
-    the answer, still to come, may drop; a module with no question to ask
-    (doctor's) is decided by the table and the conventions either way.
+    read-ahead's foresight, :mod:`..stream.read_ahead`); a module with no
+    question to ask (doctor's) is decided by the table and the conventions
+    either way.
     Raises InconsistentCheckpoint, DraftPlanError or PartialParameters, all
     before the model is touched.
     """
     if checkpoint.errors:
-        raise InconsistentCheckpoint(describe_errors(checkpoint), remedy=remedy_for(p.kind for p in checkpoint.errors))
+        raise InconsistentCheckpoint(_describe_errors(checkpoint), remedy=remedy_for(p.kind for p in checkpoint.errors))
     full = [n for s in loaded_shards(checkpoint, settings) for n in s.tensors]
     chosen = _chosen(checkpoint, full, module, settings, source_is_target, ask)
     if chosen.role == "target" and settings.target_selection == "all":
         return chosen
     selection = _narrowed(chosen, checkpoint, full, module)
-    if not ask and module.question is not None:  # the answer is still to come: what may it drop?
-        selection = replace(selection, uncertain=_uncertain(selection, checkpoint, full, module, settings))
     sizes = checkpoint.tensors()
     left_bytes: dict[str, int] = {}
     for name, why in selection.left_out.items():
@@ -263,14 +165,14 @@ def _chosen(
         answer = module.reads(checkpoint) if ask else None
         row = module.row(checkpoint)
         if isinstance(answer, ModuleReads):
-            refuse_partial(answer, checkpoint, role, settings)
+            _refuse_partial(answer, checkpoint, role, settings)
             return replace(_from_reads(role, full, answer), architecture=row.key if row else None)
-        if row is None or "table" not in settings.selection_sources:
+        if row is None or "table" not in module_reads.SELECTION_ORDER:
             return replace(whole, answer=answer)
-        draft_only = mtp_table.draft_only(row, row_layout_for(row, checkpoint, engine), full, module.held)
+        draft_only = mtp_table.draft_only(row, _row_layout_for(row, checkpoint, engine), full, module.held)
         if not draft_only:
             return replace(whole, architecture=row.key, answer=answer)
-        why = LeftOut(LEFT_TO_DRAFT, f"the MTP draft's own ({row.key})")
+        why = _LeftOut(LEFT_TO_DRAFT, f"the MTP draft's own ({row.key})")
         return Selection(role, frozenset(n for n in full if n not in draft_only), "table", answer, row.key,
                          left_out=dict.fromkeys(draft_only, why))  # fmt: skip
     row = module.row(checkpoint)
@@ -282,7 +184,7 @@ def _chosen(
             f"draft {row.key} ({row.family}) has a checkpoint of its own, but only the target's "
             f"checkpoint {checkpoint.uri} holds weights; not feeding it the target's tensors"
         )
-    if not (engine.is_mtp or engine.speculative_method is None or points_at_target(engine)):
+    if not (engine.is_mtp or engine.speculative_method is None or _points_at_target(engine)):
         # EAGLE and separate draft models have weights of their own.
         raise DraftPlanError(
             f"draft (method {engine.speculative_method}) has a checkpoint of its own, but only the "
@@ -296,29 +198,29 @@ def _chosen(
     else:
         answer = module.reads(checkpoint) if ask else None
     if isinstance(answer, ModuleReads):
-        refuse_partial(answer, checkpoint, role, settings)
+        _refuse_partial(answer, checkpoint, role, settings)
         # The naming its checkpoint uses, in the reports' vocabulary, where the table knows the class.
         return replace(_from_reads(role, full, answer), architecture=row.key if row is not None else None,
                        convention=mtp_table.convention_name(row) if row is not None else None)  # fmt: skip
-    if row is not None and "table" in settings.selection_sources:
+    if row is not None and "table" in module_reads.SELECTION_ORDER:
         return replace(_draft_by_row(checkpoint, engine, settings, row), answer=answer)
-    if "convention" not in settings.selection_sources:
+    if "convention" not in module_reads.SELECTION_ORDER:
         why = answer.reason if isinstance(answer, Unanswered) else "no module to ask"
         raise DraftPlanError(
-            f"draft load from {checkpoint.uri}: no selection source answered (MX_ROBUST_SELECTION_SOURCES="
-            f"{','.join(settings.selection_sources)}): the module could not be asked ({why})"
+            f"draft load from {checkpoint.uri}: no selection source answered (sources "
+            f"{','.join(module_reads.SELECTION_ORDER)}): the module could not be asked ({why})"
             + ("" if row is None else f", and the table (row {row.key}) is left out")
         )
     try:
-        picked = select_draft_tensors(set(checkpoint.tensors()), settings, layer_layout(checkpoint.config, engine.hf_config),
-                                      share_with_target=engine.shares_target_weights)  # fmt: skip
+        picked = mtp_table.convention_tensors(set(checkpoint.tensors()), settings, mtp_table.conventions_layout(
+            checkpoint.config, engine.hf_config), share_with_target=engine.shares_target_weights, heads_replaced=engine.heads_replaced)  # fmt: skip
     except DraftPlanError as exc:
         raise DraftPlanError(f"draft load from {checkpoint.uri}: {exc}") from None
     return Selection(role, frozenset(picked.names), "convention", answer, convention=picked.convention,
                      shared=frozenset(picked.shared))  # fmt: skip
 
 
-def refuse_partial(answer: ModuleReads, checkpoint: Checkpoint, role: str, settings: RobustSettings) -> None:
+def _refuse_partial(answer: ModuleReads, checkpoint: Checkpoint, role: str, settings: RobustSettings) -> None:
     """Refuse, before a byte streams, a load that would leave part of a parameter at its init values.
 
     vLLM stacks ``gate_proj``/``up_proj`` into ``gate_up_proj``, ``q/k/v_proj`` into ``qkv_proj``, experts'
@@ -337,12 +239,12 @@ def refuse_partial(answer: ModuleReads, checkpoint: Checkpoint, role: str, setti
 def _from_reads(role: str, full: list[str], answer: ModuleReads) -> Selection:
     """The selection of a load whose module said what it reads: those names; the rest, not read."""
     names = frozenset(n for n in full if n in answer.names)
-    left_out = {n: LeftOut(NOT_READ, why) for n, why in answer.left_out.items()}
-    left_out.update({n: LeftOut(NOT_READ, "not read by the module") for n in full if n not in names and n not in left_out})
+    left_out = {n: _LeftOut(NOT_READ, why) for n, why in answer.left_out.items()}
+    left_out.update({n: _LeftOut(NOT_READ, "not read by the module") for n in full if n not in names and n not in left_out})
     return Selection(role, names, answer.source, answer, left_out=left_out)
 
 
-def row_layout_for(
+def _row_layout_for(
     row: mtp_table.MtpArchitecture, checkpoint: Optional[Checkpoint], engine: EngineView
 ) -> LayerLayout:
     """N and the MTP layer count for ``row``: the target's config first (the VllmConfig the draft class is
@@ -363,7 +265,7 @@ def _draft_by_row(
     checkpoint: Checkpoint, engine: EngineView, settings: RobustSettings, row: mtp_table.MtpArchitecture
 ) -> Selection:
     """A draft's own tensors as its table row places them, less what the engine skips or replaces."""
-    layout = row_layout_for(row, checkpoint, engine)
+    layout = _row_layout_for(row, checkpoint, engine)
     names = set(checkpoint.tensors())
     if row.per_runner_layer and engine.draft_layer is not None and layout.count == 0:
         raise DraftPlanError(
@@ -382,7 +284,7 @@ def _draft_by_row(
             f"draft load from {checkpoint.uri}: {mtp_table.describe(row)}: cannot place its MTP layers: "
             f"{' and '.join(missing)} not in the draft's config nor in the checkpoint's config.json"
         )
-    picked = mtp_table.select(
+    picked = mtp_table.row_tensors(
         row,
         names,
         layout,
@@ -406,7 +308,7 @@ def _draft_by_row(
         )
     return Selection("draft", frozenset(picked.names), "table", architecture=row.key,
                      convention=mtp_table.convention_name(row), shared=frozenset(picked.shared),
-                     left_out={n: LeftOut(SKIPPED, why) for n, why in picked.skipped.items()})  # fmt: skip
+                     left_out={n: _LeftOut(SKIPPED, why) for n, why in picked.skipped.items()})  # fmt: skip
 
 
 def _narrowed(selection: Selection, checkpoint: Checkpoint, full: list[str], module: BuiltModule) -> Selection:
@@ -422,87 +324,20 @@ def _narrowed(selection: Selection, checkpoint: Checkpoint, full: list[str], mod
     streamed = [n for n in full if selection.names is None or n in selection.names]
     left_out = dict(selection.left_out)
     if module.unused is not None:
-        left_out.update({n: LeftOut(UNUSED_BY_MODEL, "the model does not load it") for n in streamed if module.unused(n)})
+        left_out.update({n: _LeftOut(UNUSED_BY_MODEL, "the model does not load it") for n in streamed if module.unused(n)})
         if streamed and all(n in left_out for n in streamed):
             raise DraftPlanError(
                 f"{selection.role} load from {checkpoint.uri}: the model says it loads none of the "
                 f"{len(streamed)} tensors selected for it (is_unused_checkpoint_weight, skip_checkpoint_weight)"
             )
     share = module.share
-    if share is not None and not share.whole and selection.source not in MODULE_ANSWERED:
-        left_out.update({n: LeftOut(NOT_HELD, why) for n in streamed if n not in left_out and (why := share.why_not_held(n))})
+    if share is not None and not share.whole and selection.source not in _MODULE_ANSWERED:
+        left_out.update({n: _LeftOut(NOT_HELD, why) for n in streamed if n not in left_out and (why := share.why_not_held(n))})
     if len(left_out) == len(selection.left_out):
         return selection
     dropped = frozenset(left_out) - frozenset(selection.left_out)
     names = frozenset(n for n in streamed if n not in dropped)
     return replace(selection, names=names, shared=selection.shared - dropped, left_out=left_out)
-
-
-# -- what only the answer can settle (the read-ahead leaves it alone) --------------
-
-
-def layer_of(name: str) -> Optional[tuple[str, int]]:
-    """The layer a name sits in, as (container, index): ``model.layers.3.mlp...`` -> ``("layers", 3)``; None
-    for a name outside any numbered container (an embedding, a head, a final norm)."""
-    parts = name.split(".")
-    for position in range(1, len(parts)):
-        if is_index(parts[position]):
-            return parts[position - 1], int(parts[position])
-    return None
-
-
-def holds_layer(held: Optional[Iterable[str]]) -> Callable[[str], bool]:
-    """Whether the built module holds the layer a checkpoint name sits in, by its own parameter and buffer
-    names (``held``): a target holds no parameter under its MTP draft's layers, a pipeline stage none under
-    another stage's. Layers are compared by container and index (``layers``, 3), not by the whole path, so a
-    module that names its tree otherwise than its checkpoint still matches; a container the module does not
-    number at all (or no names: ``held`` None) says nothing, and every name passes."""
-    if not held:
-        return lambda name: True
-    layers = {layer for name in held if (layer := layer_of(name)) is not None}
-    containers = {container for container, _ in layers}
-
-    def holds(name: str) -> bool:
-        layer = layer_of(name)
-        return layer is None or layer[0] not in containers or layer in layers
-
-    return holds
-
-
-def _uncertain(
-    selection: Selection, checkpoint: Checkpoint, full: list[str], module: BuiltModule, settings: RobustSettings
-) -> frozenset[str]:
-    """The selected names whose reading only the module's answer can tell:
-
-    - a draft's embeddings and heads, and its weights shared with the target: the module may read them or
-      the engine fill them from the target's (vLLM's shared embedding, a replaced head), and they are the
-      largest tensors of a draft (1.85 GB each on DeepSeek-V3);
-    - a tensor of a layer the module holds nothing under (:func:`holds_layer`): a target's MTP layers where
-      no table row leaves them to the draft, another pipeline stage's;
-    - for a target, what the generic MTP conventions (:mod:`.draft`) take for its draft's own tensors
-      (Qwen3-Next's ``mtp.*``, DeepSeek's NextN layers);
-    - per-expert tensors (``<...>.experts.<id>.``) where the engine runs more than one tensor-parallel rank
-      and the module's structure maps no experts to ranks (SGLang's redundant expert slots): the rank may
-      hold only some of them.
-    """
-    engine = module.engine
-    checks: list[Callable[[str], bool]] = [selection.shared.__contains__]
-    holds = holds_layer(module.held)
-    checks.append(lambda name: not holds(name))
-    if engine.is_draft:
-        checks.append(lambda name: EMBEDDING_OR_HEAD_PATTERN.search(name) is not None)
-    else:
-        layout = layer_layout(checkpoint.config, engine.hf_config)
-        try:
-            picked = select_draft_tensors(set(checkpoint.tensors()), settings, layout, share_with_target=True)
-            checks.append((frozenset(picked.names) - frozenset(picked.shared)).__contains__)
-        except DraftPlanError:
-            pass  # no MTP tensors by any convention: nothing of a draft's to leave out
-    if engine.tensor_parallel_size > 1 and not (module.share is not None and module.share.local_experts):
-        checks.append(lambda name: _PER_EXPERT.search(name) is not None)
-    return frozenset(
-        n for n in full if (selection.names is None or n in selection.names) and any(check(n) for check in checks)
-    )
 
 
 __all__ = [
@@ -511,15 +346,7 @@ __all__ = [
     "NOT_READ",
     "SKIPPED",
     "UNUSED_BY_MODEL",
-    "LeftOut",
     "Selection",
-    "describe_errors",
-    "holds_layer",
-    "is_target_source",
-    "layer_of",
-    "points_at_target",
-    "refuse_partial",
-    "row_layout_for",
-    "select",
     "select_resolved",
+    "select_tensors",
 ]

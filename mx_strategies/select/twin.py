@@ -71,10 +71,10 @@ _ENGINE_SHARED_CLASSES = frozenset(
         "sglang.srt.distributed.parallel_state.GroupCoordinator",
     }
 )
-MAX_DEPTH = 200
+_MAX_DEPTH = 200
 # A tensor outside the parameters and persistent buffers is cloned with its values up to this size (an expert
 # map, a routing table); a larger one is weights kept elsewhere, and gets a meta twin (no device memory).
-MAX_CLONED_BYTES = 1 << 20
+_MAX_CLONED_BYTES = 1 << 20
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not a C type
 
 
@@ -83,7 +83,7 @@ class TwinFailed(Exception):
 
 
 @dataclass
-class Twin:
+class _Twin:
     """The twin module and its bookkeeping."""
 
     module: Any
@@ -151,7 +151,7 @@ def _state_is_dict(kind: type) -> bool:
     )
 
 
-def meta_twin(tensor: Any) -> Any:
+def _meta_twin(tensor: Any) -> Any:
     """A meta tensor of the same class, shape, stride and dtype as ``tensor`` (no attributes yet)."""
     import torch
 
@@ -178,7 +178,7 @@ class _Walker:
             entries = list(module._parameters.items()) + [(k, t) for k, t in module._buffers.items() if k not in own_state]
             for _, tensor in entries:
                 if tensor is not None and id(tensor) not in self.twin_of:
-                    self.twin_of[id(tensor)] = self.memo[id(tensor)] = meta_twin(tensor)
+                    self.twin_of[id(tensor)] = self.memo[id(tensor)] = _meta_twin(tensor)
                     self.keep.append(tensor)
         self.pending = [(id(t), t) for t in self.keep]
 
@@ -196,13 +196,13 @@ class _Walker:
             return self._closure(obj, path, depth)
         if _shared(obj):
             return obj
-        if depth > MAX_DEPTH:
-            raise TwinFailed(f"{_render(path)}: nested deeper than {MAX_DEPTH} levels")
+        if depth > _MAX_DEPTH:
+            raise TwinFailed(f"{_render(path)}: nested deeper than {_MAX_DEPTH} levels")
         torch = self.torch
         self.keep.append(obj)
         if isinstance(obj, torch.Tensor):
-            small = obj.numel() * obj.element_size() <= MAX_CLONED_BYTES
-            clone = obj.detach().clone() if small and not obj.is_meta else meta_twin(obj)
+            small = obj.numel() * obj.element_size() <= _MAX_CLONED_BYTES
+            clone = obj.detach().clone() if small and not obj.is_meta else _meta_twin(obj)
             if type(obj) is not torch.Tensor and not isinstance(clone, type(obj)):
                 clone = torch.Tensor._make_subclass(type(obj), clone, obj.requires_grad)
             self.memo[id(obj)] = clone
@@ -321,7 +321,7 @@ class _Walker:
             twin.__dict__.update(self._values(attributes, path, depth + 1))
 
 
-def make_twin(model: Any) -> Twin:
+def make_twin(model: Any) -> _Twin:
     """The isolated, data-less twin of ``model`` (see the module docstring). Raises :class:`TwinFailed`."""
     import time
 
@@ -338,7 +338,7 @@ def make_twin(model: Any) -> Twin:
     except Exception as exc:  # noqa: BLE001 - whatever a copy raises, the module is not asked (never the model)
         raise TwinFailed(f"{type(exc).__name__}: {exc}") from None
     owned = frozenset(walker.owned)
-    return Twin(module, walker.twin_of, owned, len(walker.memo), time.perf_counter() - started)
+    return _Twin(module, walker.twin_of, owned, len(walker.memo), time.perf_counter() - started)
 
 
-__all__ = ["Twin", "TwinFailed", "make_twin", "meta_twin"]
+__all__ = ["TwinFailed", "make_twin"]

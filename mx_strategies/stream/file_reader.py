@@ -34,25 +34,26 @@ from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import torch
 
-from ..inspect.checkpoint import Shard, TensorInfo, runai_dtypes, storage_shape
+from ..inspect.checkpoint import Shard, TensorInfo
+from ..inspect.headers import runai_dtypes, storage_shape
 
 if TYPE_CHECKING:  # the plan is handed in: the stream imports nothing of planning
     from ..plan.planning import LoadPlan
 
-PAGE_CACHE = "page_cache"
+_PAGE_CACHE = "page_cache"
 RUNAI = "runai"
-READERS = (PAGE_CACHE, RUNAI)
+_READERS = (_PAGE_CACHE, RUNAI)
 
 # How much of each file mincore is asked about: this many windows, spread evenly, of this many pages each.
-SAMPLE_WINDOWS = 64
-WINDOW_PAGES = 16
+_SAMPLE_WINDOWS = 64
+_WINDOW_PAGES = 16
 
 
 @dataclass(frozen=True)
 class ReaderChoice:
     """The reader of one load's files, and why (said in the load's log and report)."""
 
-    reader: str  # one of READERS
+    reader: str  # one of _READERS
     why: str
 
 
@@ -65,17 +66,17 @@ def choose_reader(uris: Sequence[str], setting: str) -> ReaderChoice:
         return ReaderChoice(RUNAI, f"an object store ({remote[0].split('://', 1)[0]}://)")
     if setting == RUNAI:
         return ReaderChoice(RUNAI, "MX_ROBUST_FILE_READER=runai")
-    if setting == PAGE_CACHE:
-        return ReaderChoice(PAGE_CACHE, "MX_ROBUST_FILE_READER=page_cache")
+    if setting == _PAGE_CACHE:
+        return ReaderChoice(_PAGE_CACHE, "MX_ROBUST_FILE_READER=page_cache")
     cached, sampled = 0, 0
     for path in uris:
-        resident = resident_pages(path)
+        resident = _resident_pages(path)
         if resident is None:
             return ReaderChoice(RUNAI, f"the page cache could not be asked about {path}")
         cached, sampled = cached + resident[0], sampled + resident[1]
     share = cached / sampled if sampled else 1.0
     if share >= 0.99:
-        return ReaderChoice(PAGE_CACHE, f"the files are in the page cache ({share:.0%} of the pages sampled)")
+        return ReaderChoice(_PAGE_CACHE, f"the files are in the page cache ({share:.0%} of the pages sampled)")
     return ReaderChoice(RUNAI, f"the files are not in the page cache ({share:.0%} of the pages sampled): direct reads")
 
 
@@ -100,11 +101,11 @@ def _libc_calls():
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def resident_pages(path: str) -> Optional[tuple[int, int]]:
+def _resident_pages(path: str) -> Optional[tuple[int, int]]:
     """(pages in the page cache, pages asked about) over a sample of ``path``'s pages; None: cannot tell.
 
     ``mincore(2)`` on a read-only shared mapping of the file: mapping reads nothing, and the answer is the
-    kernel's view of the file's cached pages. Bounded: at most SAMPLE_WINDOWS x WINDOW_PAGES pages per file.
+    kernel's view of the file's cached pages. Bounded: at most _SAMPLE_WINDOWS x _WINDOW_PAGES pages per file.
     """
     try:
         libc = _libc_calls()
@@ -118,13 +119,13 @@ def resident_pages(path: str) -> Optional[tuple[int, int]]:
         try:
             page = mmap.PAGESIZE
             pages = (size + page - 1) // page
-            windows = min(SAMPLE_WINDOWS, max(1, pages // WINDOW_PAGES))
+            windows = min(_SAMPLE_WINDOWS, max(1, pages // _WINDOW_PAGES))
             step = pages // windows
-            vector = (ctypes.c_ubyte * WINDOW_PAGES)()
+            vector = (ctypes.c_ubyte * _WINDOW_PAGES)()
             cached = asked = 0
             for i in range(windows):
                 first = i * step
-                count = min(WINDOW_PAGES, pages - first)
+                count = min(_WINDOW_PAGES, pages - first)
                 if libc.mincore(base + first * page, count * page, vector) != 0:
                     return None
                 cached += sum(vector[j] & 1 for j in range(count))
@@ -195,9 +196,9 @@ class PageCacheReader:
                             "while it was read (its read lease was broken); not loading a file that changes"
                         )
                     if mapped is not None:
-                        yield info.name, tensor_of(mapped, shard.uri, info)
+                        yield info.name, _tensor_of(mapped, shard.uri, info)
                     else:
-                        yield info.name, read_tensor(fd, shard.uri, info)
+                        yield info.name, _read_tensor(fd, shard.uri, info)
         finally:
             self._release()
 
@@ -247,7 +248,7 @@ def _dtype_and_shape(path: str, info: TensorInfo) -> tuple[torch.dtype, tuple[in
     return dtype, storage_shape(info.dtype, tuple(info.shape))
 
 
-def tensor_of(mapped: torch.Tensor, path: str, info: TensorInfo) -> torch.Tensor:
+def _tensor_of(mapped: torch.Tensor, path: str, info: TensorInfo) -> torch.Tensor:
     """One tensor as a view of its file's mapping, as runai hands it out (dtype, shape)."""
     dtype, shape = _dtype_and_shape(path, info)
     if info.start + info.nbytes > mapped.numel():
@@ -255,7 +256,7 @@ def tensor_of(mapped: torch.Tensor, path: str, info: TensorInfo) -> torch.Tensor
     return mapped[info.start : info.start + info.nbytes].view(dtype).reshape(shape)
 
 
-def read_tensor(fd: int, path: str, info: TensorInfo) -> torch.Tensor:
+def _read_tensor(fd: int, path: str, info: TensorInfo) -> torch.Tensor:
     """One tensor read from its byte range into memory of its own, as runai hands it out (dtype, shape)."""
     dtype, shape = _dtype_and_shape(path, info)
     buffer = torch.empty(info.nbytes, dtype=torch.uint8)
@@ -268,4 +269,4 @@ def read_tensor(fd: int, path: str, info: TensorInfo) -> torch.Tensor:
     return buffer.view(dtype).reshape(shape)
 
 
-__all__ = ["PAGE_CACHE", "READERS", "RUNAI", "PageCacheReader", "ReaderChoice", "choose_reader", "resident_pages"]
+__all__ = [ "RUNAI", "PageCacheReader", "ReaderChoice", "choose_reader"]

@@ -17,7 +17,7 @@ from ..errors import StreamStartError
 from ..settings import RobustSettings, env_name
 
 # Our settings -> the runai variables they set for the duration of a load.
-STREAMER_ENV = {
+_STREAMER_ENV = {
     "streamer_concurrency": "RUNAI_STREAMER_CONCURRENCY",
     "streamer_memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
     "streamer_chunk_bytesize": "RUNAI_STREAMER_CHUNK_BYTESIZE",
@@ -25,7 +25,7 @@ STREAMER_ENV = {
     "streamer_s3_retry_timeout_s": "RUNAI_STREAMER_S3_TIMEOUT",
 }
 # vLLM's model_loader_extra_config keys for runai -> the variables vLLM sets from them.
-LOADER_EXTRA_CONFIG_ENV = {
+_LOADER_EXTRA_CONFIG_ENV = {
     "concurrency": "RUNAI_STREAMER_CONCURRENCY",
     "memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
 }
@@ -78,10 +78,10 @@ def streamer_variables(
     """
     variables: dict[str, str] = {"RUNAI_STREAMER_DIST": "1"} if distributed else {}
     extra = loader_extra_config or {}
-    for key, var in LOADER_EXTRA_CONFIG_ENV.items():
+    for key, var in _LOADER_EXTRA_CONFIG_ENV.items():
         if extra.get(key) is not None:
             variables[var] = str(extra[key])
-    for field, var in STREAMER_ENV.items():
+    for field, var in _STREAMER_ENV.items():
         value = getattr(settings, field)
         if value is None:
             continue
@@ -95,7 +95,7 @@ def streamer_variables(
 
 
 def _extra_key(var: str) -> str:
-    return next(key for key, name in LOADER_EXTRA_CONFIG_ENV.items() if name == var)
+    return next(key for key, name in _LOADER_EXTRA_CONFIG_ENV.items() if name == var)
 
 
 @contextmanager

@@ -42,7 +42,7 @@ def _metadata(info: TensorInfo, data_start: int) -> SafetensorMetadata:
     )
 
 
-def shard_request(index: int, shard: Shard, names: Optional[frozenset[str]]) -> tuple[FileChunks, list]:
+def _shard_request(index: int, shard: Shard, names: Optional[frozenset[str]]) -> tuple[FileChunks, list]:
     """One shard's read request (its tensors' byte ranges, in file order) and their runai metadata."""
     infos = [t for t in shard.tensors.values() if names is None or t.name in names]
     request = FileChunks(index, shard.uri, [t.start for t in infos], [t.nbytes for t in infos])
@@ -61,7 +61,7 @@ class PlannedStreamer(SafetensorsStreamer):
         self.start_time = timer()
         requests = []
         for index, shard in enumerate(plan.shards):
-            request, metadata = shard_request(index, shard, plan.names)
+            request, metadata = _shard_request(index, shard, plan.names)
             requests.append(request)
             self.files_to_tensors_metadata[index] = metadata
             self.total_size += request.total_size()
@@ -132,4 +132,4 @@ def _no_rank_discovery(streamer) -> None:
     params.groups_by_ranks = [[rank]]
 
 
-__all__ = ["PlannedStreamer", "shard_request"]
+__all__ = ["PlannedStreamer"]

@@ -23,7 +23,7 @@ import torch
 from modelexpress import p2p_pb2
 from modelexpress.adapter import EngineAdapter
 from modelexpress.load_strategy import LoadContext, LoadResult
-from ..stream.tensor_bytes import same_bytes
+from ..verify.tensor_bytes import same_bytes
 
 
 def nbytes(tensor: torch.Tensor) -> int:
@@ -165,8 +165,8 @@ class PlainModelExpressAdapter(StandInAdapter):
     def build_model_streamer_weight_iter(self, model_uri: str, model=None):
         from runai_model_streamer import SafetensorsStreamer, list_safetensors
 
-        from ..inspect.checkpoint import inspect
-        from ..inspect.storage import open_store
+        from ..inspect.index import inspect
+        from ..inspect.object_stores import open_store
         from .plain_modelexpress import plain_selection
 
         files = list_safetensors(model_uri)

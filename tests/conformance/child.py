@@ -94,7 +94,7 @@ def run(arch: str, workdir: str) -> dict:
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    from mx_strategies.stream.tensor_bytes import same_bytes
+    from mx_strategies.verify.tensor_bytes import same_bytes
     from mx_strategies.testing.loopback import free_port
 
     mc = ModelConfig(model=folder, dtype="bfloat16", max_model_len=128, model_impl=spec.get("impl", "auto"))

@@ -114,7 +114,7 @@ class Written:
     @property
     def digests(self) -> dict[str, str]:
         """What safetensors reads, hashed as the strategy's content check hashes."""
-        from mx_strategies.stream.tensor_bytes import sha256
+        from mx_strategies.verify.tensor_bytes import sha256
 
         return {n: sha256(t) for n, t in self.reference.items()}
 

@@ -27,11 +27,10 @@ from safetensors.torch import load_file
 from mx_strategies import activation
 from mx_strategies.engine import EngineView
 from mx_strategies.robust import RobustModelStreamerStrategy
-from mx_strategies.settings import load_settings
 from mx_strategies.testing.standin import StandInAdapter as CountingAdapter
 from mx_strategies.testing.standin import StandInModel as RecordingModel
 from mx_strategies.testing.standin import load_context, model_config, vllm_config  # noqa: F401 (re-exported)
-from mx_strategies.stream.tensor_bytes import same_bytes
+from mx_strategies.verify.tensor_bytes import same_bytes
 
 STRATEGY_LOGGER = "modelexpress.strategy_robust_model_streamer"
 CHAIN_LOGGER = "modelexpress.load_strategy"
@@ -198,22 +197,10 @@ def failed_chain(mc, reference, *, names=None, strategy_cls=RobustModelStreamerS
 # -- what arrived ----------------------------------------------------------------------
 
 
-# Plan-order delivery is opt-in (the default hands tensors on as runai's reads complete).
-PLAN_ORDER = {"MX_ROBUST_DELIVERY_ORDER": "plan"}
-
-
-def delivers_in_plan_order() -> bool:
-    """Whether loads now deliver in plan order (MX_ROBUST_DELIVERY_ORDER=plan, or a runtime without the setting)."""
-    return getattr(load_settings(), "delivery_order", "plan") == "plan"
-
-
 def assert_loaded(model: RecordingModel, ckpt) -> None:
-    """Every tensor of ``ckpt`` (a Written) exactly once, equal to what safetensors reads;
-    in plan order whenever the load delivers in plan order."""
-    if delivers_in_plan_order():
-        assert model.order == ckpt.order
-    else:
-        assert Counter(model.order) == Counter(ckpt.order)  # each once, in arrival order
+    """Every tensor of ``ckpt`` (a Written) exactly once, equal to what safetensors reads (in arrival order:
+    tensors reach the model as runai's reads complete)."""
+    assert Counter(model.order) == Counter(ckpt.order)
     assert set(model.weights) == set(ckpt.reference)
     for name, expected in ckpt.reference.items():
         assert model.weights[name].dtype == expected.dtype, name

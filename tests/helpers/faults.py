@@ -30,7 +30,7 @@ from typing import Callable, Optional
 import torch
 
 from mx_strategies.testing.loopback import LOOPBACK, LoopbackListener, LoopbackS3
-from mx_strategies.stream.tensor_bytes import same_bytes
+from mx_strategies.verify.tensor_bytes import same_bytes
 
 SOCKET_TIMEOUT_S = 30.0
 

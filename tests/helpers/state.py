@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from mx_strategies.stream.tensor_bytes import same_bytes
+from mx_strategies.verify.tensor_bytes import same_bytes
 
-MAX_DEPTH = 40
+_MAX_DEPTH = 40
 
 
 class Bytes:
@@ -54,7 +54,7 @@ def _state(obj: Any, seen: dict, depth: int) -> Any:
     if id(obj) in seen:
         return ("seen", seen[id(obj)])
     seen[id(obj)] = len(seen)
-    if depth > MAX_DEPTH:
+    if depth > _MAX_DEPTH:
         return ("deep", id(obj))
     if isinstance(obj, torch.Tensor):
         pointer = None if obj.is_meta else obj.untyped_storage().data_ptr()

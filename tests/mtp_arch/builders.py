@@ -155,10 +155,10 @@ TARGET_MODEL_IMPL = {"deepseek_v3-transformers": "transformers", "glm4_moe-trans
 ENGINE_ENV = {"nemotron_parse3_5": {"VLLM_USE_V2_MODEL_RUNNER": "1"}}
 
 from helpers import configs as helper_configs  # noqa: E402
-from mx_strategies.select.mtp_table import installed_vllm  # noqa: E402
+from mx_strategies.select.mtp_table import _installed_vllm  # noqa: E402
 from mx_strategies.stream.streaming import streamer_environment  # noqa: E402
 
-VLLM_VERSION = installed_vllm() or (0, 0)
+VLLM_VERSION = _installed_vllm() or (0, 0)
 
 # Published Step-3.5 configs pad layer_types with one entry per MTP layer (vLLM 0.32's
 # transformers_utils/configs/step3p5.py:83 and transformers 5.20's configuration_step3p7.py:186 say so; both

@@ -175,9 +175,9 @@ def _qkv_sizes(module) -> list[int]:
 
 def persistent_buffers(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """Persistent buffers a checkpoint carries (Gemma-4's layer_scalar); KV-cache scales keep their defaults."""
-    from mx_strategies.select.kept import required_names
+    from mx_strategies.verify.kept import _required_names
 
-    required = required_names(model)
+    required = _required_names(model)
     return [(name, buf) for name, buf in model.named_buffers() if required.get(name) == "buffer"]
 
 

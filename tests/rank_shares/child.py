@@ -64,12 +64,16 @@ def run(args: dict) -> dict:
 
     import mx_strategies
     from mx_strategies.observe.report import clear_reports, recent_reports
-    from mx_strategies.stream.tensor_bytes import same_bytes
+    from mx_strategies.verify.tensor_bytes import same_bytes
 
     registry._run_in_subprocess = lambda fn: fn()  # inspect the model classes in this process
     import mx_cpu_shim  # TEST ONLY: ModelExpress 0.7.0 accepts CUDA/XPU devices only; the shim adds a CPU backend
 
     mx_cpu_shim.register()
+    if args.get("sources"):  # the selection's sources, where the layout leaves the dry run out
+        from mx_strategies.select import module_reads
+
+        module_reads.SELECTION_ORDER = tuple(args["sources"].split(","))
     rank, tp, pp, ep = args["rank"], args["tp"], args["pp"], args["ep"]
 
     def configs(folder: str):

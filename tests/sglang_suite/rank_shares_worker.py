@@ -6,7 +6,7 @@ JSON) and ``layouts``, run in turn in this one process (SGLang's imports take mo
 with ``name``, ``init_method`` (gloo on 127.0.0.1), ``tp``, ``pp``, ``ep`` (SGLang's ``--tp-size``,
 ``--pp-size``, ``--ep-size``), ``server`` (other ServerArgs), ``spec`` (the published ``speculative_algorithm``, or null), ``env`` (set
 for the layout: MX_MS_DISTRIBUTED, the reads cache) and ``loads``: one entry per load, ``sources`` for
-MX_ROBUST_SELECTION_SOURCES and ``endpoint``, the S3 endpoint this rank reaches for it.
+``module_reads.SELECTION_ORDER`` and ``endpoint``, the S3 endpoint this rank reaches for it.
 
 What a worker of SGLang 0.5.23 does at each layout, on the CPU, as tests/sglang_support/builders.py's
 ``sglang_runtime`` does for TP (that helper publishes no pp/ep widths): publish the ``ServerArgs`` with
@@ -106,7 +106,7 @@ def run_layout(args: dict, layout: dict) -> dict:
     found["native_consumed"] = sorted(trace.consumed)
 
     for index, load in enumerate(layout["loads"]):
-        os.environ["MX_ROBUST_SELECTION_SOURCES"] = load["sources"]
+        module_reads.SELECTION_ORDER = tuple(load["sources"].split(","))
         os.environ["AWS_ENDPOINT_URL"] = load["endpoint"]
         built = sb.build_model(args["model_path"], draft=False, tp_rank=tp_rank)
         share = rank_share.share_of(built.model)

@@ -15,12 +15,13 @@ import pytest
 from helpers.state import differences, module_state
 from sglang_support import builders as sb
 
-from mx_strategies.select import kept, module_reads, mtp_table
+from mx_strategies.select import module_reads, mtp_table
+from mx_strategies.select.built_module import BuiltModule
 from mx_strategies.engine import SGLANG, EngineView, declared_unused
-from mx_strategies.select.selection import row_layout_for
+from mx_strategies.select.selection import _row_layout_for
 from mx_strategies.settings import load_settings
 from mx_strategies.inspect.sources import Candidate, probe
-from mx_strategies.stream.tensor_bytes import same_bytes
+from mx_strategies.verify.tensor_bytes import same_bytes
 
 ARCHS = ("deepseek_v3", "qwen3_next", "glm4_moe", "mimo_v2_flash")
 
@@ -52,15 +53,15 @@ def assert_untouched(model, before, attributes):
 
 
 def engine_for(built, draft: bool) -> EngineView:
-    from mx_strategies.engine.sglang import is_mtp_draft, method_of
+    from mx_strategies.engine.sglang import _is_mtp_draft, _method_of
     from mx_strategies.engine.view import model_identity
 
     architectures, model_type = model_identity(built.model_config.hf_config)
-    method = method_of(built.model_config) if draft else None
+    method = _method_of(built.model_config) if draft else None
     return EngineView(
         is_draft=draft, speculative_method=method, target_uris=(), tensor_parallel_size=1, pipeline_parallel_size=1,
         hf_config=built.model_config.hf_config, architectures=architectures, model_type=model_type, engine=SGLANG,
-        mtp=is_mtp_draft(draft, method, architectures),
+        mtp=_is_mtp_draft(draft, method, architectures),
     )  # fmt: skip
 
 
@@ -82,7 +83,7 @@ def test_the_modules_answer_is_what_sglangs_own_loader_reads(name, draft, runtim
     attributes = {n: set(m.__dict__) for n, m in built.model.named_modules()}
     state = module_state(built.model)
     answer = module_reads.ask(
-        built.model, checkpoint, settings, unused=declared_unused(built.model), replaced=kept.engine_fills(engine)
+        built.model, checkpoint, settings, unused=declared_unused(built.model), replaced=BuiltModule(engine).filled_by_engine
     )
     assert_untouched(built.model, before, attributes)
     after = module_state(built.model)
@@ -93,7 +94,7 @@ def test_the_modules_answer_is_what_sglangs_own_loader_reads(name, draft, runtim
 
     reference = sb.build_model(folder, draft=draft)
     consumed = sb.trace_native_load(reference).consumed
-    replaced = {n for n, why in answer.left_out.items() if why == module_reads.REPLACED}
+    replaced = {n for n, why in answer.left_out.items() if why == module_reads._REPLACED}
     assert replaced <= consumed  # copies SGLang's class reads and its draft worker replaces afterwards
     assert set(answer.names) == consumed - replaced, (sorted(set(answer.names) - consumed), sorted(consumed - set(answer.names)))
 
@@ -105,5 +106,5 @@ def test_the_modules_answer_is_what_sglangs_own_loader_reads(name, draft, runtim
         row = mtp_table.match_target(built.model_config.hf_config, engine=SGLANG)
         assert (row.key if row is not None else None) == ("sglang_mimo_v2_mtp" if name == "mimo_v2_flash" else None)
         if row is not None:
-            layout = row_layout_for(row, checkpoint, engine)
+            layout = _row_layout_for(row, checkpoint, engine)
             assert set(answer.names) == set(tensors) - mtp_table.draft_only(row, layout, tensors)

@@ -13,7 +13,7 @@ from modelexpress.adapter import EngineAdapter
 from modelexpress.engines.sglang.adapter import SglangAdapter
 
 from mx_strategies.patches import _versions, apply_sglang_patches, sglang_adapter_state, sglang_parallel_getters
-from mx_strategies.patches.sglang_parallel_getters import GETTERS, patch_sglang_parallel_getters
+from mx_strategies.patches.sglang_parallel_getters import _GETTERS, patch_sglang_parallel_getters
 from mx_strategies.patches.sglang_adapter_state import patch_sglang_adapter_state
 
 
@@ -28,7 +28,7 @@ def _as_07(monkeypatch):
 
 
 def _without_patches(monkeypatch):
-    for name in GETTERS:
+    for name in _GETTERS:
         if getattr(getattr(distributed, name, None), "__mx_strategies_patch__", False):
             monkeypatch.delattr(distributed, name)
     for name in ("broadcast_state", "all_gather_state"):
@@ -38,7 +38,7 @@ def _without_patches(monkeypatch):
 
 def test_each_patch_applies_once_where_sglang_0523_lacks_what_modelexpress_07_calls(monkeypatch, caplog):
     _without_patches(monkeypatch)
-    assert not any(hasattr(distributed, name) for name in GETTERS)
+    assert not any(hasattr(distributed, name) for name in _GETTERS)
     assert SglangAdapter.broadcast_state is EngineAdapter.broadcast_state
     expected = ("patch_sglang_parallel_getters",) if ON_07 else ()
     with caplog.at_level("INFO", logger="modelexpress.mx_strategies.patches"):
@@ -47,7 +47,7 @@ def test_each_patch_applies_once_where_sglang_0523_lacks_what_modelexpress_07_ca
     assert len(caplog.records) == len(expected) + 1
     if ON_07:
         assert "get_world_group" in caplog.records[0].getMessage()
-    assert all(callable(getattr(distributed, name, None)) for name in GETTERS) is ON_07
+    assert all(callable(getattr(distributed, name, None)) for name in _GETTERS) is ON_07
     assert SglangAdapter.broadcast_state is sglang_adapter_state.broadcast_state
 
 
@@ -58,7 +58,7 @@ def test_a_getter_sglang_still_exports_is_left_alone(monkeypatch):
     monkeypatch.setattr(distributed, "get_tensor_model_parallel_world_size", own, raising=False)
     assert patch_sglang_parallel_getters() is True
     assert distributed.get_tensor_model_parallel_world_size is own
-    for name in GETTERS:
+    for name in _GETTERS:
         if name != "get_tensor_model_parallel_world_size":
             assert getattr(distributed, name).__mx_strategies_patch__
 
@@ -82,7 +82,7 @@ def test_only_the_collectives_patch_on_modelexpress_08_and_none_after(monkeypatc
     assert apply_sglang_patches() == ()
     monkeypatch.setattr(_versions, "installed", lambda d: (0, 8, 0) if d == "modelexpress" else real(d))
     assert apply_sglang_patches() == ("patch_sglang_adapter_state",)  # 0.8's SglangAdapter has neither collective
-    assert not any(hasattr(distributed, name) for name in GETTERS)
+    assert not any(hasattr(distributed, name) for name in _GETTERS)
     assert sglang_parallel_getters.modelexpress_in((0, 7), (0, 8)) is False
 
 
@@ -96,6 +96,6 @@ def test_the_08_plugin_entry_applies_the_patches_under_sglang(monkeypatch):
     try:
         assert activation.follow_plugin(RobustModelStreamerStrategy) is RobustModelStreamerStrategy
         assert SglangAdapter.broadcast_state is sglang_adapter_state.broadcast_state
-        assert all(callable(getattr(distributed, name, None)) for name in GETTERS) is ON_07
+        assert all(callable(getattr(distributed, name, None)) for name in _GETTERS) is ON_07
     finally:
         activation.uninstall()

@@ -29,7 +29,7 @@ last stage holds the embedding too), ``ep2`` (``--tp-size 2 --ep-size 2``, each 
 experts), ``ep2-dist`` (the same with ``MX_MS_DISTRIBUTED=1``: the host streams the ranks' union once) and
 ``ep2-redundant`` (``--ep-num-redundant-experts 2``: experts no longer sit in the slots of their ids; the dry
 run still answers each rank's exact experts, the structure reads them all).
-Each rank loads twice: with the dry run (the default sources), and with ``MX_ROBUST_SELECTION_SOURCES=
+Each rank loads twice: with the dry run (the default sources), and with ``module_reads.SELECTION_ORDER=
 table,convention``, where the whole checkpoint (no table row for DeepSeek's classes, which build here) is
 narrowed by the module's structure (``rank_share``): the NextN layer then streams too, and SGLang's target
 drops it itself (deepseek_weight_loader.py:301).
@@ -56,7 +56,7 @@ WORKER_TIMEOUT = 360
 HTTP_OVERHEAD = 1024  # per request: status line and headers
 N_LAYERS, EXPERTS = 3, 8
 CONFIG = dict(sb.TINY["deepseek_v3"], num_hidden_layers=N_LAYERS, n_routed_experts=EXPERTS)
-SOURCES = ("dry_run,table,convention", "table,convention")
+_SOURCES = ("dry_run,table,convention", "table,convention")
 
 LAYOUTS = {
     "pp2": dict(tp=1, pp=2, ep=1, spec=None, server={}, env={}),
@@ -83,7 +83,7 @@ def runs(s3_server, tmp_path_factory):
         ckpt = Checkpoint(root, "deepseek_v3", s3_server)
     port = int(s3_server.direct.rsplit(":", 1)[1])
     # One counting proxy per layout, rank and load.
-    proxies = {name: [[CountingProxy(port).start() for _ in SOURCES] for _ in range(2)] for name in LAYOUTS}
+    proxies = {name: [[CountingProxy(port).start() for _ in _SOURCES] for _ in range(2)] for name in LAYOUTS}
     try:
         yield dict(ckpt=ckpt, **run_all(root, ckpt, proxies))
     finally:
@@ -97,7 +97,7 @@ def run_all(root, ckpt, proxies) -> dict:
     layouts = {
         rank: [dict(LAYOUTS[name], name=name, init_method=f"tcp://127.0.0.1:{ports[name]}",
                     env=dict(LAYOUTS[name]["env"], MX_ROBUST_READS_CACHE_DIR=str(root / name / "reads")),
-                    loads=[dict(sources=s, endpoint=proxies[name][rank][i].endpoint) for i, s in enumerate(SOURCES)])
+                    loads=[dict(sources=s, endpoint=proxies[name][rank][i].endpoint) for i, s in enumerate(_SOURCES)])
                for name in LAYOUTS]
         for ports in [{name: sb.free_port() for name in LAYOUTS}] for rank in range(2)
     }  # fmt: skip
@@ -217,11 +217,11 @@ def test_the_module_answers_its_rank_share_and_its_structure_says_the_same(name,
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("sources", SOURCES, ids=["dry-run", "table-and-structure"])
+@pytest.mark.parametrize("sources", _SOURCES, ids=["dry-run", "table-and-structure"])
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_each_rank_streams_exactly_its_share_bit_identical_to_sglangs_loader(name, sources, runs):
     run, ckpt = runs[name], runs["ckpt"]
-    index = SOURCES.index(sources)
+    index = _SOURCES.index(sources)
     distributed = name == "ep2-dist"
     reports = []
     for rank, result in enumerate(run["ranks"]):

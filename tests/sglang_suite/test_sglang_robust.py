@@ -52,7 +52,7 @@ def test_target_then_its_mtp_draft_load_from_s3_with_robust(
     """Whichever answers: the module (its dry run), with the table on (the default) or off."""
     ckpt = Checkpoint(tmp_path, name, s3)
     monkeypatch.setenv("MX_MODEL_URI", ckpt.uri)
-    monkeypatch.setenv("MX_ROBUST_SELECTION_SOURCES", sources)
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", tuple(sources.split(",")))
 
     # -- the target: every tensor but the MTP layer, which only the draft reads
     target = sb.build_model(ckpt.config_only, draft=False)
@@ -93,7 +93,7 @@ def test_qwen3_next_target_is_checked_for_completeness(runtime, cpu_backend, rob
     ckpt = Checkpoint(tmp_path, "qwen3_next", s3)
     monkeypatch.setenv("MX_MODEL_URI", ckpt.uri)
     target = sb.build_model(ckpt.config_only, draft=False)
-    from mx_strategies.stream import completeness
+    from mx_strategies.verify import after as completeness
 
     outcomes = []
     real = completeness.check

@@ -20,7 +20,7 @@ def module_digests(model) -> dict[str, list]:
     """
     import torch
 
-    from mx_strategies.stream.tensor_bytes import digest
+    from mx_strategies.verify.tensor_bytes import digest
 
     digests: dict[str, list] = {}
     for module_name, module in model.named_modules(remove_duplicate=False):
@@ -36,7 +36,7 @@ def module_digests(model) -> dict[str, list]:
 
 def parameter_digests(model) -> dict[str, list]:
     """Every parameter of the module, under every name, as the weight load left it."""
-    from mx_strategies.stream.tensor_bytes import digest
+    from mx_strategies.verify.tensor_bytes import digest
 
     return {name: digest(p) for name, p in model.named_parameters(remove_duplicate=False)}
 

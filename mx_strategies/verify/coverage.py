@@ -9,7 +9,7 @@ default loader checks per shard (``StackedColumnParallelLinear.pop_missing_shard
 this module checks per element, which covers every stacked, fused,
 per-expert and tensor-parallel-sliced layout alike.
 
-The dry run (:mod:`.dry_run`) records each write into a parameter as a
+The dry run (:mod:`..select.dry_run`) records each write into a parameter as a
 :class:`Write`: the view it wrote (storage offset, shape, stride, in
 elements) and the checkpoint names whose values flowed into it. A write no
 checkpoint name flowed into is the engine's own (VocabParallelEmbedding
@@ -27,11 +27,11 @@ from ..errors import listed
 
 # Above this many intervals for one write (a transposed, element-strided view), the write is not
 # expanded: its parameter is judged by the other writes only if they already cover it.
-MAX_INTERVALS = 1 << 16
-PARTS_SHOWN = 3
+_MAX_INTERVALS = 1 << 16
+_PARTS_SHOWN = 3
 # Checkpoint tensors vLLM and SGLang stack into one parameter, beyond a model's packed_modules_mapping:
 # the fused experts' w1/w3 (FusedMoE.make_expert_params_mapping) and their HF names.
-SIBLINGS = (("gate_proj", "up_proj"), ("w1", "w3"), ("q_proj", "k_proj", "v_proj"), ("q_a_proj", "kv_a_proj_with_mqa"))
+_SIBLINGS = (("gate_proj", "up_proj"), ("w1", "w3"), ("q_proj", "k_proj", "v_proj"), ("q_a_proj", "kv_a_proj_with_mqa"))
 
 
 def writes_in_place(func_name: str) -> bool:
@@ -69,10 +69,7 @@ class Layout:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for size in self.shape:
-            n *= size
-        return n
+        return _prod(self.shape)
 
 
 @dataclass(frozen=True)
@@ -97,24 +94,24 @@ class Gap:
 
     def describe(self, provenance: bool = True) -> str:
         """The part, the parameter and (``provenance``) which checkpoint names write it and which it lacks."""
-        what = listed(self.missing, PARTS_SHOWN)
+        what = listed(self.missing, _PARTS_SHOWN)
         text = f"{what} of {self.param} {list(self.shape)} ({self.missing_elements} element(s)) would keep init values"
         if not provenance:
             return text
         if self.would_fill:
             text += f"; the checkpoint lacks {', '.join(self.would_fill)}"
         if self.filled_by:
-            shown = ", ".join(self.filled_by[:PARTS_SHOWN]) + (" ..." if len(self.filled_by) > PARTS_SHOWN else "")
+            shown = ", ".join(self.filled_by[:_PARTS_SHOWN]) + (" ..." if len(self.filled_by) > _PARTS_SHOWN else "")
             text += f" (written only by {shown})"
         elif not self.would_fill:
             text += " (no checkpoint tensor writes it)"
         return text
 
 
-def intervals(view: Layout) -> Optional[list[tuple[int, int]]]:
+def _intervals(view: Layout) -> Optional[list[tuple[int, int]]]:
     """The flat storage intervals ``[start, stop)`` a view covers, in storage order.
 
-    None when the view would expand to more than :data:`MAX_INTERVALS` intervals (a transposed,
+    None when the view would expand to more than :data:`_MAX_INTERVALS` intervals (a transposed,
     element-strided view of a large parameter).
     """
     if any(size == 0 for size in view.shape):
@@ -127,7 +124,7 @@ def intervals(view: Layout) -> Optional[list[tuple[int, int]]]:
     count = 1
     for size, _ in dims:
         count *= size
-    if count > MAX_INTERVALS:
+    if count > _MAX_INTERVALS:
         return None
     starts = [view.offset]
     for size, stride in dims:
@@ -167,11 +164,11 @@ def _subtract(whole: list[tuple[int, int]], covered: list[tuple[int, int]]) -> l
     return out
 
 
-def unwritten(layout: Layout, views: Iterable[Layout]) -> list[tuple[int, int]]:
+def _unwritten(layout: Layout, views: Iterable[Layout]) -> list[tuple[int, int]]:
     """The storage intervals of ``layout`` that none of ``views`` covers ([] when it is covered whole, or when a
     view or the layout is too scattered to expand: then it is not judged)."""
-    whole = intervals(layout)
-    spans = [intervals(v) for v in views]
+    whole = _intervals(layout)
+    spans = [_intervals(v) for v in views]
     if whole is None or any(s is None for s in spans):
         return []
     return _subtract(_union([whole]), _union(spans))
@@ -208,12 +205,10 @@ def _index(flat: int, layout: Layout) -> list[int]:
     return index
 
 
-def describe_part(start: int, stop: int, layout: Layout) -> str:
+def _describe_part(start: int, stop: int, layout: Layout) -> str:
     """``rows 32-63`` for whole rows of a 2-D parameter, ``[3, 64:128, :]`` for a block, else element ranges."""
     shape = layout.shape
-    contiguous = list(layout.stride) == [
-        _prod(shape[i + 1 :]) for i in range(len(shape))
-    ] and layout.offset == 0
+    contiguous = list(layout.stride) == [_prod(shape[i + 1 :]) for i in range(len(shape))] and layout.offset == 0
     if not contiguous or not shape:
         return f"elements {start}-{stop - 1}"
     # The deepest dimension whose blocks the range starts and ends on.
@@ -241,7 +236,7 @@ def _prod(sizes: Iterable[int]) -> int:
 
 def _would_fill(param: str, filled_by: Iterable[str], present: Callable[[str], bool], packed: Mapping[str, Sequence[str]]) -> list[str]:
     """Checkpoint names the writers' stacked siblings would have: the ones the checkpoint lacks."""
-    groups = [tuple(members) for members in packed.values() if len(members) > 1] + list(SIBLINGS)
+    groups = [tuple(members) for members in packed.values() if len(members) > 1] + list(_SIBLINGS)
     out: list[str] = []
     for name in filled_by:
         parts = name.split(".")
@@ -255,22 +250,16 @@ def _would_fill(param: str, filled_by: Iterable[str], present: Callable[[str], b
     return out
 
 
-def gaps(
-    params: Mapping[str, Layout],
-    writes: Iterable[Write],
-    *,
-    streamed: Callable[[str], bool],
-    present: Callable[[str], bool] = lambda name: True,
-    packed: Mapping[str, Sequence[str]] = {},
-    unit: Optional[Callable[[str], Optional[tuple]]] = None,
-) -> list[Gap]:
+def gaps(params: Mapping[str, Layout], writes: Iterable[Write], *, streamed: Callable[[str], bool],
+         present: Callable[[str], bool] = lambda name: True, packed: Mapping[str, Sequence[str]] = {},
+         unit: Optional[Callable[[str], Optional[tuple]]] = None) -> list[Gap]:  # fmt: skip
     """The parameters of ``params`` whose elements the writes of streamed names (and the engine's own) leave unwritten.
 
     ``streamed(name)``: the checkpoint name is part of the load (a write whose
     names are not all streamed does not happen); ``present(name)``: the
     checkpoint has it (to say which sibling it lacks); ``packed``: the
     module's ``packed_modules_mapping``; ``unit(name)``: for a dry run fed a
-    sample of the names (:mod:`.name_sampling`), the unit a sampled name
+    sample of the names (:mod:`..select.name_sampling`), the unit a sampled name
     belongs to (None for a name every dry run is fed). A parameter written by
     sampled names is judged per unit: each fed unit must fill whole the rows
     (first dimension: an expert of ``w13``) it writes into.
@@ -285,27 +274,17 @@ def gaps(
         done = [w for w in by_param.get(name, ()) if all(streamed(n) for n in w.names)]
         units = {unit(n) for w in done for n in w.names} - {None} if unit is not None else set()
         if units:
-            spans = [intervals(w.view) for w in done]
+            spans = [_intervals(w.view) for w in done]
             if any(s is None for s in spans):
                 continue  # a write too scattered to expand: not judged here (the names check still guards it)
             missing = _unit_gaps(layout, done, spans, unit)
         else:
-            missing = unwritten(layout, [w.view for w in done])
+            missing = _unwritten(layout, [w.view for w in done])
         if not missing:
             continue
         filled_by = sorted({n for w in done for n in w.names})
-        found.append(
-            Gap(
-                name,
-                layout.shape,
-                tuple(describe_part(a, b, layout) for a, b in missing),
-                sum(b - a for a, b in missing),
-                tuple(filled_by),
-                tuple(_would_fill(name, filled_by, present, packed)),
-            )
-        )
+        parts = tuple(_describe_part(a, b, layout) for a, b in missing)
+        found.append(Gap(name, layout.shape, parts, sum(b - a for a, b in missing), tuple(filled_by),
+                         tuple(_would_fill(name, filled_by, present, packed))))  # fmt: skip
     return found
 
-
-__all__ = ["Gap", "Layout", "MAX_INTERVALS", "Write", "describe_part", "gaps", "intervals", "unwritten", "writes_in_place",
-           "written_part"]

@@ -1,7 +1,7 @@
 """A tensor's raw bytes, their SHA-256, and byte equality: one definition for every dtype.
 
 Everything in the package that turns a tensor into bytes or compares two
-tensors' contents asks here: the content check (``content_check``), the
+tensors' contents asks here: the content check (:mod:`.ledger`), the
 real-engine digests (``testing.engine.worker_ext``), the benchmark, the GPU
 check and the tests. Why not the obvious calls:
 
@@ -29,12 +29,12 @@ import hashlib
 import torch
 
 # torch.empty(n, dtype=...) for these allocates ceil(n / k) bytes but reports element_size() == 1.
-PACKED_SUB_BYTE = frozenset({torch.quint4x2, torch.quint2x4})
+_PACKED_SUB_BYTE = frozenset({torch.quint4x2, torch.quint2x4})
 
 
 def _byte_view(tensor: torch.Tensor) -> torch.Tensor:
     """A 1-D uint8 tensor on the CPU over ``tensor``'s elements in row-major order."""
-    if tensor.dtype in PACKED_SUB_BYTE:
+    if tensor.dtype in _PACKED_SUB_BYTE:
         raise TypeError(f"tensor of dtype {tensor.dtype} packs several elements per byte: it has no raw-byte view")
     flat = tensor.detach()
     if flat.is_quantized:  # qint8, quint8, qint32: the stored integers, without scale and zero point
@@ -47,7 +47,7 @@ def _byte_view(tensor: torch.Tensor) -> torch.Tensor:
     return flat.unsqueeze(-1).view(torch.uint8).contiguous().reshape(-1)
 
 
-def raw_bytes(tensor: torch.Tensor) -> bytes:
+def _raw_bytes(tensor: torch.Tensor) -> bytes:
     """The tensor's elements as stored, in row-major order: any dtype, any device, empty or not."""
     return _byte_view(tensor).numpy().tobytes()
 
@@ -69,5 +69,3 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     return torch.equal(_byte_view(a), _byte_view(b))
 
-
-__all__ = ["PACKED_SUB_BYTE", "digest", "raw_bytes", "same_bytes", "sha256"]

@@ -1,20 +1,6 @@
-"""Draft selection: which tensors of a shared checkpoint belong to the MTP head.
+"""A copy of mx_strategies/select/draft.py before issue 53 (test-only: the old naming conventions that
+tests/test_draft_answerers.py compares the new table with)."""
 
-An MTP draft lives in the target's checkpoint. Streaming the whole
-checkpoint for it reads the model twice (700 GB for a 10 GB head on GLM),
-and feeding the draft module the target's tensors is at best wasted work.
-The naming conventions (see FACTS.md):
-
-- ``mtp``: ``mtp.*`` (Qwen3-Next, Qwen3.5);
-- ``nextn_layers``: ``model.layers.{N+i}.*``, ``layers.{N+i}.*`` and
-  ``model.language_model.layers.{N+i}.*`` for ``i < num_nextn_predict_layers``
-  with ``N = num_hidden_layers`` (DeepSeek-V3, GLM-4.5+);
-- ``mtp_layers``: ``model.mtp.layers.*`` (some exporters).
-
-The embeddings and lm_head the draft shares with the target are added only
-when the engine will not share them itself (pipeline parallel > 1) or when
-configured.
-"""
 
 from __future__ import annotations
 
@@ -22,11 +8,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.config import LayerLayout
-from ..engine.config import layer_layout as read_layer_layout
-from ..inspect.checkpoint import NEXTN_COUNT_KEYS
-from ..errors import DraftPlanError
-from ..settings import RobustSettings
+from mx_strategies.engine.config import LayerLayout
+from mx_strategies.errors import DraftPlanError
+
+from .config import layer_layout as read_layer_layout
+
+NEXTN_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "n_predict")
+RobustSettings = Any
 
 LAYER_PREFIXES = ("model.layers.", "layers.", "model.language_model.layers.")
 SHARED_WEIGHT_PATTERN = re.compile(r"(^|\.)(embed_tokens\.weight|lm_head\.weight)$")

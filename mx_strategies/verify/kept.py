@@ -1,11 +1,13 @@
-"""What a model keeps that a load must write: its parameters and persistent buffers, less what no checkpoint
-carries and what the engine writes itself after loading.
+"""What a model keeps that a load must write, and the entry before streaming: would the names planned fill it?
 
-Asked before a byte streams, of the module or of its twin (:mod:`.twin`: the
-same names, shapes and strides), by the question (:mod:`.module_reads`:
-every element of each judged parameter must be filled by the names planned,
-:mod:`.coverage`), and after streaming by the checks of what was written
-(:mod:`.completeness`). One place decides what counts, for both.
+Its parameters and persistent buffers, less what no checkpoint carries and
+what the engine writes itself after loading. Asked before a byte streams, of
+the module or of its twin (:mod:`..select.twin`: the same names, shapes and
+strides), by the module question (:mod:`..select.module_reads`), through
+:func:`before_streaming`: every element of each judged parameter must be
+filled by the names planned (:mod:`.coverage`); and after streaming by the
+checks of what was written (:mod:`.after`). One place decides what counts,
+for both.
 
 Exempt, as vLLM's own check makes them for a quantized model
 (``default_loader.py:528``): empty placeholders, KV-cache scales (defaults
@@ -18,18 +20,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping, Optional
 
-from . import mtp_table
-from .coverage import Layout
-from ..engine import EngineView
+from .coverage import Gap, Layout, Write, gaps
 
 GAPS_SHOWN = 3  # parameters an error or a warning names, of those a load would leave in part
 # KV-cache quantization scales registered by attention layers: defaults when a checkpoint has none.
-KV_SCALE_BUFFER = re.compile(r"(^|\.)_?(k|v|q|prob)_scale(_float)?$")
+_KV_SCALE_BUFFER = re.compile(r"(^|\.)_?(k|v|q|prob)_scale(_float)?$")
 # Parameters a quantization config builds rather than a checkpoint
 # (vllm/model_executor/model_loader/default_loader.py:52, _CONFIG_BUILT_PARAMS).
-CONFIG_BUILT_PARAMS = ("input_scale_ub",)
+_CONFIG_BUILT_PARAMS = ("input_scale_ub",)
 
 
 def _quantization_exempt(module: Any) -> bool:
@@ -69,7 +69,7 @@ def required_tensors(model: Any) -> list[Required]:
     vLLM's Transformers backend holds a MoE block's ``gate`` both as
     ``mlp.gate`` and ``mlp.experts.gate``; tied embeddings; one buffer
     registered twice) is one entry with every name in ``aliases``: it was
-    written when any of them was reported loaded (:func:`check`).
+    written when any of them was reported loaded (:func:`.after.check`).
     """
     named_modules = getattr(model, "named_modules", None)
     if named_modules is None:
@@ -86,9 +86,9 @@ def required_tensors(model: Any) -> list[Required]:
                 continue
             entry = by_tensor.setdefault(id(tensor), {"tensor": tensor, "kind": kind, "aliases": [], "exempt": False})
             entry["aliases"].append(prefix + name)
-            if tensor.numel() == 0 or quant_exempt or name in CONFIG_BUILT_PARAMS:
+            if tensor.numel() == 0 or quant_exempt or name in _CONFIG_BUILT_PARAMS:
                 entry["exempt"] = True
-            if kind == "buffer" and KV_SCALE_BUFFER.search(name):
+            if kind == "buffer" and _KV_SCALE_BUFFER.search(name):
                 entry["exempt"] = True
     # The name torch's own iterators give a shared tensor: the one vLLM's default loader and users see.
     canonical = {id(t): n for n, t in model.named_parameters()} | {id(t): n for n, t in model.named_buffers()}
@@ -106,8 +106,8 @@ def judged_parameters(model: Any, filled_by_engine: Callable[[str], bool]) -> di
     """The parameters whose every element a load must write from the checkpoint, with their layouts.
 
     The model's parameters less what no checkpoint carries (:func:`required_tensors`) and what the engine
-    fills afterwards (``filled_by_engine``, :func:`engine_fills`). Asked of the model or of its twin
-    (:mod:`.twin`): both have the same names, shapes and strides.
+    fills afterwards (``filled_by_engine``, :attr:`..select.built_module.BuiltModule.filled_by_engine`). Asked of the
+    model or of its twin (:mod:`..select.twin`): both have the same names, shapes and strides.
     """
     named = dict(model.named_parameters(remove_duplicate=False))
     judged = {}
@@ -120,29 +120,17 @@ def judged_parameters(model: Any, filled_by_engine: Callable[[str], bool]) -> di
     return judged
 
 
-def required_names(model: Any) -> dict[str, str]:
+def _required_names(model: Any) -> dict[str, str]:
     """Each required tensor's name (as named_parameters()/named_buffers() give it) -> "parameter" or "buffer"."""
     return {r.name: r.kind for r in required_tensors(model)}
 
 
-_MATCH = object()  # engine_fills' default: match the draft's row here
-
-
-def engine_fills(engine: EngineView, row: Any = _MATCH) -> Callable[[str], bool]:
-    """The parameters the engine writes after this load: none for a target; a draft's shared embedding and head.
-
-    ``row``: the draft's table row (or None: no row) where the caller matched it already
-    (:class:`.built_module.BuiltModule`); left out, it is matched here."""
-    if not engine.is_draft:
-        return lambda name: False
-    if row is _MATCH:
-        row = mtp_table.match(engine.architectures, engine.model_type, engine.speculative_method, engine=engine.engine)
-    return mtp_table.filled_by_engine(
-        row, shares_target_weights=engine.shares_target_weights, heads_replaced=engine.heads_replaced
-    )
-
-
-__all__ = [
-    "CONFIG_BUILT_PARAMS", "GAPS_SHOWN", "KV_SCALE_BUFFER", "Required", "engine_fills", "judged_parameters",
-    "required_names", "required_tensors",
-]  # fmt: skip
+def before_streaming(model: Any, writes: Iterable[Write], *, layouts: Mapping[str, Layout], replaced: Callable[[str], bool],
+                     streamed: Callable[[str], bool], present: Callable[[str], bool],
+                     unit: Optional[Callable[[str], Optional[tuple]]] = None) -> tuple[dict[str, Layout], list[Gap]]:  # fmt: skip
+    """The check before a byte streams: the parameters ``model`` keeps (:func:`judged_parameters`, less what the engine
+    fills afterwards, ``replaced``; laid out as in ``layouts``, the twin's, whose storages the dry run's ``writes``
+    were in), and those the writes of the names ``streamed`` would leave in part (:func:`.coverage.gaps`)."""
+    judged = {n: layouts.get(n, layout) for n, layout in judged_parameters(model, replaced).items()}
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    return judged, gaps(judged, writes, streamed=streamed, present=present, packed=packed, unit=unit)
