@@ -81,7 +81,7 @@ class _KeepsEmbedding(_DeclaresNothing):  # has_own_embed_tokens = True, a copy 
     has_own_embed_tokens = True
 
 
-@pytest.mark.skipif(not HAS_V2_SHARING, reason=f"this vLLM has no {vllm_rules.V2_DRAFT_LOADING} to compare with")
+@pytest.mark.skipif(not HAS_V2_SHARING, reason=f"this vLLM has no {vllm_rules._V2_DRAFT_LOADING} to compare with")
 @pytest.mark.parametrize("draft_class", [_DeclaresNothing, _SharesEmbedding, _KeepsEmbedding])
 @pytest.mark.parametrize("pp", [1, 2])
 def test_the_embedding_rule_never_skips_what_the_engines_sharing_keeps(draft_class, pp, monkeypatch):

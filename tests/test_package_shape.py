@@ -23,7 +23,8 @@ RUNTIME_MODULES = sorted(
     for m in pkgutil.walk_packages(mx_strategies.__path__, "mx_strategies.")
     if not m.name.startswith(("mx_strategies.cli", "mx_strategies.testing"))
 )
-STRUCTURE = Path(__file__).resolve().parent.parent / "scripts" / "structure.py"
+REPO = Path(__file__).resolve().parent.parent
+STRUCTURE = REPO / "scripts" / "structure.py"
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -171,3 +172,32 @@ def test_demo_without_its_extra_prints_one_line_saying_what_to_install():
         "mx-strategies demo: mx-strategies demo needs the demo extra (moto missing): "
         "pip install '.[demo]' in a clone of mx-strategies (or its wheel with [demo])"
     ]
+
+
+def test_the_runtime_is_within_issue_53s_limits():
+    """scripts/count_runtime.py's figures, held: no module over 450 lines, robust.py at most 250, at most 250 public
+    names and none defined in two modules, at most 25 settings and 6,500 lines of code (issue 53)."""
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "count_runtime.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "over the limit" not in done.stdout
+
+
+def test_the_runtime_count_sees_a_module_over_its_limit(tmp_path, monkeypatch):
+    """The count is not blind: a module of 451 lines, a second `logger` and a 26th setting are each named."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import count_runtime
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    package = tmp_path / "mx_strategies"
+    package.mkdir()
+    fields = "".join(f"    s{i}: int = 0\n" for i in range(26))
+    (package / "settings.py").write_text(f"logger = 1\nclass RobustSettings:\n{fields}")
+    (package / "robust.py").write_text("logger = 2\n" + "x = 1\n" * 450)
+    monkeypatch.setattr(count_runtime, "ROOT", package)
+    figures = count_runtime.weigh()
+    assert figures["over 450 lines"] == {"mx_strategies/robust.py": 451}
+    assert figures["defined twice"] == {"logger": ["mx_strategies/robust.py", "mx_strategies/settings.py"]}
+    assert figures["settings"] == 26
+    assert figures["code lines"] == 1 + 1 + 26 + 451
