@@ -57,6 +57,3 @@ def chain_finalizes() -> bool:
 def chain_takes_plugins() -> bool:
     """Whether the installed ModelExpress loads strategy plugins from ``MX_PLUGIN_DIR`` (0.8)."""
     return importlib.util.find_spec("modelexpress.plugins") is not None
-
-
-__all__ = ["ENGINES", "SGLANG", "TRTLLM", "VLLM", "chain_finalizes", "chain_takes_plugins", "installed_release"]

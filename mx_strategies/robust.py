@@ -26,7 +26,7 @@ from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .inspect.sources import Candidate, candidates, resolve
 from .observe import progress, telemetry
 from .observe.failures import recorded_failures
-from .observe.report import attach, load_timings, planned_lines, report_of
+from .observe.report import attach, planned_lines, report_of
 from .plan.distributed import agreed_selection, distributes
 from .plan.planning import PlannedLoad, plan_of
 from .releases import chain_finalizes
@@ -198,9 +198,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         except Exception as exc:
             raise StrategyFailed(f"post-load processing failed: {exc}", mutated=True) from exc
         finished, load = time.perf_counter(), streamed.load
-        timings = load_timings(*streamed.clock, finished, streamed.stream)
-        report = report_of(ctx.global_rank, load.resolution, load.selection, load.plan, streamed.stream, timings,
-                           load.shares)  # fmt: skip
+        report = report_of(ctx.global_rank, load.resolution, load.selection, load.plan, streamed.stream,
+                           (*streamed.clock, finished), load.shares)  # fmt: skip
         # The chain's envelope carries the report; so does the adapter's result where it made a new one (0.7).
         envelopes = [result, processed] if isinstance(processed, LoadResult) and processed is not result else [result]
         attach(report, *envelopes)
@@ -242,6 +241,3 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                 drop_disproved(load.selection.answer, settings, warn)  # a kept answer the load proved wrong
             raise StrategyFailed(str(exc), mutated=mutated) from exc
         return result, stream
-
-
-__all__ = ["RobustModelStreamerStrategy"]

@@ -49,6 +49,3 @@ def run_inline(real_submit, pool, fn, /, *args, **kwargs) -> "concurrent.futures
     except BaseException as exc:  # noqa: BLE001 - delivered through the future, as the pool would
         future.set_exception(exc)
     return future
-
-
-__all__ = [ "run_inline", "submits_from_this_thread"]

@@ -343,7 +343,7 @@ def test_off_by_n_data_range_is_served_silently_without_verification(faulty, ckp
 
 def test_verify_sample_checks_that_many_tensors_and_passes_a_clean_load(faulty, ckpt, monkeypatch):
     monkeypatch.setenv("MX_ROBUST_VERIFY_CONTENT", "sample")
-    monkeypatch.setattr(ledger, "SAMPLE_SIZE", 2)  # MX_ROBUST_VERIFY_SAMPLE until issue 53
+    monkeypatch.setattr(ledger, "_SAMPLE_SIZE", 2)  # MX_ROBUST_VERIFY_SAMPLE until issue 53
     outcome = load(ckpt)
     assert_verified(outcome, ckpt)
     assert faulty.proxy.requests["probe"] > 0
@@ -351,7 +351,7 @@ def test_verify_sample_checks_that_many_tensors_and_passes_a_clean_load(faulty, 
 
 def test_verify_sample_catches_corruption_in_a_sampled_tensor(faulty, ckpt, monkeypatch):
     monkeypatch.setenv("MX_ROBUST_VERIFY_CONTENT", "sample")
-    monkeypatch.setattr(ledger, "SAMPLE_SIZE", 2)  # MX_ROBUST_VERIFY_SAMPLE until issue 53
+    monkeypatch.setattr(ledger, "_SAMPLE_SIZE", 2)  # MX_ROBUST_VERIFY_SAMPLE until issue 53
     sampled = sorted(_chosen_for_check(ckpt.reference, "sample", 2, salt=ckpt.uri))
     victim = max(sampled, key=lambda n: ckpt.offsets[n][1] + 1000 * ckpt.files.index(ckpt.shard_of(n)))
     _corrupt_one_tensor(faulty, ckpt, victim)

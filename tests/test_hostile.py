@@ -399,7 +399,7 @@ def test_index_over_its_cap_is_not_read(kind, tmp_path, request, robust, monkeyp
     folder = tmp_path / "ckpt"
     reference = write_base(folder)
     uri = place(kind, folder, request)
-    monkeypatch.setattr("mx_strategies.inspect.index.MAX_INDEX_BYTES", 256)
+    monkeypatch.setattr("mx_strategies.inspect.index._MAX_INDEX_BYTES", 256)
     code, report, _ = doctor(uri, capsys)
     assert code == 1
     assert "over the fixed limit of 256 bytes; not read" in problem(report, "corrupt_index", INDEX_NAME)["message"]
@@ -522,7 +522,7 @@ def test_walk_past_its_entry_bound_is_a_named_failure(tmp_path, robust, monkeypa
     reference = write_base(folder)
     for i in range(30):
         (folder / f"junk{i}.txt").write_text("x")
-    monkeypatch.setattr("mx_strategies.inspect.storage.MAX_DISCOVERY_ENTRIES", 20)
+    monkeypatch.setattr("mx_strategies.inspect.storage._MAX_DISCOVERY_ENTRIES", 20)
     code, report, _ = doctor(str(folder), capsys)
     assert code == 1
     assert "more than 20 entries" in problem(report, "too_many_entries")["message"]

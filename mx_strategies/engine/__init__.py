@@ -35,25 +35,3 @@ from .vllm import is_speculative_draft, vllm_view
 def engine_view(ctx: Any) -> EngineView:
     """The engine facts of this load, read by the reader of the engine it runs in."""
     return sglang_view(ctx) if engine_of(ctx) == SGLANG else vllm_view(ctx)
-
-
-__all__ = [
-    "ENGINES",
-    "MTP_METHODS",
-    "SGLANG",
-    "TRTLLM",
-    "VLLM",
-    "EngineView",
-    "bypassed_features",
-    "declared_unused",
-    "engine_of",
-    "engine_view",
-    "held_names",
-    "is_speculative_draft",
-    "loader_options",
-    "missing_hooks",
-    "model_identity",
-    "sglang_view",
-    "withhold_sglang_draft",
-    "vllm_view",
-]

@@ -76,6 +76,3 @@ def layer_layout(
                 count, count_from = value, f"{key} of {label}"
                 break
     return LayerLayout(first, count, first_from, count_from)
-
-
-__all__ = ["LayerLayout", "config_get", "layer_layout"]

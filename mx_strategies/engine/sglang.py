@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .view import SGLANG, EngineView, _parallel_size, _positive_int, loader_options, model_identity
+from .view import SGLANG, EngineView, _parallel_size, _positive_int, _uris, loader_options, model_identity
 
 # Suffixes of SGLang's MTP draft classes (model_config.py _config_draft_model): every SGLang MTP draft class
 # robust knows ends with one (tests/test_sglang_plans.py holds the table's SGLang rows to it).
@@ -87,14 +87,11 @@ def sglang_view(ctx: Any) -> EngineView:
     hf_config = getattr(model_config, "hf_config", None)
     architectures, model_type = model_identity(hf_config)
     server = _server_args()
-    target_uris = tuple(
-        uri for uri in (getattr(server, "model_path", None),) if isinstance(uri, str) and uri
-    )
     load_config = getattr(adapter, "load_config", None) or getattr(ctx, "load_config", None)
     return EngineView(
         is_draft=is_draft,
         speculative_method=method,
-        target_uris=target_uris,
+        target_uris=_uris(getattr(server, "model_path", None)),
         tensor_parallel_size=_parallel("tp_size") or _parallel_size(ctx, None, "tensor_parallel_size"),
         pipeline_parallel_size=_parallel("pp_size") or _parallel_size(ctx, None, "pipeline_parallel_size"),
         hf_config=hf_config,
@@ -105,9 +102,7 @@ def sglang_view(ctx: Any) -> EngineView:
         engine=SGLANG,
         mtp=_is_mtp_draft(is_draft, method, architectures),
         draft_layer=_index(getattr(load_config, "draft_model_idx", None)) if is_draft else None,
-        draft_sources=tuple(
-            uri for uri in (getattr(model_config, "model_path", None),) if is_draft and isinstance(uri, str) and uri
-        ),
+        draft_sources=_uris(getattr(model_config, "model_path", None)) if is_draft else (),
     )
 
 
@@ -145,6 +140,3 @@ def bypassed_features(model: Any) -> list[str]:
         f"{type(model).__name__}.secondary_weights lists {count} more weight source(s), which SGLang's own "
         f"loader reads after the checkpoint (model_loader/loader.py:759) and robust does not"
     ]
-
-
-__all__ = ["bypassed_features", "sglang_view", "withhold_sglang_draft"]

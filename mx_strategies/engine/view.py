@@ -101,6 +101,9 @@ def _parallel_size(ctx: Any, parallel: Any, field: str) -> int:
     return 1
 
 
+def _uris(*values: Any) -> tuple[str, ...]:
+    """The paths among a config's ``values`` (non-empty strings; None and the rest are no source)."""
+    return tuple(value for value in values if isinstance(value, str) and value)
 
 
 def model_identity(hf_config: Any) -> tuple[tuple[str, ...], Optional[str]]:

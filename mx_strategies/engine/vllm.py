@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import vllm_rules
-from .view import EngineView, _parallel_size, engine_of, loader_options, model_identity
+from .view import EngineView, _parallel_size, _uris, engine_of, loader_options, model_identity
 
 
 def is_speculative_draft(vllm_config: Any, model_config: Any) -> bool:
@@ -29,11 +29,6 @@ def vllm_view(ctx: Any) -> EngineView:
     parallel = getattr(vllm_config, "parallel_config", None)
     speculative = getattr(vllm_config, "speculative_config", None)
     target = getattr(speculative, "target_model_config", None)
-    target_uris = tuple(
-        uri
-        for uri in (getattr(target, "model_weights", None), getattr(target, "model", None))
-        if isinstance(uri, str) and uri
-    )
     load_config = getattr(adapter, "load_config", None) or getattr(vllm_config, "load_config", None)
     hf_config = getattr(model_config, "hf_config", None)
     architectures, model_type = model_identity(hf_config)
@@ -41,11 +36,6 @@ def vllm_view(ctx: Any) -> EngineView:
     if target_hf_config is None and getattr(vllm_config, "model_config", None) is not model_config:
         target_hf_config = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
     is_draft = is_speculative_draft(vllm_config, model_config)
-    draft_sources = tuple(
-        uri
-        for uri in (getattr(model_config, "model_weights", None), getattr(model_config, "model", None))
-        if is_draft and isinstance(uri, str) and uri
-    )
     pipeline_parallel_size = _parallel_size(ctx, parallel, "pipeline_parallel_size")
     # The installed vLLM and the draft's class decide whether the engine gives the draft the target's embedding
     # and head(s).
@@ -55,7 +45,7 @@ def vllm_view(ctx: Any) -> EngineView:
     return EngineView(
         is_draft=is_draft,
         speculative_method=vllm_rules.speculative_method(speculative),
-        target_uris=target_uris,
+        target_uris=_uris(getattr(target, "model_weights", None), getattr(target, "model", None)),
         tensor_parallel_size=_parallel_size(ctx, parallel, "tensor_parallel_size"),
         pipeline_parallel_size=pipeline_parallel_size,
         hf_config=hf_config,
@@ -64,7 +54,8 @@ def vllm_view(ctx: Any) -> EngineView:
         model_type=model_type,
         target_hf_config=target_hf_config,
         engine=engine_of(ctx),
-        draft_sources=draft_sources,
+        draft_sources=_uris(getattr(model_config, "model_weights", None), getattr(model_config, "model", None))
+        if is_draft else (),
         embed_replaced=embed_replaced,
         heads_replaced=heads_replaced,
         mtp_load_checks=vllm_rules.mtp_load_demands_every_parameter(),

@@ -78,10 +78,6 @@ def draft_embedding_replaced(pipeline_parallel_size: int, draft: Any) -> bool:
     return pipeline_parallel_size <= 1
 
 
-# vLLM 0.34's default loader filters an expert-parallel rank's experts under EPLB too, by the initial placement.
-_EP_WEIGHT_FILTER = "vllm.model_executor.model_loader.ep_weight_filter"
-
-
 def eplb_local_experts(num_logical: int, num_redundant: int, ep_size: int, ep_rank: int) -> Optional[frozenset[int]]:
     """The logical (checkpoint) experts an expert-parallel rank loads under EPLB, by the installed vLLM's own rule.
 
@@ -159,14 +155,3 @@ def speculative_method(speculative_config: Any) -> Optional[str]:
         return method
     custom = getattr(speculative_config, "custom_method", None)
     return custom if isinstance(custom, str) and custom else None
-
-
-__all__ = [
-    "draft_class",
-    "eplb_initial_placement",
-    "eplb_local_experts",
-    "draft_embedding_replaced",
-    "draft_heads_replaced",
-    "mtp_load_demands_every_parameter",
-    "speculative_method",
-]

@@ -3,7 +3,7 @@
 The line names what failed, the variables the store's clients read, which of them are set (names only, never
 values), the one to set or check next, and the section of docs/troubleshooting.md about that store.
 tests/test_store_errors.py checks every section cited here exists. The next step is the first row of the
-store's table (:data:`_STEPS`) whose error codes and variables match: plain data, read by :func:`access_hint`.
+store's table (:data:`_STEPS`) whose error codes and variables match: plain data, read by :func:`_access_hint`.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _error_code(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def one_line(text: str, limit: int = _DETAIL_CHARS) -> str:
+def _one_line(text: str, limit: int = _DETAIL_CHARS) -> str:
     """``text`` on one line, cut to ``limit`` characters."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -140,7 +140,7 @@ def _matches(variables: tuple[str, ...], is_set: set[str]) -> bool:
     return (not wanted or any(n in is_set for n in wanted)) and not any(n in is_set for n in unwanted)
 
 
-def access_hint(scheme: str, exc: BaseException) -> str:
+def _access_hint(scheme: str, exc: BaseException) -> str:
     """``read A, B (set: B); <what to do>; see docs/troubleshooting.md#<store>`` for an error of ``scheme``'s store."""
     names = _VARIABLES[scheme]
     is_set = [name for name in names if os.environ.get(name)]
@@ -153,15 +153,15 @@ def access_hint(scheme: str, exc: BaseException) -> str:
 
 def access_error(scheme: str, what: str, exc: BaseException) -> StoreError:
     """One line: ``<what>: <Type>: <client message, bounded>; <access_hint>``."""
-    return StoreError(f"{what}: {one_line(f'{type(exc).__name__}: {exc}')}; {access_hint(scheme, exc)}")
+    return StoreError(f"{what}: {_one_line(f'{type(exc).__name__}: {exc}')}; {_access_hint(scheme, exc)}")
 
 
-def is_access_problem(exc: BaseException) -> bool:
-    return _error_code(exc) in _ACCESS_CODES
-
-
-def failure(scheme: str, what: str, exc: BaseException, *, always: bool = False) -> StoreError:
-    """``what`` failed with ``exc``: with the variables to set when it is about access (or ``always``)."""
-    if always or is_access_problem(exc):
+def failure(scheme: str, what: str, exc: BaseException, *, named: bool = True) -> StoreError:
+    """``what`` failed with ``exc``: with the variables to set when it is about access. ``named`` False: an S3
+    ranged read's error, whose text names its own code (no type name; bounded only when about access)."""
+    access = _error_code(exc) in _ACCESS_CODES
+    if not named:
+        return StoreError(f"{what}: {_one_line(str(exc))}; {_access_hint(scheme, exc)}" if access else f"{what}: {exc}")
+    if access:
         return access_error(scheme, what, exc)
-    return StoreError(f"{what}: {type(exc).__name__}: {one_line(str(exc))}")
+    return StoreError(f"{what}: {type(exc).__name__}: {_one_line(str(exc))}")

@@ -22,8 +22,8 @@ _SUFFIX = ".safetensors"
 # The largest index and config.json a probe reads (DeepSeek-V3's index is about 9 MB); a larger one is a
 # corrupt_index / corrupt_config problem, not read. Fixed (they were MX_ROBUST_MAX_INDEX_BYTES and
 # MX_ROBUST_MAX_CONFIG_BYTES); read when a checkpoint is inspected.
-MAX_INDEX_BYTES = 64 << 20
-MAX_CONFIG_BYTES = 16 << 20
+_MAX_INDEX_BYTES = 64 << 20
+_MAX_CONFIG_BYTES = 16 << 20
 _READ_WORKERS = 16
 _MAX_LAYER_COUNT = 65_536  # a layer count in config.json above this is no model (draft selection enumerates them)
 _WARNINGS = {"empty_shard", "unindexed_shard", "unindexed_tensor"}  # the kinds found here that do not fail a load
@@ -120,8 +120,8 @@ def inspect(store: Store, max_depth: int, header_bytes: int = RUNAI_MAX_HEADER_B
     local_shards = [o for o in objects if posixpath.dirname(o.key) == root and o.key.endswith(_SUFFIX)]
     pool = ThreadPoolExecutor(max_workers=min(_READ_WORKERS, len(local_shards) + 2))
     try:
-        index_read = pool.submit(_read_json, store, index_obj, "corrupt_index", MAX_INDEX_BYTES)
-        config_read = pool.submit(_read_json, store, config_obj, "corrupt_config", MAX_CONFIG_BYTES)
+        index_read = pool.submit(_read_json, store, index_obj, "corrupt_index", _MAX_INDEX_BYTES)
+        config_read = pool.submit(_read_json, store, config_obj, "corrupt_config", _MAX_CONFIG_BYTES)
         headers = {obj.key: pool.submit(read_header, store, obj, header_bytes) for obj in local_shards}
         (index, problems), (config, config_problems) = index_read.result(), config_read.result()
         problems += config_problems

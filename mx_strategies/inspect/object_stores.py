@@ -14,7 +14,7 @@ import os
 from typing import Optional
 
 from ..errors import StoreError
-from .access_hints import access_error, access_hint, failure, is_access_problem, one_line
+from .access_hints import access_error, failure
 from .s3_ranged import RangedReader, RangedReadError
 from .storage import (
     AZURE_PREFIX, GCS_PREFIX, S3_PREFIX, LocalStore, ObjectInfo, Store, looks_like_hub_id, normalize_uri,
@@ -118,9 +118,7 @@ class _S3Store:
         try:
             return self._reader.read(self.bucket, key, start, length)
         except RangedReadError as exc:
-            if is_access_problem(exc):
-                raise StoreError(f"{what}: {one_line(str(exc))}; {access_hint(S3_PREFIX, exc)}") from exc
-            raise StoreError(f"{what}: {exc}") from exc
+            raise failure(S3_PREFIX, what, exc, named=False) from exc
         except Exception as exc:  # presigning: credentials or configuration botocore refuses
             raise access_error(S3_PREFIX, what, exc) from exc
 

@@ -24,7 +24,7 @@ _OBJECT_STORE_PREFIXES = (S3_PREFIX, GCS_PREFIX, AZURE_PREFIX)
 
 # Entries a local discovery walk looks at, at most: a wrong path such as / or a whole cache fails in seconds,
 # naming the folder, instead of being walked for minutes. Fixed (it was MX_ROBUST_MAX_DISCOVERY_ENTRIES).
-MAX_DISCOVERY_ENTRIES = 100_000
+_MAX_DISCOVERY_ENTRIES = 100_000
 _REGULAR = "file"
 
 
@@ -62,7 +62,7 @@ class Store(Protocol):
 
 
 class ListingTooLarge(StoreError):
-    """A local discovery walk met more than :data:`MAX_DISCOVERY_ENTRIES` entries; the message names the folder."""
+    """A local discovery walk met more than :data:`_MAX_DISCOVERY_ENTRIES` entries; the message names the folder."""
 
 
 _KINDS = (
@@ -113,7 +113,7 @@ class LocalStore:
         self.unreadable: dict[str, str] = {}
 
     def list(self, max_depth: int) -> list[ObjectInfo]:
-        limit = MAX_DISCOVERY_ENTRIES
+        limit = _MAX_DISCOVERY_ENTRIES
         found: list[ObjectInfo] = []
         self.unreadable = {}
         try:

@@ -31,6 +31,3 @@ def write_plugin(folder: "Path | str | None" = None) -> Path:
     target = target_dir / PLUGIN_FILE.name
     shutil.copyfile(PLUGIN_FILE, target)
     return target
-
-
-__all__ = ["DEFAULT_PLUGIN_DIR", "PLUGIN_FILE", "PLUGIN_NAME", "plugin_dir", "write_plugin"]

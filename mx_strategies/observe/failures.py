@@ -25,6 +25,3 @@ def recorded_failures(ctx: Any) -> Iterator[None]:
         record(LoadFailure(role, ctx.global_rank, str(exc), exc.mutated))
         telemetry.record_failure(exc, role, ctx.global_rank, mutated=exc.mutated, started=started)
         raise
-
-
-__all__ = ["recorded_failures"]

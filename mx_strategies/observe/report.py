@@ -151,7 +151,7 @@ def planned_lines(load: "PlannedLoad") -> list[tuple[int, str]]:
     return lines
 
 
-def load_timings(started: float, planned: float, streamed: float, finished: float, stream: "VerifiedStream") -> dict[str, float]:
+def _timings(started: float, planned: float, streamed: float, finished: float, stream: "VerifiedStream") -> dict[str, float]:
     """A load's phases in seconds, from its clock readings (``time.perf_counter``) and the stream's own."""
     return {
         "resolve": planned - started,
@@ -169,11 +169,12 @@ def report_of(
     selection: "Selection",
     plan: "LoadPlan",
     stream: "VerifiedStream",
-    timings: dict[str, float],
+    clock: tuple[float, float, float, float],
     shares: "Optional[RankShares]" = None,
 ) -> LoadReport:
     """One load's report, from its typed parts: where it came from, what was selected and why, what the
-    plan streamed, what the stream saw, and who read what."""
+    plan streamed, what the stream saw (``clock``: its readings started, planned, streamed and finished), and
+    who read what."""
     from .selection_log import selection_fields
 
     checkpoint = resolution.checkpoint
@@ -186,7 +187,7 @@ def report_of(
         shards=tuple(plan.shard_keys), tensors=len(plan.expected), bytes_streamed=plan.bytes,
         distributed=stream.distributed,
         bytes_from_storage=stream.bytes_from_storage, read_ahead_bytes=stream.read_ahead_bytes,
-        read_ahead_discarded_bytes=stream.bytes_discarded, timings=timings, reader=stream.reader.reader,
+        read_ahead_discarded_bytes=stream.bytes_discarded, timings=_timings(*clock, stream), reader=stream.reader.reader,
         reader_why=stream.reader.why, files_mapped=stream.files_mapped,
         # who read what, in a distributed load
         bytes_carried=None if shares is None else stream.bytes_carried,

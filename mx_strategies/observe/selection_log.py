@@ -89,6 +89,3 @@ def selection_lines(selection: "Selection", tensors: int) -> tuple[tuple[int, st
             f"ranks' (pipeline stages, expert-parallel ranks: the module's structure); not streamed here"
         )))  # fmt: skip
     return tuple(lines)
-
-
-__all__ = ["selection_fields", "selection_lines"]

@@ -41,20 +41,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
-from ..errors import (
-    ContentMismatch,
-    DraftPlanError,
-    IncompleteDelivery,
-    IncompleteModel,
-    InconsistentCheckpoint,
-    NoCheckpoint,
-    NoStreamableSource,
-    PartialParameters,
-    RanksDisagree,
-    StoreError,
-    StreamBroken,
-    StreamStartError,
-)
+from .. import errors
 from .report import LoadReport
 
 _logger = logging.getLogger("modelexpress.strategy_robust_model_streamer.telemetry")
@@ -71,20 +58,14 @@ _SOURCE_KINDS = ("s3", "gs", "az", "local", "other")
 _SELECTION_SOURCES = ("dry_run", "table", "convention", "whole", "other")
 _ENGINES = ("vllm", "sglang", "trtllm")
 
-# Why a load was given up: the first class an error is an instance of names its reason (most specific first).
+# Why a load was given up: the first classes an error is an instance of name its reason (most specific first).
 _REASON_OF = (
-    (NoStreamableSource, "no_source"),
-    (NoCheckpoint, "no_source"),
-    (StoreError, "no_source"),
-    (InconsistentCheckpoint, "inconsistent_checkpoint"),
-    (DraftPlanError, "selection"),
-    (IncompleteDelivery, "completeness"),
-    (IncompleteModel, "completeness"),
-    (PartialParameters, "completeness"),
-    (RanksDisagree, "ranks_disagree"),
-    (StreamStartError, "streamer"),
-    (StreamBroken, "streamer"),
-    (ContentMismatch, "streamer"),
+    ((errors.NoStreamableSource, errors.NoCheckpoint, errors.StoreError), "no_source"),
+    (errors.InconsistentCheckpoint, "inconsistent_checkpoint"),
+    (errors.DraftPlanError, "selection"),
+    ((errors.IncompleteDelivery, errors.IncompleteModel, errors.PartialParameters), "completeness"),
+    (errors.RanksDisagree, "ranks_disagree"),
+    ((errors.StreamStartError, errors.StreamBroken, errors.ContentMismatch), "streamer"),
 )
 _FAILURE_REASONS = (*dict.fromkeys(reason for _, reason in _REASON_OF), "other")
 

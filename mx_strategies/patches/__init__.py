@@ -24,6 +24,3 @@ _SGLANG_PATCHES = (patch_sglang_parallel_getters, patch_sglang_adapter_state)
 def apply_sglang_patches() -> tuple[str, ...]:
     """Apply every SGLang patch that the installed versions need; the names of those applied now."""
     return tuple(patch.__name__ for patch in _SGLANG_PATCHES if patch())
-
-
-__all__ = [ "apply_sglang_patches"]

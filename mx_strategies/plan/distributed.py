@@ -248,6 +248,3 @@ def agreed_selection(
     own = None if refusal else frozenset(t.name for t in universe if selection.names is None or t.name in selection.names)
     shares = _agreed_shares(adapter, rank, [t.name for t in universe], [t.nbytes for t in universe], own, refusal)
     return _AgreedSelection(resolution, selection, shares)
-
-
-__all__ = ["RankShares", "RanksDisagree", "agreed_selection", "distributes"]

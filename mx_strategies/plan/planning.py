@@ -85,6 +85,3 @@ class PlannedLoad:
         checkpoint = resolution.checkpoint
         carrier = plan_of(checkpoint, shares.carried, settings) if shares is not None and shares.shares_differ else None
         return cls(resolution, selection, plan_of(checkpoint, selection.names, settings), shares, carrier)
-
-
-__all__ = ["LoadPlan", "PlannedLoad", "plan_of"]

@@ -115,6 +115,3 @@ class BuiltModule:
                 mtp_table.match_target(checkpoint.config, engine=kind) if checkpoint is not None else None
             )
         return self._target_rows[uri]
-
-
-__all__ = ["BuiltModule"]

@@ -302,6 +302,3 @@ def dry_run(
         frozenset(state.read), dict(state.written), full, tuple(state.whole_writes), fed,
         time.perf_counter() - started, names, tuple(state.writes), layouts, twin.seconds,
     )  # fmt: skip
-
-
-__all__ = ["DryRunFailed", "dry_run"]

@@ -348,18 +348,3 @@ def left_out_summary(left_out: Mapping[str, str], shown: int = 5) -> str:
         counts[key] = counts.get(key, 0) + 1
     parts = [f"{reason} ({count})" for reason, count in sorted(counts.items(), key=lambda kv: -kv[1])[:shown]]
     return f"{len(left_out)} tensor(s) left out: {'; '.join(parts)}" if left_out else "nothing left out"
-
-
-__all__ = [
-    "Answer",
-    "Gap",
-    "DRY_RUN_SAMPLE_ABOVE",
-    "ModuleReads",
-    "SELECTION_ORDER",
-    "Unanswered",
-    "ask",
-    "ask_cached",
-    "class_name",
-    "drop_disproved",
-    "left_out_summary",
-]

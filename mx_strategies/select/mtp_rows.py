@@ -270,5 +270,3 @@ CONVENTIONS: tuple[MtpArchitecture, ...] = (
 )
 # MX_ROBUST_DRAFT_EXTRA_PREFIXES: a convention of the operator's, its prefixes filled in from the setting.
 EXTRA_PREFIXES = MtpArchitecture(key="extra_prefixes", layout="prefix", prefixes=(), **_CONVENTION)
-
-__all__ = ["CONVENTIONS", "EMBEDDING_OR_HEAD_PATTERN", "EXTRA_PREFIXES", "MtpArchitecture", "NEXTN_PREFIXES", "TABLE"]

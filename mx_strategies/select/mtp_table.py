@@ -360,20 +360,3 @@ def describe(row: MtpArchitecture, layout: Optional[LayerLayout] = None) -> str:
         shown = ",".join(str(i) for i in indices) if indices else "{N+i}" if row.layout == "nextn" else "{i}"
         where = ", ".join(f"{p}{shown}.*" for p in row.prefixes[:2])
     return f"{row.key} ({row.family}): {where}; from {row.load_weights}"
-
-
-__all__ = [
-    "MtpArchitecture",
-    "TABLE",
-    "convention_name",
-    "convention_tensors",
-    "conventions_layout",
-    "describe",
-    "describe_conventions",
-    "draft_only",
-    "filled_by_engine",
-    "match",
-    "match_target",
-    "row_layout",
-    "row_tensors",
-]

@@ -146,10 +146,7 @@ class Sample:
         if not doubtful:
             return extra
         # (position, value) -> templates: where a key is doubtful, where one was read
-        doubt_at: dict[tuple[int, int], set[str]] = defaultdict(set)
-        for template, position, value in doubtful:
-            doubt_at[(position, value)].add(template)
-        alive_at = _by_place(alive)
+        doubt_at, alive_at = _by_place(doubtful), _by_place(alive)
         empty: frozenset = frozenset()
         for ints, members in self._sorted_units():
             if len(ints) < 2 or members[0] in fed:
@@ -236,6 +233,3 @@ class Sample:
             templates = self._templates[ints]
             out.update(name for name, template in zip(members, templates) if template in ok and name not in fed)
         return out
-
-
-__all__ = ["is_index", "Sample", "parse"]

@@ -192,6 +192,3 @@ def share_of(model: Any) -> RankShare:
     # A MoE layer nested in another (vLLM's FusedMoE and its routed_experts) is checked by its outer path.
     outer = {p: ids for p, ids in local.items() if not any(p != q and p.startswith(q) for q in local)}
     return RankShare(tuple(missing), outer)
-
-
-__all__ = [ "RankShare", "share_of"]

@@ -152,6 +152,3 @@ def drop(folder: Optional[Path], key: str) -> tuple[Optional[Path], Optional[str
     except OSError as exc:
         return path, f"{type(exc).__name__}: {exc.strerror or exc}"
     return path, None
-
-
-__all__ = ["cache_key", "drop", "load", "store"]

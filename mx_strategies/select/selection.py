@@ -338,15 +338,3 @@ def _narrowed(selection: Selection, checkpoint: Checkpoint, full: list[str], mod
     dropped = frozenset(left_out) - frozenset(selection.left_out)
     names = frozenset(n for n in streamed if n not in dropped)
     return replace(selection, names=names, shared=selection.shared - dropped, left_out=left_out)
-
-
-__all__ = [
-    "LEFT_TO_DRAFT",
-    "NOT_HELD",
-    "NOT_READ",
-    "SKIPPED",
-    "UNUSED_BY_MODEL",
-    "Selection",
-    "select_resolved",
-    "select_tensors",
-]

@@ -339,6 +339,3 @@ def make_twin(model: Any) -> _Twin:
         raise TwinFailed(f"{type(exc).__name__}: {exc}") from None
     owned = frozenset(walker.owned)
     return _Twin(module, walker.twin_of, owned, len(walker.memo), time.perf_counter() - started)
-
-
-__all__ = ["TwinFailed", "make_twin"]

@@ -267,6 +267,3 @@ def _read_tensor(fd: int, path: str, info: TensorInfo) -> torch.Tensor:
             raise OSError(f"{path}: ends before tensor {info.name} does (read {done} of its {info.nbytes} bytes)")
         done += got
     return buffer.view(dtype).reshape(shape)
-
-
-__all__ = [ "RUNAI", "PageCacheReader", "ReaderChoice", "choose_reader"]

@@ -92,10 +92,7 @@ def _layer_of(name: str) -> Optional[tuple[str, int]]:
     """The layer a name sits in, as (container, index): ``model.layers.3.mlp...`` -> ``("layers", 3)``; None
     for a name outside any numbered container (an embedding, a head, a final norm)."""
     parts = name.split(".")
-    for position in range(1, len(parts)):
-        if is_index(parts[position]):
-            return parts[position - 1], int(parts[position])
-    return None
+    return next(((parts[at - 1], int(parts[at])) for at in range(1, len(parts)) if is_index(parts[at])), None)
 
 
 def _holds_layer(held: Optional[Iterable[str]]) -> Callable[[str], bool]:
@@ -244,6 +241,3 @@ class ReadAhead:
             if self._env is not None:
                 self._env.__exit__(None, None, None)
                 self._env = None
-
-
-__all__ = ["ReadAhead", "plan_head", "start_read_ahead"]

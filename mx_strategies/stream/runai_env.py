@@ -114,6 +114,3 @@ def streamer_environment(variables: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(var, None)
             else:
                 os.environ[var] = old
-
-
-__all__ = ["claim_backend", "streamer_environment", "streamer_variables"]

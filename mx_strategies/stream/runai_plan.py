@@ -130,6 +130,3 @@ def _no_rank_discovery(streamer) -> None:
     params.num_processes_on_node = int(os.environ.get("RUNAI_STREAMER_PROCESS_GROUP_SIZE") or 1)
     params.my_global_rank = rank
     params.groups_by_ranks = [[rank]]
-
-
-__all__ = ["PlannedStreamer"]

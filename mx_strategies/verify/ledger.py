@@ -34,7 +34,7 @@ from ..settings import RobustSettings
 from .tensor_bytes import sha256 as tensor_sha256
 
 # How many tensors MX_ROBUST_VERIFY_CONTENT=sample checks per load (it was MX_ROBUST_VERIFY_SAMPLE).
-SAMPLE_SIZE = 8
+_SAMPLE_SIZE = 8
 _NAMES_SHOWN = 10
 
 
@@ -153,7 +153,7 @@ class _ContentCheck:
         self._where: dict[str, tuple[Shard, TensorInfo]] = {
             name: (shard, info) for shard in shards for name, info in shard.tensors.items()
         }
-        self.selected = _chosen_for_check(names, settings.verify_content, SAMPLE_SIZE, salt=source)
+        self.selected = _chosen_for_check(names, settings.verify_content, _SAMPLE_SIZE, salt=source)
         self._store: Optional[Store] = None
 
     def check(self, name: str, tensor: torch.Tensor) -> None:
