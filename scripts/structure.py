@@ -47,7 +47,7 @@ PACKAGES = {
     "stream": "stream", "observe": "observe", "cli": "tools", "testing": "tools", "modelexpress_plugin": "strategy",
 }  # fmt: skip
 TOP = {"": "strategy", "activation": "strategy", "robust": "strategy", "errors": "base", "settings": "base",
-       "releases": "base", "thread_pools": "base"}  # fmt: skip
+       "settings_errors": "base", "releases": "base", "thread_pools": "base"}  # fmt: skip
 # The flat layout's modules (commit 97bcbb4 and before), in the stages they hold now.
 FLAT = {
     "storage": "inspect", "s3_ranged": "inspect", "jsonread": "inspect", "checkpoint": "inspect", "sources": "inspect",

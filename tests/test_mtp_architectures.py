@@ -959,7 +959,7 @@ def test_a_target_selection_that_drops_a_kept_layer_is_caught(tmp_path, robust, 
     monkeypatch.setattr(mtp_table, "match_target", lambda config, **kwargs: v32)
 
     real_roots = mtp_table._draft_roots
-    monkeypatch.setattr(mtp_table, "draft_roots", lambda row, layout: real_roots(row, layout) + ("model.layers.1.",))
+    monkeypatch.setattr(mtp_table, "_draft_roots", lambda row, layout: real_roots(row, layout) + ("model.layers.1.",))
     folder, _, _, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint("deepseek_v3", tmp_path)
     _, seen, report = load_target(monkeypatch, folder, target, vc, config)
     assert any(n.startswith("model.layers.1.") for n in seen["names"]) and report["left_to_draft"] == len(mtp)

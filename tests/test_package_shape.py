@@ -44,12 +44,12 @@ def test_the_runtime_modules_are_the_ones_a_load_needs():
     top = sorted(m.split(".", 1)[1] for m in RUNTIME_MODULES if m.count(".") == 1)
     assert top == [
         "activation", "chain_guard", "engine", "errors", "inspect", "modelexpress_plugin", "observe", "patches", "plan", "releases",
-        "robust", "select", "settings", "stream", "thread_pools", "verify",
+        "robust", "select", "settings", "settings_errors", "stream", "thread_pools", "verify",
     ]  # fmt: skip
     assert below("inspect") == ["access_hints", "checkpoint", "headers", "index", "jsonread", "object_stores", "remedies",
                                 "s3_ranged", "sources", "storage"]
     assert below("select") == [
-        "built_module", "draft", "dry_run", "module_reads", "mtp_table", "name_sampling",
+        "built_module", "dry_run", "module_reads", "mtp_rows", "mtp_table", "name_sampling",
         "rank_share", "reads_cache", "selection", "twin",
     ]  # fmt: skip
     assert below("plan") == ["distributed", "planning", "rank_checks"]

@@ -114,7 +114,7 @@ def test_the_structure_narrows_a_table_plan_but_not_the_modules_own_answer(tmp_p
     # The module's own answer already is the rank's share: the structure is not asked again.
     everything = frozenset(names)
     answered, answered_plan = planned(share=share, question=lambda c: ModuleReads(everything, "dry_run"))
-    assert answered.source == "dry_run" and not answered.not_held and answered_plan.expected == full.expected
+    assert answered.source == "dry_run" and not answered.of_kind(NOT_HELD) and answered_plan.expected == full.expected
     assert planned(share=None)[1] == full and planned(share=RankShare())[1] == full
 
 

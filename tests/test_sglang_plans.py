@@ -29,7 +29,7 @@ from mx_strategies.errors import DraftPlanError
 from mx_strategies.select.built_module import BuiltModule
 from mx_strategies.engine.sglang import SGLANG_MTP_METHODS, _is_mtp_draft
 from mx_strategies.plan.planning import plan_of
-from mx_strategies.select.selection import select_tensors
+from mx_strategies.select.selection import LEFT_TO_DRAFT, select_tensors
 from mx_strategies.settings import load_settings
 from mx_strategies.inspect.storage import LocalStore
 
@@ -102,7 +102,7 @@ def test_deepseek_target_in_sglang_without_its_module_streams_the_whole_checkpoi
                           "num_hidden_layers": 2, "num_nextn_predict_layers": 1})
     engine = replace(EngineView(False, None, (), 1, 1, None, {}), engine=SGLANG)
     chosen, got = plan(folder, engine)
-    assert chosen.architecture is None and not chosen.left_to_draft
+    assert chosen.architecture is None and not chosen.of_kind(LEFT_TO_DRAFT)
     assert set(got.expected) == set(target) | set(own)
 
 

@@ -139,7 +139,7 @@ class _Families:
             return Counter(name, documentation, [*labels, "scheme"], registry=registry)
 
         self.bytes_streamed = counter(
-            "mx_robust_bytes_streamed_total", ["role"],
+            "mx_robust_bytes_streamed_total", ["role", "source_kind"],
             "Tensor bytes robust_model_streamer delivered to the model, by role and source kind (s3|gs|az|local).",
         )  # fmt: skip
         self.bytes_by_origin = counter(

@@ -38,7 +38,7 @@ from ..select.selection import Selection
 from ..settings import RobustSettings
 from .rank_checks import unreachable
 
-_Plan = TypeVar("Plan")
+_Plan = TypeVar("_Plan")
 
 _PLANNED = "planned"
 _FAILED = "failed"
