@@ -50,14 +50,9 @@ def resolve_strategy_class(spec: str) -> type:
         module = importlib.import_module(module_name)
     except Exception as exc:
         raise ActivationError(f"{STRATEGY_ENV}={spec!r}: cannot import {module_name!r}: {exc}") from exc
-    exported = [
-        obj
-        for obj in vars(module).values()
-        if inspect.isclass(obj)
-        and issubclass(obj, LoadStrategy)
-        and obj.__module__ == module.__name__
-        and not inspect.isabstract(obj)
-    ]
+    exported = [obj for obj in vars(module).values()
+                if inspect.isclass(obj) and issubclass(obj, LoadStrategy)
+                and obj.__module__ == module.__name__ and not inspect.isabstract(obj)]  # fmt: skip
     if class_name:
         if not hasattr(module, class_name):
             raise ActivationError(
@@ -139,10 +134,6 @@ def installed_strategy() -> Optional[type]:
     return getattr(chain_module.execute_load_strategies, "__mx_strategies_class__", None)
 
 
-def _original(function):
-    return getattr(function, _WRAPPED_MARK, function)
-
-
 def _rebind_aliases(old_functions: set, new) -> None:
     """Point every loaded module's name for the chain executor at ``new``.
 
@@ -171,7 +162,7 @@ def install(cls: type) -> bool:
     current = chain_module.execute_load_strategies
     if getattr(current, "__mx_strategies_class__", None) is cls:
         return False
-    original = _original(current)
+    original = getattr(current, _WRAPPED_MARK, current)  # never wrap a wrapper
 
     @functools.wraps(original)
     def execute_load_strategies(model, ctx, strategies):

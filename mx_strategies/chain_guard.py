@@ -132,8 +132,7 @@ def folder_verdict(model: Any, ctx: Any, settings: Any) -> Optional[FolderVerdic
 class _Verdicts:
     """One verdict per load, shared by the chain's guarded strategies, agreed by every rank."""
 
-    def __init__(self) -> None:
-        self._verdict: Optional[tuple[Optional[FolderVerdict]]] = None
+    _verdict: Optional[tuple[Optional[FolderVerdict]]] = None  # the instance's own once judged
 
     def of(self, model: Any, ctx: Any) -> Optional[FolderVerdict]:
         if self._verdict is None:
@@ -179,11 +178,8 @@ def _checks_after(name: str, ctx: Any) -> bool:
     skips its own check (a quantized model); never a layerwise reload of a live model (ModelExpress 0.8's
     ``is_reload``: its parameters wait on the meta device until each layer is whole, which robust's check of a
     cold load does not judge)."""
-    if getattr(ctx, "is_reload", False):
-        return False
-    if name in FOLDER_READERS:
-        return True
-    return name == DEFAULT_LINK and bool(getattr(getattr(ctx, "model_config", None), "quantization", None))
+    quantized = bool(getattr(getattr(ctx, "model_config", None), "quantization", None))
+    return not getattr(ctx, "is_reload", False) and (name in FOLDER_READERS or (name == DEFAULT_LINK and quantized))
 
 
 @contextmanager

@@ -198,7 +198,7 @@ def test_entry_point_twice_changes_nothing_more(checkpoint, monkeypatch, caplog)
     activation.register()
     activation.register()
     assert chain_module.execute_load_strategies is wrapped
-    installs = [m for m in _messages(caplog, activation.logger.name) if m.startswith(INSTALLED)]
+    installs = [m for m in _messages(caplog, activation._logger.name) if m.startswith(INSTALLED)]
     assert installs == [
         "mx-strategies: MX_STRATEGY=mx_strategies.robust installed 'robust_model_streamer' "
         "in place of 'model_streamer' in the ModelExpress chain"
@@ -228,7 +228,7 @@ def test_unset_leaves_modelexpress_untouched(checkpoint, monkeypatch, caplog, va
     model, adapter = _load(checkpoint)
     assert _eligible(caplog) == ["model_streamer", "default"]
     assert _tried(caplog) == ["model_streamer"]
-    assert _messages(caplog, activation.logger.name) == []
+    assert _messages(caplog, activation._logger.name) == []
     assert _messages(caplog, STRATEGY_LOGGER) == []
     _assert_weights_from_checkpoint(model, checkpoint, upstream=True)
 
@@ -264,8 +264,8 @@ def test_uninstall_gives_the_chain_back(monkeypatch):
             "is not a LoadStrategy subclass (it is a class); it defines no LoadStrategy subclass",
         ),
         (
-            "mx_strategies.robust:logger",
-            "MX_STRATEGY='mx_strategies.robust:logger': mx_strategies.robust._logger "
+            "mx_strategies.robust:_logger",
+            "MX_STRATEGY='mx_strategies.robust:_logger': mx_strategies.robust._logger "
             "is not a LoadStrategy subclass (it is a Logger); its LoadStrategy subclasses: RobustModelStreamerStrategy",
         ),
         (  # issue 46: a missing attribute is named as missing, with what the module offers

@@ -77,9 +77,7 @@ class EngineView:
         """Whether the engine gives the draft the target's embedding and head after loading.
 
         The engine reader's answer (:attr:`embed_replaced`), else pipeline parallel 1 only."""
-        if self.embed_replaced is not None:
-            return self.embed_replaced
-        return self.pipeline_parallel_size == 1
+        return self.embed_replaced if self.embed_replaced is not None else self.pipeline_parallel_size == 1
 
 
 def _positive_int(value: Any) -> Optional[int]:
@@ -112,12 +110,8 @@ def model_identity(hf_config: Any) -> tuple[tuple[str, ...], Optional[str]]:
         return (), None
     architectures = config_get(hf_config, "architectures")
     model_type = config_get(hf_config, "model_type")
-    if not isinstance(architectures, (list, tuple)):
-        architectures = ()
-    return (
-        tuple(a for a in architectures if isinstance(a, str)),
-        model_type if isinstance(model_type, str) and model_type else None,
-    )
+    named = tuple(a for a in architectures if isinstance(a, str)) if isinstance(architectures, (list, tuple)) else ()
+    return named, model_type if isinstance(model_type, str) and model_type else None
 
 
 # The model hooks that name checkpoint tensors the model does not load, each ``(self, name) -> bool``: vLLM's
@@ -170,9 +164,8 @@ def held_names(model: Any) -> Optional[frozenset[str]]:
     """
     if not hasattr(model, "named_parameters"):
         return None
-    names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    names |= {name for name, _ in model.named_buffers(remove_duplicate=False)}
-    return frozenset(names)
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    return frozenset(name for name, _ in named)
 
 
 def engine_of(ctx: Any) -> str:

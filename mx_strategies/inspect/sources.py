@@ -129,12 +129,9 @@ def _target_subfolder(model_config: object, vllm_config: Any) -> Optional[Candid
 def _sub_path(path: str, base: str) -> Optional[str]:
     """``path`` relative to ``base`` (both normalized) when strictly below it, with no ``.``/``..`` part."""
     path, base = normalize_uri(path), normalize_uri(base)
-    if not path.startswith(base.rstrip("/") + "/"):
-        return None
-    sub = path[len(base.rstrip("/")) + 1 :]
-    if any(part in ("", ".", "..") for part in sub.split("/")):
-        return None
-    return sub
+    prefix = base.rstrip("/") + "/"
+    sub = path[len(prefix) :] if path.startswith(prefix) else ""  # "": not below base
+    return None if any(part in ("", ".", "..") for part in sub.split("/")) else sub
 
 
 def probe(candidate: Candidate, settings: RobustSettings) -> Checkpoint:

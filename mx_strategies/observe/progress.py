@@ -221,11 +221,8 @@ class ProgressLog:
 def _plan_shards(plan: Any) -> list[tuple[str, int, int]]:
     """(shard URI, expected tensors, planned bytes) for each shard of a :class:`~.planning.LoadPlan`."""
     names = plan.names
-    out = []
-    for shard in plan.shards:
-        chosen = [info for name, info in shard.tensors.items() if names is None or name in names]
-        out.append((shard.uri, len(chosen), sum(info.nbytes for info in chosen)))
-    return out
+    chosen = [[info for name, info in shard.tensors.items() if names is None or name in names] for shard in plan.shards]
+    return [(shard.uri, len(infos), sum(info.nbytes for info in infos)) for shard, infos in zip(plan.shards, chosen)]
 
 
 def _engine_shows_bar(ctx: Any) -> bool:

@@ -47,45 +47,34 @@ def selection_lines(selection: "Selection", tensors: int) -> tuple[tuple[int, st
     if selection.source == "dry_run":
         how = "kept answer" if reads and reads.cached else f"{reads.seconds if reads else 0.0:.2f}s"
         reasons = {n: why.why for n, why in selection.left_out.items() if why.kind in (NOT_READ, NOT_HELD)}
-        lines.append((logging.INFO, (
-            f"{role} selection_source=dry_run ({module_class}, {how}): {tensors} tensor(s) "
-            f"read by the module; {left_out_summary(reasons)}"
-        )))  # fmt: skip
+        lines.append((logging.INFO, f"{role} selection_source=dry_run ({module_class}, {how}): {tensors} tensor(s) "
+                                    f"read by the module; {left_out_summary(reasons)}"))  # fmt: skip
     elif isinstance(answer, Unanswered) and answer.reason:
         decides = f"; table row {selection.architecture} decides" if selection.source == "table" else ""
-        lines.append((logging.INFO if answer.declined else logging.WARNING, (
-            f"{role} selection_source={selection.source}: the module {module_class or '(none)'} "
-            f"could not be asked what it reads ({answer.reason}){decides}"
-        )))  # fmt: skip
+        lines.append((logging.INFO if answer.declined else logging.WARNING,
+                      f"{role} selection_source={selection.source}: the module {module_class or '(none)'} "
+                      f"could not be asked what it reads ({answer.reason}){decides}"))  # fmt: skip
     if selection.architecture and role == "draft" and selection.source == "table":
         lines.append((logging.INFO, f"draft architecture {selection.architecture}: "
                                     f"{len(selection.of_kind(SKIPPED))} tensor(s) not streamed"))  # fmt: skip
-    left_to_draft = selection.of_kind(LEFT_TO_DRAFT)
-    if left_to_draft:
-        lines.append((logging.INFO, (
-            f"target: {len(left_to_draft)} tensor(s), {selection.left_bytes.get(LEFT_TO_DRAFT, 0)} bytes, are "
-            f"the MTP draft's own ({selection.architecture}); not streamed for the target "
-            f"(MX_ROBUST_TARGET_SELECTION=all streams them)"
-        )))  # fmt: skip
-    unused = selection.of_kind(UNUSED_BY_MODEL)
-    if unused:
+    if left_to_draft := selection.of_kind(LEFT_TO_DRAFT):
+        lines.append((logging.INFO, f"target: {len(left_to_draft)} tensor(s), {selection.left_bytes.get(LEFT_TO_DRAFT, 0)} "
+                                    f"bytes, are the MTP draft's own ({selection.architecture}); not streamed for the "
+                                    f"target (MX_ROBUST_TARGET_SELECTION=all streams them)"))  # fmt: skip
+    if unused := selection.of_kind(UNUSED_BY_MODEL):
         # The model's own word overrides the selection: a table row or a convention picked too much.
         shown = listed(sorted(unused), 10, ", ")
         architecture, convention = selection.architecture, selection.convention
         picked = f"table row {architecture}" if architecture else f"convention {convention}"
-        lines.append((logging.WARNING, (
-            f"{role}: {picked} selected {len(unused)} tensor(s) the model says it does not "
-            f"load (is_unused_checkpoint_weight, skip_checkpoint_weight); not streaming them: {shown}"
-        )))  # fmt: skip
+        lines.append((logging.WARNING, f"{role}: {picked} selected {len(unused)} tensor(s) the model says it does not "
+                                       f"load (is_unused_checkpoint_weight, skip_checkpoint_weight); not streaming "
+                                       f"them: {shown}"))  # fmt: skip
     if reads and reads.gaps:
-        lines.append((logging.WARNING, (
-            f"{role}: {len(reads.gaps)} parameter(s) the checkpoint fills only in part, loaded anyway "
-            f"(MX_ROBUST_MODEL_COMPLETENESS=warn): " + listed([g.describe() for g in reads.gaps], GAPS_SHOWN, "; ")
-        )))  # fmt: skip
-    not_held = selection.of_kind(NOT_HELD)
-    if not_held:
-        lines.append((logging.INFO, (
-            f"{role}: {len(not_held)} tensor(s), {selection.left_bytes.get(NOT_HELD, 0)} bytes, are other "
-            f"ranks' (pipeline stages, expert-parallel ranks: the module's structure); not streamed here"
-        )))  # fmt: skip
+        lines.append((logging.WARNING, f"{role}: {len(reads.gaps)} parameter(s) the checkpoint fills only in part, "
+                                       f"loaded anyway (MX_ROBUST_MODEL_COMPLETENESS=warn): "
+                                       + listed([g.describe() for g in reads.gaps], GAPS_SHOWN, "; ")))  # fmt: skip
+    if not_held := selection.of_kind(NOT_HELD):
+        lines.append((logging.INFO, f"{role}: {len(not_held)} tensor(s), {selection.left_bytes.get(NOT_HELD, 0)} bytes, "
+                                    f"are other ranks' (pipeline stages, expert-parallel ranks: the module's "
+                                    f"structure); not streamed here"))  # fmt: skip
     return tuple(lines)

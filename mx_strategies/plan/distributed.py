@@ -85,8 +85,7 @@ def _agreed_plan(
         verdicts = adapter.all_gather_state((rank, refusal))
     except Exception as exc:
         raise RanksDisagree(f"rank {rank}: could not gather the ranks' verdicts: {type(exc).__name__}: {exc}") from exc
-    refused = [(r, why) for r, why in verdicts if why]
-    if refused:
+    if refused := [(r, why) for r, why in verdicts if why]:
         detail = "; ".join(f"rank {r}: {why}" for r, why in sorted(refused))
         raise RanksDisagree(f"{len(refused)} of {len(verdicts)} ranks cannot stream rank 0's plan, so none does: {detail}")
     return payload
@@ -140,10 +139,6 @@ class RankShares:
         return self.carried != self.own
 
 
-def _digest(universe: Sequence[str]) -> str:
-    return hashlib.sha256("\n".join(universe).encode()).hexdigest()
-
-
 def _mask(universe: Sequence[str], names: frozenset[str]) -> bytes:
     """``names`` as one bit per name of ``universe`` (little-endian bit order): 11.5 kB for 92k tensors."""
     return np.packbits(np.fromiter((n in names for n in universe), dtype=bool, count=len(universe)),
@@ -173,7 +168,7 @@ def _agreed_shares(
     same on every rank, so every rank reaches the same verdict.
     """
     host = host if host is not None else socket.gethostname()  # runai groups the ranks of a host by this name
-    digest = _digest(universe)
+    digest = hashlib.sha256("\n".join(universe).encode()).hexdigest()
     mine = (rank, host, digest, None if own is None else _mask(universe, own), refusal)
     try:
         states = adapter.all_gather_state(mine)

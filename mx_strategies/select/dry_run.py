@@ -294,11 +294,9 @@ def dry_run(
         changed = _restore(shots)
     if changed:
         raise DryRunFailed(f"load_weights added to {', '.join(changed)} (undone)")
-    names = None
-    if isinstance(returned, (set, frozenset, list, tuple)) and all(isinstance(n, str) for n in returned):
-        names = frozenset(returned)
+    reported = isinstance(returned, (set, frozenset, list, tuple)) and all(isinstance(n, str) for n in returned)
     full = {name: name not in state.partial for name in state.written}
     return _DryRun(
         frozenset(state.read), dict(state.written), full, tuple(state.whole_writes), fed,
-        time.perf_counter() - started, names, tuple(state.writes), layouts, twin.seconds,
+        time.perf_counter() - started, frozenset(returned) if reported else None, tuple(state.writes), layouts, twin.seconds,
     )  # fmt: skip

@@ -29,6 +29,7 @@ a load proves wrong (the model-side check fails with it) is dropped
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import time
@@ -36,13 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
 from ..inspect.checkpoint import Checkpoint
-from ..inspect.headers import storage_shape
+from ..inspect.headers import runai_dtypes, storage_shape
 from ..verify.coverage import Gap
 from ..verify.kept import before_streaming
 from .dry_run import DryRunFailed, dry_run
 from ..settings import RobustSettings
 
-_SOURCES = ("dry_run", "table", "convention", "whole")
 # The sources that may answer, in this order (the setting MX_ROBUST_SELECTION_SOURCES until issue 53); "whole" is
 # what a load falls back to. Read at call time, so a test may leave one out.
 SELECTION_ORDER = ("dry_run", "table", "convention")
@@ -62,7 +62,7 @@ class ModuleReads:
     """What a module reads from a checkpoint, which source said so, and what is left out and why."""
 
     names: frozenset[str]
-    source: str  # one of SOURCES
+    source: str  # one of SELECTION_ORDER, or "whole"
     left_out: Mapping[str, str] = field(default_factory=dict)  # name -> why it is not streamed
     module_class: str = ""
     seconds: float = 0.0  # time the question took (0 from the cache)
@@ -92,13 +92,6 @@ def class_name(model: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _dtypes() -> Mapping[str, Any]:
-    """Torch's dtype for each safetensors dtype string (the headers')."""
-    from ..inspect.headers import runai_dtypes
-
-    return runai_dtypes()
-
-
 def _overwritten(whole_writes: tuple, full: Mapping[str, bool]) -> dict[str, str]:
     """Names whose every write filled parameters whole that a later write, of other names, fills whole again.
 
@@ -106,10 +99,7 @@ def _overwritten(whole_writes: tuple, full: Mapping[str, bool]) -> dict[str, str
     top-level name and from the MTP layer's copy: one is enough). Names written together (a fused
     ``torch.cat`` of q_a_proj and kv_a_proj) are one write and never overwrite each other.
     """
-    last: dict[str, int] = {}
-    for index, (params, _) in enumerate(whole_writes):
-        for param in params:
-            last[param] = index
+    last = {param: index for index, (params, _) in enumerate(whole_writes) for param in params}
     writes_of: dict[str, list[int]] = {}
     for index, (_, names) in enumerate(whole_writes):
         for name in names:
@@ -173,16 +163,10 @@ def ask(
     if getattr(model, "supports_dry_run", True) is False:
         return Unanswered(cls, "the module says it cannot be asked (supports_dry_run = False)", declined=True)
     tensors = checkpoint.tensors()
-    left_out: dict[str, str] = {}
-    headers: Mapping[str, Any] = tensors  # name -> TensorInfo; a dry run is fed header(info) of the names it gets
-    if unused is not None:
-        headers = {}
-        for name, info in tensors.items():
-            if unused(name):
-                left_out[name] = _DECLARED_UNUSED
-            else:
-                headers[name] = info
-    dtypes = _dtypes()
+    left_out = dict.fromkeys(filter(unused, tensors), _DECLARED_UNUSED) if unused is not None else {}
+    # name -> TensorInfo; a dry run is fed header(info) of the names it gets
+    headers: Mapping[str, Any] = {n: i for n, i in tensors.items() if n not in left_out} if left_out else tensors
+    dtypes = runai_dtypes()  # torch's dtype for each safetensors dtype string (the headers')
     if not {info.dtype for info in headers.values()} <= dtypes.keys():
         name, info = next((n, i) for n, i in headers.items() if i.dtype not in dtypes)
         return Unanswered(cls, f"tensor {name} has dtype {info.dtype}, which torch cannot represent")
@@ -208,8 +192,7 @@ def ask(
                     timeout_s=settings.dry_run_timeout_s, call=call)  # fmt: skip
         except DryRunFailed:
             copies = []
-    for name in copies:
-        left_out[name] = _REPLACED
+    left_out.update(dict.fromkeys(copies, _REPLACED))
     left_out.update({n: why for n, why in _overwritten(run.whole_writes, run.full).items() if n not in left_out})
     names = frozenset(n for n in read if n not in left_out)
     if not names and read:
@@ -282,11 +265,8 @@ def _run(model: Any, headers: Mapping, header: Callable, settings: RobustSetting
         runs.append(dry_run(model, {n: header(headers[n]) for n in second}, timeout_s=left, call=call))
     fed = frozenset(first) | frozenset(second)
     read = frozenset(sample.infer(fed, set().union(*(r.read for r in runs))))
-    written: dict = {}
-    full: dict = {}
-    for r in runs:
-        written.update(r.written)
-        full.update(r.full)
+    written = {k: v for r in runs for k, v in r.written.items()}
+    full = {k: v for r in runs for k, v in r.full.items()}
     return _Runs(
         read, written, full, tuple(w for r in runs for w in r.whole_writes), fed,
         tuple(w for r in runs for w in r.writes), runs[0].layouts, sample,
@@ -342,9 +322,6 @@ def drop_disproved(answer: Optional[Answer], settings: RobustSettings, on_warnin
 
 def left_out_summary(left_out: Mapping[str, str], shown: int = 5) -> str:
     """``N tensor(s) left out: reason (k), ...`` for the INFO line."""
-    counts: dict[str, int] = {}
-    for reason in left_out.values():
-        key = reason.split(" (", 1)[0]
-        counts[key] = counts.get(key, 0) + 1
-    parts = [f"{reason} ({count})" for reason, count in sorted(counts.items(), key=lambda kv: -kv[1])[:shown]]
+    counts = collections.Counter(reason.split(" (", 1)[0] for reason in left_out.values())
+    parts = [f"{reason} ({count})" for reason, count in counts.most_common(shown)]
     return f"{len(left_out)} tensor(s) left out: {'; '.join(parts)}" if left_out else "nothing left out"

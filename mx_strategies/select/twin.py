@@ -119,9 +119,7 @@ def _shared_uncached(obj: Any) -> bool:
         return True
     for cls in type(obj).__mro__:
         module = getattr(cls, "__module__", "") or ""
-        if f"{module}.{cls.__qualname__}" in _ENGINE_SHARED_CLASSES:
-            return True
-        if module.startswith(_ENGINE_SHARED_MODULES):
+        if f"{module}.{cls.__qualname__}" in _ENGINE_SHARED_CLASSES or module.startswith(_ENGINE_SHARED_MODULES):
             return True
     return False
 
@@ -214,20 +212,18 @@ class _Walker:
         if kind in (list, set, frozenset, tuple) or kind.__name__ in ("OrderedDict", "defaultdict", "dict") and isinstance(obj, dict):
             return self._container(obj, path, depth)
         if isinstance(obj, types.MethodType):
-            new = types.MethodType(obj.__func__, self.copy(obj.__self__, (path, ".__self__", ""), depth + 1))
-            self.memo[id(obj)] = new
+            bound_to = self.copy(obj.__self__, (path, ".__self__", ""), depth + 1)
+            new = self.memo[id(obj)] = types.MethodType(obj.__func__, bound_to)
             return new
         if isinstance(obj, functools.partial):
-            new = functools.partial(
+            new = self.memo[id(obj)] = functools.partial(
                 self.copy(obj.func, (path, ".func", ""), depth + 1),
                 *self.copy(obj.args, (path, ".args", ""), depth + 1),
                 **self.copy(obj.keywords, (path, ".keywords", ""), depth + 1),
             )
-            self.memo[id(obj)] = new
             return new
         if isinstance(obj, torch.nn.Module) or (_state_is_dict(kind) and hasattr(obj, "__dict__")):
-            new = self._blank(obj, path)
-            self.memo[id(obj)] = new
+            new = self.memo[id(obj)] = self._blank(obj, path)
             new.__dict__.update(self._values(vars(obj), path, depth + 1))
             return new
         try:  # anything else: the copy protocol, through the same memo (so what it reaches is the twin's)
@@ -253,7 +249,6 @@ class _Walker:
         """Whether a function holds, in its closure or its default arguments, a module, a tensor or a module's
         bound method (a wrapper around ``load_weights``): it is copied; any other function (a compiled op's,
         a decorator's) is shared."""
-        torch = self.torch
         held = []
         for cell in func.__closure__ or ():
             try:
@@ -261,12 +256,8 @@ class _Walker:
             except ValueError:
                 continue
         held += list(func.__defaults__ or ()) + list((func.__kwdefaults__ or {}).values())
-        for value in held:
-            if isinstance(value, types.MethodType):
-                value = value.__self__
-            if isinstance(value, (torch.nn.Module, torch.Tensor)):
-                return True
-        return False
+        unbound = (value.__self__ if isinstance(value, types.MethodType) else value for value in held)
+        return any(isinstance(value, (self.torch.nn.Module, self.torch.Tensor)) for value in unbound)
 
     def _closure(self, func: Any, path: Any, depth: int) -> Any:
         """A function holding the module (a wrapper around its own method): its cells and defaults copied."""
@@ -290,19 +281,16 @@ class _Walker:
     def _container(self, obj: Any, path: Any, depth: int) -> Any:
         kind = type(obj)
         if isinstance(obj, dict):
-            new = kind(obj.default_factory) if kind.__name__ == "defaultdict" else kind()
-            self.memo[id(obj)] = new
+            new = self.memo[id(obj)] = kind(obj.default_factory) if kind.__name__ == "defaultdict" else kind()
             if obj:
                 new.update(self._values(obj, path, depth + 1))
             return new
         if kind is list:
-            new = []
-            self.memo[id(obj)] = new
+            new = self.memo[id(obj)] = []
             new.extend(self.copy(v, (path, "[{}]", i), depth + 1) for i, v in enumerate(obj))
             return new
         items = [self.copy(v, (path, "[{}]", i), depth + 1) for i, v in enumerate(obj)]
-        new = kind(items)
-        self.memo[id(obj)] = new
+        new = self.memo[id(obj)] = kind(items)
         return new
 
     def _values(self, mapping: Any, path: Any, depth: int) -> dict:
@@ -337,5 +325,4 @@ def make_twin(model: Any) -> _Twin:
         raise TwinFailed("the module's objects nest too deeply to copy") from None
     except Exception as exc:  # noqa: BLE001 - whatever a copy raises, the module is not asked (never the model)
         raise TwinFailed(f"{type(exc).__name__}: {exc}") from None
-    owned = frozenset(walker.owned)
-    return _Twin(module, walker.twin_of, owned, len(walker.memo), time.perf_counter() - started)
+    return _Twin(module, walker.twin_of, frozenset(walker.owned), len(walker.memo), time.perf_counter() - started)

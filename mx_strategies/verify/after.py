@@ -123,13 +123,11 @@ def check(model: Any, loaded: LoadedNames, *, role: str, policy: str,
         now = dict(model.named_parameters(remove_duplicate=False)) if model is not None else {}
         # A parameter the load replaced by another object is not judged: the writes were into the one it replaced.
         kept = {n: layout for n, layout in judged.items() if n in now}
-        found = gaps(kept, writes, streamed=lambda name: True)
-        if found:
+        if found := gaps(kept, writes, streamed=lambda name: True):
             parts = [g.describe(provenance=False) for g in found]  # the watch sees writes, not checkpoint names
             _enforce(f"{role} model incomplete: the load wrote {len(found)} of the {len(kept)} parameters it checks "
                      f"only in part: {listed(parts, GAPS_SHOWN, '; ')}", policy, on_warning)  # fmt: skip
-    missing = _engine_missing_shards(model)
-    if missing:
+    if missing := _engine_missing_shards(model):
         _enforce(f"{role} model incomplete: vLLM's own per-shard record says {len(missing)} part(s) of stacked "
                  f"parameters were never loaded: {listed(missing, GAPS_SHOWN, ', ')}", policy, on_warning)  # fmt: skip
     return result
