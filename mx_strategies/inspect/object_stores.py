@@ -17,7 +17,7 @@ from ..errors import StoreError
 from .access_hints import access_error, failure
 from .s3_ranged import RangedReader, RangedReadError
 from .storage import (
-    AZURE_PREFIX, GCS_PREFIX, S3_PREFIX, LocalStore, ObjectInfo, Store, looks_like_hub_id, normalize_uri,
+    AZURE_PREFIX, GCS_PREFIX, S3_PREFIX, LocalStore, ObjectInfo, Store, looks_like_hub_id, normalize_uri, split_bucket,
 )  # fmt: skip
 
 # Attempts per object-store request while probing, the first included (retries on throttling and resets).
@@ -67,13 +67,6 @@ def source_changes(source: str, shards, settings) -> tuple[list[str], list[str]]
     return changed, unknown
 
 
-def _split_bucket(uri: str, scheme: str) -> tuple[str, str]:
-    """(bucket, prefix ending in "/" or empty) of an object-store URI of ``scheme``."""
-    bucket, _, prefix = uri[len(scheme) :].partition("/")
-    prefix = prefix.strip("/")
-    return bucket, f"{prefix}/" if prefix else ""
-
-
 class _S3Store:
     """S3 and S3-compatible stores, configured like runai's own S3 client.
 
@@ -84,7 +77,7 @@ class _S3Store:
 
     def __init__(self, uri: str, *, timeout_s: float, max_attempts: int) -> None:
         self.root = normalize_uri(uri)
-        self.bucket, self.prefix = _split_bucket(uri, S3_PREFIX)
+        self.bucket, self.prefix = split_bucket(uri, S3_PREFIX)
         if not self.bucket:
             raise StoreError(f"{uri}: no bucket in the URI")
         env = tuple(os.environ.get(v) for v in S3_CLIENT_ENV)
@@ -198,7 +191,7 @@ class _BucketStore:
             extra, scheme = self.extra, self.scheme
             raise StoreError(f"{uri}: install runai-model-streamer[{extra}] to read {scheme} sources") from exc
         self.root = normalize_uri(uri)
-        self.bucket_name, self.prefix = _split_bucket(uri, self.scheme)
+        self.bucket_name, self.prefix = split_bucket(uri, self.scheme)
         try:
             self._bucket = self._open(create_client())
         except Exception as exc:  # missing credentials, bad config: no source, not a crash

@@ -94,6 +94,13 @@ def normalize_uri(uri: str) -> str:
     return os.path.abspath(uri)
 
 
+def split_bucket(uri: str, scheme: str) -> tuple[str, str]:
+    """(bucket, prefix ending in "/" or empty) of an object-store URI of ``scheme``."""
+    bucket, _, prefix = uri[len(scheme) :].partition("/")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
 def looks_like_hub_id(uri: str) -> bool:
     """``org/name`` with no such local folder: someone passed a Hugging Face hub id."""
     return bool(_HUB_ID.match(uri)) and not uri.startswith((".", "/")) and not os.path.exists(uri)

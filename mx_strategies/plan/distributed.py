@@ -227,7 +227,8 @@ def agreed_selection(
         return resolution, select(resolution, module, settings)
 
     def reaches(decided: tuple[Resolution, Selection]) -> Optional[str]:
-        return unreachable(decided[0].checkpoint, settings, decided[1].names)
+        checkpoint = decided[0].checkpoint
+        return unreachable(checkpoint.uri, loaded_shards(checkpoint, settings, decided[1].names), settings)
 
     resolution, selection = _agreed_plan(adapter, rank, decide, reaches)
     checkpoint, refusal = resolution.checkpoint, None
@@ -235,7 +236,8 @@ def agreed_selection(
         checked = {s.key for s in loaded_shards(checkpoint, settings, selection.names)}  # rank 0's, checked already
         try:
             selection = select(resolution, module, settings)
-            refusal = unreachable(checkpoint, settings, selection.names, besides=checked)  # the files only it reads
+            only_mine = [s for s in loaded_shards(checkpoint, settings, selection.names) if s.key not in checked]
+            refusal = unreachable(checkpoint.uri, only_mine, settings)  # the files only it reads
         except MxStrategiesError as exc:
             refusal = str(exc)
     # Every rank's share is a subset of the loaded shards' tensors (in load order; an empty shard holds none).
