@@ -176,7 +176,7 @@ def quantized(scheme: str, root, monkeypatch) -> Quantized:
         return _gpt_oss(root)
     config = {**builders.TARGET_CONFIGS[spec.arch], **spec.fields}
     folder, built, ckpt, (target, vc, mc, truth, tensors), mtp = target_and_draft_checkpoint(
-        spec.arch, root, config=config, _unwritten=KV_CACHE_SCALE.search
+        spec.arch, root, config=config, unwritten=KV_CACHE_SCALE.search
     )
     written = set(ckpt.draft_tensors.values())
 
