@@ -21,7 +21,9 @@ from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStra
 
 from .activation import offered as robust_offered
 from .chain_guard import guarded
+from . import refit
 from .engine import engine_view, withhold_sglang_draft
+from .engine.layerwise import give_back_partial_layers, layer_states, waiting_layers
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .inspect.sources import Candidate, candidates, resolve
 from .observe import progress, telemetry
@@ -40,6 +42,18 @@ from .stream.streaming import VerifiedStream
 from .verify.after import after_loading
 
 _logger = logging.getLogger("modelexpress.strategy_robust_model_streamer")
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What a load settled before it touched the model: the plan, the module asked, how it streams."""
+
+    load: PlannedLoad
+    module: BuiltModule
+    distributed: bool
+    reader: ReaderChoice
+    ahead: Optional[ReadAhead]
+    clock: tuple[float, float]  # time.perf_counter() at the load's start, once planned
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,9 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
     replaces: ClassVar[str] = "model_streamer"
     # What load() streamed, kept for post_process (ModelExpress 0.8 calls it from finalize, after load).
     _streamed: "Optional[_Streamed]" = None
+    # A refit's plan, settled in prepare() while the live model's parameters are real; its layers under reload.
+    _refit: "Optional[_Asked]" = None
+    _layers: frozenset = frozenset()
     # We stream ourselves: only the adapter's weight application is needed.
     requires = (EngineAdapter.apply_weight_iter,)
 
@@ -103,15 +120,21 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         return offered
 
     def load(self, result: LoadResult, ctx: LoadContext) -> LoadResult:
+        if self._refit is not None:  # a refit: planned in prepare(), before the reload began
+            return self._refit_stream(result, ctx)
         with recorded_failures(ctx):
             settings = self._settings()
-            vllm_config = getattr(getattr(ctx, "adapter", None), "vllm_config", None)  # a sub-folder draft's target
-            return self._load_from(result, ctx, candidates(ctx.model_config, settings, vllm_config), settings)
+            return self._load_from(result, ctx, self._candidates(ctx, settings), settings)
 
     def load_uri(self, result: LoadResult, ctx: LoadContext, model_uri: str) -> LoadResult:
         """Load from an explicit URI (no chain), with the same checks."""
         with recorded_failures(ctx):
             return self._load_from(result, ctx, [Candidate("explicit", model_uri)], self._settings())
+
+    @staticmethod
+    def _candidates(ctx: LoadContext, settings: RobustSettings) -> list[Candidate]:
+        vllm_config = getattr(getattr(ctx, "adapter", None), "vllm_config", None)  # a sub-folder draft's target
+        return candidates(ctx.model_config, settings, vllm_config)
 
     @staticmethod
     def _settings() -> RobustSettings:
@@ -124,7 +147,24 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         self, result: LoadResult, ctx: LoadContext, cands: list[Candidate], settings: RobustSettings
     ) -> LoadResult:
         """Inspect and resolve, select, plan, stream, report: the load, top down."""
-        started, result, rank = time.perf_counter(), _as_load_result(result), ctx.global_rank
+        result = _as_load_result(result)
+        with ExitStack() as early:  # a read-ahead lives from before the question to the end of the stream
+            asked = self._ask(result, ctx, cands, settings, early)
+            result, stream = self._stream(result, ctx, asked, settings)
+        self._streamed = _Streamed(asked.load, stream, (*asked.clock, time.perf_counter()))
+        if not chain_finalizes():
+            # ModelExpress 0.7: the strategy finishes its own load; 0.8's chain calls finalize() for that.
+            result = self.post_process(result, ctx)
+            self._publish_07(result, ctx)
+        return result
+
+    def _ask(
+        self, result: LoadResult, ctx: LoadContext, cands: list[Candidate], settings: RobustSettings,
+        early: Optional[ExitStack],
+    ) -> _Asked:
+        """Inspect and resolve, select, plan: all that can refuse, before the model is touched. ``early``: where a
+        read-ahead lives (None: none, a refit's plan is made before its reload begins)."""
+        started, rank = time.perf_counter(), ctx.global_rank
         engine = engine_view(ctx)
         distributed, not_distributed = distributes(engine, envs.MX_MS_DISTRIBUTED)
         if envs.MX_MS_DISTRIBUTED and not distributed:
@@ -132,34 +172,26 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         module = BuiltModule.of(result.model, engine, settings, rank)
         if module.bypassed:
             self._refuse(rank, f"{engine.role} load not started: {'; '.join(module.bypassed)}")
-        with ExitStack() as early:  # a read-ahead lives from before the question to the end of the stream
-            ahead: Optional[ReadAhead] = None
-            try:
-                if distributed:
-                    agreed = agreed_selection(ctx.adapter, rank, cands, module, settings, select_resolved)
-                    (resolution, selection, shares), reader = agreed, ReaderChoice(RUNAI, "a distributed load")
-                else:
-                    resolution, shares = resolve(cands, settings), None
-                    whole = plan_of(resolution.checkpoint, None, settings)
-                    reader = choose_reader(whole.uris, settings.file_reader)
-                    _logger.info(f"[Worker {rank}] {engine.role} files read by {reader.reader}: {reader.why}")
-                    if reader.reader == RUNAI:  # runai reads ahead while the module is asked; the page cache does not
-                        say = lambda message: _logger.info(f"[Worker {rank}] {message}")  # noqa: E731
-                        ahead = start_read_ahead(early, whole, resolution, module, settings, say)
-                    selection = select_resolved(resolution, module, settings)  # the question, as runai reads ahead
-            except MxStrategiesError as exc:
-                self._refuse(rank, f"{engine.role} load not started: {exc}", exc)
-            load = PlannedLoad.of(resolution, selection, settings, shares)
-            for level, line in planned_lines(load):
-                _logger.log(level, f"[Worker {rank}] {line}")
-            planned = time.perf_counter()
-            result, stream = self._stream(result, ctx, load, settings, module, distributed, ahead, reader)
-        self._streamed = _Streamed(load, stream, (started, planned, time.perf_counter()))
-        if not chain_finalizes():
-            # ModelExpress 0.7: the strategy finishes its own load; 0.8's chain calls finalize() for that.
-            result = self.post_process(result, ctx)
-            self._publish_07(result, ctx)
-        return result
+        ahead: Optional[ReadAhead] = None
+        try:
+            if distributed:
+                agreed = agreed_selection(ctx.adapter, rank, cands, module, settings, select_resolved)
+                (resolution, selection, shares), reader = agreed, ReaderChoice(RUNAI, "a distributed load")
+            else:
+                resolution, shares = resolve(cands, settings), None
+                whole = plan_of(resolution.checkpoint, None, settings)
+                reader = choose_reader(whole.uris, settings.file_reader)
+                _logger.info(f"[Worker {rank}] {engine.role} files read by {reader.reader}: {reader.why}")
+                if reader.reader == RUNAI and early is not None:  # runai reads ahead while the module is asked
+                    say = lambda message: _logger.info(f"[Worker {rank}] {message}")  # noqa: E731
+                    ahead = start_read_ahead(early, whole, resolution, module, settings, say)
+                selection = select_resolved(resolution, module, settings)  # the question, as runai reads ahead
+        except MxStrategiesError as exc:
+            self._refuse(rank, f"{engine.role} load not started: {exc}", exc)
+        load = PlannedLoad.of(resolution, selection, settings, shares)
+        for level, line in planned_lines(load):
+            _logger.log(level, f"[Worker {rank}] {line}")
+        return _Asked(load, module, distributed, reader, ahead, (started, time.perf_counter()))
 
     def _refuse(self, rank: int, message: str, cause: Optional[Exception] = None, level: int = logging.WARNING) -> None:
         """Give the load up before the model is touched: ``mutated=False``, the chain's next strategy loads."""
@@ -171,38 +203,69 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
     # -- the load's end: once, whichever ModelExpress runs it -----------------
 
     def prepare(self, result: LoadResult, ctx: LoadContext) -> None:
-        """ModelExpress 0.8 calls this before :meth:`load`: a layerwise reload of a live model (``ctx.is_reload``,
-        its parameters on the meta device) is refused untouched, as robust's checks assume a cold load into a
-        built model; the chain's next strategy reloads."""
+        """ModelExpress 0.8 calls this before :meth:`load`. A refit (``ctx.is_reload``) is planned here, while the
+        live model's parameters are real: a refusal leaves it untouched and stops the chain (:mod:`.refit`); then
+        the parent enters vLLM's layerwise reload."""
         if getattr(ctx, "is_reload", False):
-            self._refuse(ctx.global_rank, f"{engine_view(ctx).role} reload refused before it started: {self.name} "
-                         f"loads cold models only, not a layerwise reload of a live one; ModelExpress's next strategy "
-                         f"reloads it", level=logging.INFO)  # fmt: skip
-        if hasattr(super(), "prepare"):  # ModelExpress 0.8's chain: the parent prepares too
-            super().prepare(result, ctx)
+            self._refit = None
+            try:
+                with recorded_failures(ctx):
+                    settings = self._settings()
+                    asked = self._ask(_as_load_result(result), ctx, self._candidates(ctx, settings), settings, None)
+            except StrategyFailed as exc:
+                raise refit.refused(engine_view(ctx).role, _source_of(ctx), exc) from exc
+            if lacks := refit.lacking(result.model, asked.load.plan.expected):
+                _logger.warning(f"[Worker {ctx.global_rank}] {self.name} {asked.module.engine.role} refit refused: {lacks}")
+                raise refit.refused(asked.module.engine.role, asked.load.resolution.candidate.uri, lacks)
+        super().prepare(result, ctx)
+        if getattr(ctx, "is_reload", False):
+            self._refit, self._layers = asked, waiting_layers(result.model)
+
+    def _refit_stream(self, result: LoadResult, ctx: LoadContext) -> LoadResult:
+        """Stream a refit's plan into the live model under vLLM's layerwise reload; a failure gives each layer back
+        whole (old or new), says which is which and stops the chain (:func:`.refit.broken`)."""
+        asked, self._refit = self._refit, None
+        try:
+            with recorded_failures(ctx):
+                result, stream = self._stream(result, ctx, asked, self._settings(), refit=self._layers)
+        except StrategyFailed as exc:
+            give_back_partial_layers(result.model, self._layers)
+            states = layer_states(result.model, self._layers, lambda name: not asked.module.filled_by_engine(name))
+            raise refit.broken(asked.module.engine.role, asked.load.resolution.candidate.uri, exc, states) from exc
+        self._streamed = _Streamed(asked.load, stream, (*asked.clock, time.perf_counter()))
+        return result
 
     def finalize(self, result: LoadResult, ctx: LoadContext) -> None:
-        """ModelExpress 0.8 calls this after :meth:`load`: post-load processing and registration, once each."""
+        """ModelExpress 0.8 calls this after :meth:`load`: post-load processing (a refit: leaving the layerwise
+        reload, which processed each layer) and registration, once each; then the load's report."""
         with recorded_failures(ctx):
             super().finalize(result, ctx)
+            if getattr(ctx, "is_reload", False):
+                self._report(result, result, ctx)
 
     def post_process(self, result: LoadResult, ctx: LoadContext) -> LoadResult:
         """The engine's post-load processing, exactly once (twice would repack or requantize weights already
         processed: seed 003), then the load's report. ModelExpress 0.8 calls it from ``finalize``; 0.7, :meth:`load`."""
-        streamed = self._streamed
-        if streamed is None:  # nothing streamed: nothing of ours to finish
+        if self._streamed is None:  # nothing streamed: nothing of ours to finish
             return result
-        self._streamed = None
         try:
             processed = ctx.adapter.after_weight_iter_load(result)
         except Exception as exc:
+            self._streamed = None
             raise StrategyFailed(f"post-load processing failed: {exc}", mutated=True) from exc
+        return self._report(result, processed, ctx)
+
+    def _report(self, result: LoadResult, processed: object, ctx: LoadContext) -> LoadResult:
+        """The load's report, on the chain's envelope and on the adapter's result where it made a new one (0.7)."""
+        streamed, self._streamed = self._streamed, None
+        if streamed is None:
+            return result
         finished, load = time.perf_counter(), streamed.load
         report = report_of(ctx.global_rank, load.resolution, load.selection, load.plan, streamed.stream,
-                           (*streamed.clock, finished), load.shares)  # fmt: skip
-        # The chain's envelope carries the report; so does the adapter's result where it made a new one (0.7).
+                           (*streamed.clock, finished), load.shares, refit=getattr(ctx, "is_reload", False))  # fmt: skip
         envelopes = [result, processed] if isinstance(processed, LoadResult) and processed is not result else [result]
         attach(report, *envelopes)
+        refit.remember(result.model, load.plan.expected)  # what a refit of this model must find again
         telemetry.record_load(report, ctx, engine=engine_view(ctx).engine, ended=finished)
         _logger.info(f"[Worker {ctx.global_rank}] {report.summary()}")
         return envelopes[-1]
@@ -215,19 +278,21 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         register_tensors(result, ctx)
 
     def _stream(
-        self, result: LoadResult, ctx: LoadContext, load: PlannedLoad, settings: RobustSettings, module: BuiltModule,
-        distributed: bool, ahead: Optional[ReadAhead], reader: ReaderChoice,
+        self, result: LoadResult, ctx: LoadContext, asked: _Asked, settings: RobustSettings, refit: frozenset = None,
     ) -> tuple[LoadResult, VerifiedStream]:
-        """Stream the plan into the model, watched and checked (:func:`.verify.after.after_loading`)."""
-        rank, engine, plan = ctx.global_rank, module.engine, load.plan
+        """Stream the plan into the model, watched and checked (:func:`.verify.after.after_loading`); ``refit``: the
+        layers a refit's layerwise reload waits to fill, each checked filled when the stream ends."""
+        rank, load, module = ctx.global_rank, asked.load, asked.module
+        engine, plan = module.engine, load.plan
         warn = lambda message: _logger.warning(f"[Worker {rank}] {message}")  # noqa: E731
-        stream = VerifiedStream(plan, settings, device=str(ctx.target_device) if distributed else "cpu",
-                                distributed=distributed, loader_extra_config=engine.loader_extra_config,
+        stream = VerifiedStream(plan, settings, device=str(ctx.target_device) if asked.distributed else "cpu",
+                                distributed=asked.distributed, loader_extra_config=engine.loader_extra_config,
                                 on_warning=warn, progress=progress.for_load(plan, settings, ctx, engine.role),
-                                carrier=load.carrier, read_ahead=ahead, reader=reader)  # fmt: skip
+                                carrier=load.carrier, read_ahead=asked.ahead, reader=asked.reader)  # fmt: skip
+        unfilled = None if refit is None else (lambda keeps: layer_states(result.model, refit, keeps))
         try:
             with after_loading(result.model, role=engine.role, policy=settings.model_completeness, stream=stream,
-                               filled_by_engine=module.filled_by_engine, on_warning=warn):  # fmt: skip
+                               filled_by_engine=module.filled_by_engine, on_warning=warn, unfilled=unfilled):  # fmt: skip
                 result = ctx.adapter.apply_weight_iter(result, stream.tensors())
         except Exception as exc:
             # Once the engine's weight loading holds the stream, what it did before failing is not ours to know (a
@@ -241,3 +306,9 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                 drop_disproved(load.selection.answer, settings, warn)  # a kept answer the load proved wrong
             raise StrategyFailed(str(exc), mutated=mutated) from exc
         return result, stream
+
+
+def _source_of(ctx: LoadContext) -> str:
+    """What a refit was asked to load, for a refusal's line: the engine's weights path or model."""
+    config = getattr(ctx, "model_config", None)
+    return str(getattr(config, "model_weights", None) or getattr(config, "model", None) or "the new revision")

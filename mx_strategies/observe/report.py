@@ -83,6 +83,7 @@ class LoadReport:
     reader: str = "runai"
     reader_why: str = ""
     files_mapped: int = 0  # of them, files the page-cache reader mapped under a read lease (the rest: preadv)
+    refit: bool = False  # a live model reloaded in place (ModelExpress 0.8's reload_model): ``source`` is the revision
 
     @property
     def bytes_arrived(self) -> int:
@@ -126,7 +127,7 @@ class LoadReport:
         if self.selection_source != "whole":
             selection = f", selection_source={self.selection_source}" + (" (kept answer)" if self.selection_cached else "")
         return (
-            f"{self.role} loaded from {self.source_label}={self.source!r}{convention}: "
+            f"{self.role} {'refitted' if self.refit else 'loaded'} from {self.source_label}={self.source!r}{convention}: "
             f"{self.tensors} tensors verified, {self.bytes_streamed} of {self.checkpoint_bytes} "
             f"checkpoint bytes streamed ({share:.1f}%){distributed}{left}{selection}, read by {self.reader} "
             f"in {self.timings.get('total', 0.0):.2f}s"
@@ -171,6 +172,7 @@ def report_of(
     stream: "VerifiedStream",
     clock: tuple[float, float, float, float],
     shares: "Optional[RankShares]" = None,
+    refit: bool = False,
 ) -> LoadReport:
     """One load's report, from its typed parts: where it came from, what was selected and why, what the
     plan streamed, what the stream saw (``clock``: its readings started, planned, streamed and finished), and
@@ -193,6 +195,7 @@ def report_of(
         bytes_carried=None if shares is None else stream.bytes_carried,
         host_ranks=() if shares is None else shares.host_ranks,
         ranks=() if shares is None else tuple((r.rank, r.host, r.tensors, r.bytes) for r in shares.ranks),
+        refit=refit,
     )  # fmt: skip
 
 

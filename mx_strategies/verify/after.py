@@ -74,7 +74,8 @@ class _Completeness:
 
 @contextmanager
 def after_loading(model: Any, *, role: str, policy: str, filled_by_engine: Callable[[str], bool],
-                  on_warning: Callable[[str], None], stream: Any = None) -> Iterator[Callable[[], None]]:  # fmt: skip
+                  on_warning: Callable[[str], None], stream: Any = None,
+                  unfilled: Optional[Callable[[Callable[[str], bool]], Any]] = None) -> Iterator[Callable[[], None]]:  # fmt: skip
     """Run the engine's weight loading inside the block, then check the model (:func:`check`).
 
     What ``load_weights`` reports is captured. With ``stream`` (robust's own load) the stream is entered around
@@ -84,8 +85,14 @@ def after_loading(model: Any, *, role: str, policy: str, filled_by_engine: Calla
     the block ends. Raises IncompleteDelivery or IncompleteModel (``mutated=True``) per policy; with ``stream``,
     an IncompleteModel's ``remedy`` says what robust's refusal means for the load. ``stream``: a
     :class:`..stream.streaming.VerifiedStream`, handed in (this stage imports nothing of streaming).
+
+    ``unfilled`` (a refit, under vLLM's layerwise reload): given whether a tensor name is one the model keeps, where
+    the reload's layers stand (:class:`..engine.layerwise.LayerStates`); a layer the model keeps left ``old`` or
+    ``partial`` is a gap. The write watch is off then: the reload buffers what arrives and writes a layer's live
+    tensors only once it has all of them, so what vLLM materialised is judged, not values.
     """
-    judged = judged_parameters(model, filled_by_engine) if stream is not None and model is not None else {}
+    watch = stream is not None and model is not None and unfilled is None
+    judged = judged_parameters(model, filled_by_engine) if watch else {}
     done: list[bool] = []
     with nullcontext() if stream is None else stream:
         with _capture_loaded(model) as loaded, watched(model, judged) as written:
@@ -96,7 +103,7 @@ def after_loading(model: Any, *, role: str, policy: str, filled_by_engine: Calla
                 done.append(True)
                 try:
                     check(model, loaded, role=role, policy=policy, filled_by_engine=filled_by_engine,
-                          on_warning=on_warning, judged=judged, writes=written.writes)  # fmt: skip
+                          on_warning=on_warning, judged=judged, writes=written.writes, unfilled=unfilled)  # fmt: skip
                 except IncompleteModel as exc:
                     if stream is not None:
                         exc.remedy = _refusal_advice(role, stream.plan.source)
@@ -111,9 +118,10 @@ def after_loading(model: Any, *, role: str, policy: str, filled_by_engine: Calla
 def check(model: Any, loaded: LoadedNames, *, role: str, policy: str,
           filled_by_engine: Callable[[str], bool] = lambda name: False,
           on_warning: Callable[[str], None] = lambda message: None, judged: Mapping[str, Layout] = {},
-          writes: Sequence[Write] = ()) -> _Completeness:  # fmt: skip
+          writes: Sequence[Write] = (), unfilled: Optional[Callable] = None) -> _Completeness:  # fmt: skip
     """Every check of a finished load, in order: the names the model reported loaded against what it keeps; what the
-    load wrote into the ``judged`` parameters (``writes``, :func:`watched`); the engine's own per-shard record.
+    load wrote into the ``judged`` parameters (``writes``, :func:`watched`); on a refit, the layers vLLM's reload
+    did not fill (``unfilled``, :func:`after_loading`); the engine's own per-shard record.
 
     Raises IncompleteModel (``mutated=True``) under ``fail`` when something the model keeps was not written from
     the checkpoint; warns otherwise (``MX_ROBUST_MODEL_COMPLETENESS``).
@@ -127,6 +135,14 @@ def check(model: Any, loaded: LoadedNames, *, role: str, policy: str,
             parts = [g.describe(provenance=False) for g in found]  # the watch sees writes, not checkpoint names
             _enforce(f"{role} model incomplete: the load wrote {len(found)} of the {len(kept)} parameters it checks "
                      f"only in part: {listed(parts, GAPS_SHOWN, '; ')}", policy, on_warning)  # fmt: skip
+    if unfilled is not None:
+        tensors = required_tensors(model)
+        kept = {alias for r in tensors for alias in r.aliases if not any(filled_by_engine(a) for a in r.aliases)}
+        states = unfilled(kept.__contains__)
+        if states.old or states.partial:
+            _enforce(f"{role} model incomplete: vLLM's layerwise reload was not handed every element of "
+                     f"{len(states.old) + len(states.partial)} layer(s) the model keeps: {states.describe()}",
+                     policy, on_warning)  # fmt: skip
     if missing := _engine_missing_shards(model):
         _enforce(f"{role} model incomplete: vLLM's own per-shard record says {len(missing)} part(s) of stacked "
                  f"parameters were never loaded: {listed(missing, GAPS_SHOWN, ', ')}", policy, on_warning)  # fmt: skip

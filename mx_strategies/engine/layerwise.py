@@ -1,0 +1,94 @@
+"""vLLM's layerwise reload, read on a refit: which layers took the new revision, which wait, which would mix.
+
+A refit (ModelExpress 0.8's ``reload_model``) enters vLLM's layerwise reload
+(``model_loader/reload/layerwise.py``): each layer's parameters go back to the
+meta device, what its weight loaders receive is buffered, and once a layer has
+received every element (``load_numel >= load_numel_total``) it is materialised,
+processed and copied into the layer's live tensors. A layer that received
+nothing gets its live tensors back when the reload ends; a layer that received
+part of its elements would be processed from that part and zeros. vLLM keeps no
+copy to restore: its live tensors are the only copy of the old revision, and a
+processed layer's are overwritten.
+
+So robust reads the record vLLM keeps per layer (``LAYERWISE_INFO``): after the
+stream, every layer that keeps a weight must be processed or whole; on a failed
+refit, a layer that received part of its elements is given back its live
+tensors (its buffered part dropped), so each layer holds one revision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+def _records(model: Any) -> dict[str, Any]:
+    """Each module of ``model`` with vLLM's reload record, by name; empty where vLLM has no layerwise reload."""
+    try:
+        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+    except ImportError:
+        return {}
+    return {name: LAYERWISE_INFO[module] for name, module in model.named_modules() if module in LAYERWISE_INFO}
+
+
+def waiting_layers(model: Any) -> frozenset[str]:
+    """The layers the reload waits to fill: entered, with elements to load (taken when the reload begins)."""
+    return frozenset(name for name, info in _records(model).items() if info.can_load() and info.load_numel_total)
+
+
+@dataclass(frozen=True)
+class LayerStates:
+    """Where each layer of a refit stands, as vLLM's record says."""
+
+    new: tuple[str, ...]  # processed from the new revision (or whole, waiting only for the reload's end)
+    old: tuple[str, ...]  # received nothing: vLLM puts the live (old) tensors back
+    partial: tuple[tuple[str, int, int], ...]  # (layer, elements received, elements it holds)
+
+    def describe(self) -> str:
+        parts = [f"{len(self.new)} layer(s) hold the new revision"]
+        if self.old:
+            parts.append(f"{len(self.old)} the previous one ({_few(self.old)})")
+        if self.partial:
+            parts.append(f"{len(self.partial)} received part of theirs ({_few(n for n, _, _ in self.partial)})")
+        return ", ".join(parts)
+
+
+def _few(names: Any, shown: int = 4) -> str:
+    names = list(names)
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def layer_states(model: Any, layers: frozenset[str], keeps: Callable[[str], bool] = lambda name: True) -> LayerStates:
+    """Where each of ``layers`` (:func:`waiting_layers`) stands now. ``keeps(name)``, asked of each parameter's and
+    buffer's full name: whether the load must fill it; a layer with none of those (the engine fills it, or it is
+    left to another rank) is neither old nor partial."""
+    records, modules = _records(model), dict(model.named_modules())
+    new, old, partial = [], [], []
+    for name in sorted(layers):
+        info, module = records.get(name), modules.get(name)
+        if info is None or not info.can_load() or info.load_numel >= info.load_numel_total:
+            new.append(name)
+        elif module is None or not any(keeps(f"{name}.{t}" if name else t) for t in _tensor_names(module)):
+            continue
+        elif info.load_numel <= 0:
+            old.append(name)
+        else:
+            partial.append((name, info.load_numel, info.load_numel_total))
+    return LayerStates(tuple(new), tuple(old), tuple(partial))
+
+
+def _tensor_names(module: Any) -> list[str]:
+    return [n for n, t in {**module._parameters, **module._buffers}.items() if t is not None]
+
+
+def give_back_partial_layers(model: Any, layers: frozenset[str]) -> tuple[str, ...]:
+    """Drop what the layers that received part of their elements buffered, so vLLM's reload, when it ends, puts
+    their live tensors back rather than processing them from a part and zeros; the layers it changed."""
+    records, given = _records(model), []
+    for name in sorted(layers):
+        info = records.get(name)
+        if info is not None and info.can_load() and 0 < info.load_numel < info.load_numel_total:
+            info.loaded_weights.clear()
+            info.load_numel = 0
+            given.append(name)
+    return tuple(given)
