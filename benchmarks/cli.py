@@ -94,6 +94,10 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--chain-guard", action="store_true",
                         help="time robust's verdict on a whole local folder before InstantTensor loads it (vLLM's "
                              "DeepSeek-V3 classes, its full name set; benchmarks.chain_guard), then exit")  # fmt: skip
+    parser.add_argument("--refit", action="store_true",
+                        help="time a refit (ModelExpress 0.8's reload_model of a new revision into the live model) of "
+                             "vLLM 0.34's DeepSeek-V3 target and its DeepSeekMTP draft from loopback S3 (moto): robust "
+                             "against ModelExpress's own model_streamer, medians of --reps (benchmarks.refit), then exit")  # fmt: skip
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.reps < 1 or args.warmup < 0 or args.memory_reps < 1 or args.engine_reps < 1:
@@ -243,6 +247,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(render_chain_guard(result))
         _write_section(args, argv, "chain_guard", result, machine=True)
         return 0
+    if args.refit:
+        from .refit import render_refit, run_refit
+
+        result = run_refit(args.workdir, args.reps)
+        print(render_refit(result))
+        _write_section(args, argv, "refit", result, machine=True)
+        return 0 if all(not s[role]["errors"] for s in result["loaders"].values() for role in ("target", "draft")) else 1
     if args.observability:
         from .observability import render_observability, run_observability
 

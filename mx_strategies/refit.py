@@ -2,9 +2,10 @@
 
 What robust promises there (docs/refit.md): whatever can refuse runs before the
 live model is touched (the revision's source, listing, index, headers, the
-selection), so a broken revision leaves the model wholly on the previous one;
-a failure once layers began changing gives each layer back whole, old or new
-(:func:`.engine.layerwise.give_back_partial_layers`), and says which is which.
+selection, and the tensors robust's last load of this model streamed, found
+again), so a broken revision leaves the model wholly on the previous one; a
+failure once layers began changing gives each layer back whole, old or new
+(:meth:`.engine.layerwise.ReloadLayers.give_back_partial`), and says which is which.
 
 Either way the chain stops (:class:`RefitFailed`): ModelExpress's chain never
 rebuilds a model on a reload, and each later link either cannot read the
@@ -24,6 +25,7 @@ from .errors import listed
 
 # What robust last loaded into each live model (its plan's tensor names), by model: what a refit must find again.
 _LOADED: "WeakKeyDictionary[Any, frozenset[str]]" = WeakKeyDictionary()
+_UNTOUCHED = "the live model keeps every weight of the previous revision"
 
 
 class RefitFailed(StrategyRecoveryError):
@@ -32,6 +34,22 @@ class RefitFailed(StrategyRecoveryError):
     def __init__(self, message: str, *, mutated: bool) -> None:
         super().__init__(message)
         self.mutated = mutated
+
+    @classmethod
+    def refused(cls, role: str, source: str, why: object) -> "RefitFailed":
+        """A refit refused before the live model was touched."""
+        return cls(f"{role} refit to {source} refused before the live model was touched ({_UNTOUCHED}): {why}",
+                   mutated=False)  # fmt: skip
+
+    @classmethod
+    def broken(cls, role: str, source: str, why: object, states: LayerStates) -> "RefitFailed":
+        """A refit that failed once the stream reached the model: which layers hold which revision (``states``, read
+        after the layers that received part of theirs were given back their live tensors)."""
+        if not states.new:
+            return cls(f"{role} refit to {source} failed before a layer changed ({_UNTOUCHED}): {why}", mutated=False)
+        return cls(f"{role} refit to {source} failed after the live model began changing: {states.describe()}; each "
+                   f"layer holds one revision whole, the model mixes the two until a refit succeeds: {why}",
+                   mutated=True)  # fmt: skip
 
 
 def remember(model: Any, names: Iterable[str]) -> None:
@@ -52,20 +70,3 @@ def lacking(model: Any, names: Iterable[str]) -> str:
         return ""
     return (f"the new revision lacks {len(missing)} of the {len(before)} tensors the live model loaded from the "
             f"previous one: {listed(missing, 5)}")  # fmt: skip
-
-
-def refused(role: str, source: str, why: object) -> RefitFailed:
-    """A refit refused before the live model was touched."""
-    return RefitFailed(f"{role} refit to {source} refused before the live model was touched (it keeps every weight "
-                       f"of the previous revision): {why}", mutated=False)  # fmt: skip
-
-
-def broken(role: str, source: str, why: object, states: LayerStates) -> RefitFailed:
-    """A refit that failed once the stream reached the model: which layers hold which revision (``states``, read
-    after the layers that received part of theirs were given back their live tensors)."""
-    if not states.new:
-        return RefitFailed(f"{role} refit to {source} failed before a layer changed (the live model keeps every "
-                           f"weight of the previous revision): {why}", mutated=False)  # fmt: skip
-    return RefitFailed(f"{role} refit to {source} failed after the live model began changing: {states.describe()}; "
-                       f"each layer holds one revision whole, the model mixes the two until a refit succeeds: {why}",
-                       mutated=True)  # fmt: skip

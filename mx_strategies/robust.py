@@ -21,9 +21,8 @@ from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStra
 
 from .activation import offered as robust_offered
 from .chain_guard import guarded
-from . import refit
 from .engine import engine_view, withhold_sglang_draft
-from .engine.layerwise import give_back_partial_layers, layer_states, waiting_layers
+from .engine.layerwise import ReloadLayers
 from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
 from .inspect.sources import Candidate, candidates, resolve
 from .observe import progress, telemetry
@@ -31,6 +30,7 @@ from .observe.failures import recorded_failures
 from .observe.report import attach, planned_lines, report_of
 from .plan.distributed import agreed_selection, distributes
 from .plan.planning import PlannedLoad, plan_of
+from .refit import RefitFailed, lacking, remember
 from .releases import chain_finalizes
 from .select.built_module import BuiltModule
 from .select.module_reads import drop_disproved
@@ -87,9 +87,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
     replaces: ClassVar[str] = "model_streamer"
     # What load() streamed, kept for post_process (ModelExpress 0.8 calls it from finalize, after load).
     _streamed: "Optional[_Streamed]" = None
-    # A refit's plan, settled in prepare() while the live model's parameters are real; its layers under reload.
-    _refit: "Optional[_Asked]" = None
-    _layers: frozenset = frozenset()
+    # A refit's plan, settled in prepare() while the live model's parameters are real, and its layers under reload.
+    _refit: "Optional[tuple[_Asked, ReloadLayers]]" = None
     # We stream ourselves: only the adapter's weight application is needed.
     requires = (EngineAdapter.apply_weight_iter,)
 
@@ -189,6 +188,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         except MxStrategiesError as exc:
             self._refuse(rank, f"{engine.role} load not started: {exc}", exc)
         load = PlannedLoad.of(resolution, selection, settings, shares)
+        if lacks := lacking(result.model, load.plan.expected):  # a refit's revision without what the model loaded
+            self._refuse(rank, f"{engine.role} load not started: {lacks}")
         for level, line in planned_lines(load):
             _logger.log(level, f"[Worker {rank}] {line}")
         return _Asked(load, module, distributed, reader, ahead, (started, time.perf_counter()))
@@ -206,32 +207,29 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         """ModelExpress 0.8 calls this before :meth:`load`. A refit (``ctx.is_reload``) is planned here, while the
         live model's parameters are real: a refusal leaves it untouched and stops the chain (:mod:`.refit`); then
         the parent enters vLLM's layerwise reload."""
-        if getattr(ctx, "is_reload", False):
-            self._refit = None
+        reload = getattr(ctx, "is_reload", False)
+        if reload:
             try:
                 with recorded_failures(ctx):
                     settings = self._settings()
                     asked = self._ask(_as_load_result(result), ctx, self._candidates(ctx, settings), settings, None)
             except StrategyFailed as exc:
-                raise refit.refused(engine_view(ctx).role, _source_of(ctx), exc) from exc
-            if lacks := refit.lacking(result.model, asked.load.plan.expected):
-                _logger.warning(f"[Worker {ctx.global_rank}] {self.name} {asked.module.engine.role} refit refused: {lacks}")
-                raise refit.refused(asked.module.engine.role, asked.load.resolution.candidate.uri, lacks)
+                source = getattr(ctx.model_config, "model_weights", None) or ctx.model_config.model
+                raise RefitFailed.refused(engine_view(ctx).role, source, exc) from exc
         super().prepare(result, ctx)
-        if getattr(ctx, "is_reload", False):
-            self._refit, self._layers = asked, waiting_layers(result.model)
+        self._refit = (asked, ReloadLayers.of(result.model)) if reload else None
 
     def _refit_stream(self, result: LoadResult, ctx: LoadContext) -> LoadResult:
         """Stream a refit's plan into the live model under vLLM's layerwise reload; a failure gives each layer back
-        whole (old or new), says which is which and stops the chain (:func:`.refit.broken`)."""
-        asked, self._refit = self._refit, None
+        whole (old or new), says which is which and stops the chain (:meth:`.refit.RefitFailed.broken`)."""
+        (asked, layers), self._refit = self._refit, None
         try:
             with recorded_failures(ctx):
-                result, stream = self._stream(result, ctx, asked, self._settings(), refit=self._layers)
+                result, stream = self._stream(result, ctx, asked, self._settings(), layers)
         except StrategyFailed as exc:
-            give_back_partial_layers(result.model, self._layers)
-            states = layer_states(result.model, self._layers, lambda name: not asked.module.filled_by_engine(name))
-            raise refit.broken(asked.module.engine.role, asked.load.resolution.candidate.uri, exc, states) from exc
+            layers.give_back_partial()
+            states = layers.states(lambda name: not asked.module.filled_by_engine(name))
+            raise RefitFailed.broken(asked.module.engine.role, asked.load.resolution.candidate.uri, exc, states) from exc
         self._streamed = _Streamed(asked.load, stream, (*asked.clock, time.perf_counter()))
         return result
 
@@ -265,7 +263,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                            (*streamed.clock, finished), load.shares, refit=getattr(ctx, "is_reload", False))  # fmt: skip
         envelopes = [result, processed] if isinstance(processed, LoadResult) and processed is not result else [result]
         attach(report, *envelopes)
-        refit.remember(result.model, load.plan.expected)  # what a refit of this model must find again
+        remember(result.model, load.plan.expected)  # what a refit of this model must find again
         telemetry.record_load(report, ctx, engine=engine_view(ctx).engine, ended=finished)
         _logger.info(f"[Worker {ctx.global_rank}] {report.summary()}")
         return envelopes[-1]
@@ -278,9 +276,10 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         register_tensors(result, ctx)
 
     def _stream(
-        self, result: LoadResult, ctx: LoadContext, asked: _Asked, settings: RobustSettings, refit: frozenset = None,
+        self, result: LoadResult, ctx: LoadContext, asked: _Asked, settings: RobustSettings,
+        layers: Optional[ReloadLayers] = None,
     ) -> tuple[LoadResult, VerifiedStream]:
-        """Stream the plan into the model, watched and checked (:func:`.verify.after.after_loading`); ``refit``: the
+        """Stream the plan into the model, watched and checked (:func:`.verify.after.after_loading`); ``layers``: the
         layers a refit's layerwise reload waits to fill, each checked filled when the stream ends."""
         rank, load, module = ctx.global_rank, asked.load, asked.module
         engine, plan = module.engine, load.plan
@@ -289,10 +288,10 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                                 distributed=asked.distributed, loader_extra_config=engine.loader_extra_config,
                                 on_warning=warn, progress=progress.for_load(plan, settings, ctx, engine.role),
                                 carrier=load.carrier, read_ahead=asked.ahead, reader=asked.reader)  # fmt: skip
-        unfilled = None if refit is None else (lambda keeps: layer_states(result.model, refit, keeps))
         try:
             with after_loading(result.model, role=engine.role, policy=settings.model_completeness, stream=stream,
-                               filled_by_engine=module.filled_by_engine, on_warning=warn, unfilled=unfilled):  # fmt: skip
+                               filled_by_engine=module.filled_by_engine, on_warning=warn,
+                               unfilled=layers and layers.states):  # fmt: skip
                 result = ctx.adapter.apply_weight_iter(result, stream.tensors())
         except Exception as exc:
             # Once the engine's weight loading holds the stream, what it did before failing is not ours to know (a
@@ -307,8 +306,3 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             raise StrategyFailed(str(exc), mutated=mutated) from exc
         return result, stream
 
-
-def _source_of(ctx: LoadContext) -> str:
-    """What a refit was asked to load, for a refusal's line: the engine's weights path or model."""
-    config = getattr(ctx, "model_config", None)
-    return str(getattr(config, "model_weights", None) or getattr(config, "model", None) or "the new revision")

@@ -23,11 +23,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "mx_strategies"
 LEFT_OUT = ("cli", "testing")
 LIMITS = {
     "lines of the largest module": 450,
-    "lines of robust.py": 250,
-    "public names": 250,
+    "lines of robust.py": 310,  # issue 53 cut it to 250; issue 54's refit lifecycle (prepare, its stream) added 60
+    "public names": 255,  # issue 53: 250; issue 54's refit: ReloadLayers, LayerStates, RefitFailed, remember, lacking
     "names defined in two modules": 0,
     "settings": 25,
-    "code lines": 6500,
+    "code lines": 6600,  # issue 53: 6,500; issue 54's refit added about 150
 }
 
 

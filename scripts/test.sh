@@ -201,6 +201,15 @@ vllm_next_venv() {
 run_vllm_next=0
 [ "$run_mx_next" = 1 ] && [ "${MX_TEST_SKIP_VLLM:-0}" != "1" ] && run_vllm_next=1
 
+# vLLM NEXT_VLLM's classes on ModelExpress 0.8: the refit suite (its reload_model into vLLM's layerwise reload).
+NEXT_MX_NEXT_VENV="${NEXT_VENV}-mx08"
+NEXT_MX_NEXT_SUITES=(tests/test_refit.py)
+next_mx_next_venv() {
+  rm -rf "$NEXT_MX_NEXT_VENV"
+  cp -al "$NEXT_VENV" "$NEXT_MX_NEXT_VENV"
+  pip_install "$NEXT_MX_NEXT_VENV/bin/python" -q -r "$MX_NEXT_PIN"
+}
+
 # Main-venv suites that start no engine (the benchmarks' smoke runs, the demo, the GPU check's dry run, the
 # telemetry scrape, the other stores' emulators, the fault proxies): run in the background, first, beside the
 # main suite, which leaves them out (MX_TEST_BESIDE=0 keeps them in it). The main suite's engine starts are what
@@ -236,11 +245,21 @@ logged() {  # logged LOG COMMAND...: run COMMAND (its steps are phases) into LOG
   printf '%s\n' "${PHASES[@]}" >"$log.phase"
   echo "$rc" >"$log.rc"
 }
-next_job() {  # vLLM NEXT_VLLM's venv, then its class suites
+next_job() {  # vLLM NEXT_VLLM's venv, then its class suites; then the refit suite on it with ModelExpress 0.8
   phase "vLLM ${NEXT_VLLM} venv: torch + wheel[test]" class_venv "$NEXT_VENV" &&
-    phase "vLLM ${NEXT_VLLM} venv: lean vLLM" bash scripts/install-vllm-lean.sh "$NEXT_VENV/bin/python" "$NEXT_VLLM" &&
-    MX_TEST_EXPECT_VLLM="$NEXT_VLLM" phase "suite: vLLM ${NEXT_VLLM} classes (background)" \
-      "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/next-tmp" "$@" "${NEXT_SUITES[@]}"
+    phase "vLLM ${NEXT_VLLM} venv: lean vLLM" bash scripts/install-vllm-lean.sh "$NEXT_VENV/bin/python" "$NEXT_VLLM" || return
+  local rc=0
+  MX_TEST_EXPECT_VLLM="$NEXT_VLLM" phase "suite: vLLM ${NEXT_VLLM} classes (background)" \
+    "$NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/next-tmp" "$@" "${NEXT_SUITES[@]}" || rc=$?
+  [ "$run_mx_next" = 1 ] || return "$rc"
+  # A refit (ModelExpress 0.8's reload_model) into vLLM NEXT_VLLM's real classes and layerwise reload: the venv
+  # copied with hard links, 0.8 installed over it (tests/test_refit.py).
+  phase "vLLM ${NEXT_VLLM} venv on ModelExpress ${MX_NEXT_VERSION}" next_mx_next_venv &&
+    MX_TEST_EXPECT_VLLM="$NEXT_VLLM" MX_TEST_EXPECT_MODELEXPRESS="$MX_NEXT_VERSION" \
+      phase "suite: refit, vLLM ${NEXT_VLLM} on ModelExpress ${MX_NEXT_VERSION} (background)" \
+      "$NEXT_MX_NEXT_VENV/bin/python" -m pytest -p no:cacheprovider --basetemp="$logs/next-mx-next-tmp" "$@" \
+      "${NEXT_MX_NEXT_SUITES[@]}" || rc=$?
+  return "$rc"
 }
 mx_next_job() {  # ModelExpress 0.8's venv and its suites, then vLLM's real classes and engine on 0.8 (when built)
   phase "ModelExpress ${MX_NEXT_VERSION} venv: torch + wheel[test]" class_venv "$MX_NEXT_VENV" &&

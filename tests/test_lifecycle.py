@@ -24,6 +24,7 @@ import modelexpress.load_strategy as chain_module
 import pytest
 import torch
 from helpers.checkpoints import reference_tensors
+LOGGER = "modelexpress.strategy_robust_model_streamer"
 from helpers.engine import CHAIN_LOGGER, FolderNativeAdapter, RecordingModel, assert_got, make_context, messages
 from helpers.engine import model_config, one_attempt, untouched, vllm_config
 from modelexpress.adapter import StrategyFailed
@@ -162,33 +163,41 @@ def test_post_processing_that_fails_rebuilds_the_model_and_falls_back(ckpt, regi
 
 
 @needs_08
-def test_a_reload_is_refused_untouched_and_the_next_strategy_reloads(ckpt, registrations, caplog):
+def test_a_reload_refits_through_robust_entering_and_leaving_the_reload_once(ckpt, registrations, caplog):
+    """ModelExpress 0.8's reload (``is_reload``) through robust (stand-in engine: tests/test_refit.py runs vLLM's real
+    classes and layerwise reload): the reload is entered and left once each, no post-load pass on top of it, every
+    tensor streamed by robust, the report says refit, registration once."""
     caplog.set_level(logging.INFO)
     loaded, model, adapter = _chain(ckpt, reload=True)
 
-    refusal = [m for m in messages(caplog, CHAIN_LOGGER) if "robust_model_streamer failed" in m]
-    assert len(refusal) == 1 and "reload refused before it started" in refusal[0]
-    assert "loads cold models only" in refusal[0]
-    assert adapter.after_load_calls == 0 and adapter.reinit_calls == 0
-    assert adapter.reloads_begun == adapter.reloads_ended == 1  # the default strategy's own reload, once
-    assert adapter.native_calls == 1 and loaded is model
+    assert not [m for m in messages(caplog, CHAIN_LOGGER) if "robust_model_streamer failed" in m]
+    assert adapter.reloads_begun == adapter.reloads_ended == 1
+    assert adapter.after_load_calls == 0 and adapter.reinit_calls == 0 and adapter.native_calls == 0
+    assert loaded is model and registrations == [0]
+    assert_got(loaded, ckpt.tensors, reference_tensors(ckpt.path))
+    assert any(m.startswith("[Worker 0] target refitted from ") for m in messages(caplog, LOGGER))
 
 
-def test_prepare_refuses_a_reload_before_touching_the_model(ckpt):
-    """What robust does, asked directly, whatever the installed release: mutated=False, nothing written."""
+@needs_08
+def test_a_refit_refused_before_the_reload_stops_the_chain_untouched(ckpt, tmp_path, monkeypatch):
+    """No safetensors at the new revision nor at MX_MODEL_URI: robust refuses in prepare, before the reload is
+    entered; the chain stops there (StrategyRecoveryError: no later link refits), nothing written."""
+    from modelexpress.adapter import StrategyRecoveryError
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("MX_MODEL_URI", str(empty))
     make = lambda: RecordingModel(ckpt.tensors)  # noqa: E731
     adapter = NativeAdapter(make, ckpt.path)
-    ctx = make_context(model_config(model=ckpt.path), adapter)
+    ctx = make_context(model_config(model=str(empty)), adapter)
     ctx.is_reload = True
     model = make()
-    with pytest.raises(StrategyFailed) as refused:
-        RobustModelStreamerStrategy().prepare(LoadResult(value=model, model=model), ctx)
+    with pytest.raises(StrategyRecoveryError) as refused:
+        LoadStrategyChain.run(model, ctx)
     assert refused.value.mutated is False
-    assert str(refused.value) == (
-        "target reload refused before it started: robust_model_streamer loads cold models only, not a layerwise "
-        "reload of a live one; ModelExpress's next strategy reloads it"
-    )
-    assert untouched(model) and adapter.reloads_begun == 0
+    assert str(refused.value).startswith(f"target refit to {empty} refused before the live model was touched (the live "
+                                         f"model keeps every weight of the previous revision): ")  # fmt: skip
+    assert untouched(model) and adapter.reloads_begun == 0 and adapter.native_calls == 0
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..errors import listed
+
 
 def _records(model: Any) -> dict[str, Any]:
     """Each module of ``model`` with vLLM's reload record, by name; empty where vLLM has no layerwise reload."""
@@ -29,11 +31,6 @@ def _records(model: Any) -> dict[str, Any]:
     except ImportError:
         return {}
     return {name: LAYERWISE_INFO[module] for name, module in model.named_modules() if module in LAYERWISE_INFO}
-
-
-def waiting_layers(model: Any) -> frozenset[str]:
-    """The layers the reload waits to fill: entered, with elements to load (taken when the reload begins)."""
-    return frozenset(name for name, info in _records(model).items() if info.can_load() and info.load_numel_total)
 
 
 @dataclass(frozen=True)
@@ -47,48 +44,50 @@ class LayerStates:
     def describe(self) -> str:
         parts = [f"{len(self.new)} layer(s) hold the new revision"]
         if self.old:
-            parts.append(f"{len(self.old)} the previous one ({_few(self.old)})")
+            parts.append(f"{len(self.old)} the previous one ({listed(list(self.old), 4)})")
         if self.partial:
-            parts.append(f"{len(self.partial)} received part of theirs ({_few(n for n, _, _ in self.partial)})")
+            parts.append(f"{len(self.partial)} received part of theirs ({listed([n for n, _, _ in self.partial], 4)})")
         return ", ".join(parts)
 
 
-def _few(names: Any, shown: int = 4) -> str:
-    names = list(names)
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+@dataclass(frozen=True)
+class ReloadLayers:
+    """The layers a refit's layerwise reload waits to fill (entered, with elements to load), read when it begins."""
 
+    model: Any
+    names: frozenset[str]
 
-def layer_states(model: Any, layers: frozenset[str], keeps: Callable[[str], bool] = lambda name: True) -> LayerStates:
-    """Where each of ``layers`` (:func:`waiting_layers`) stands now. ``keeps(name)``, asked of each parameter's and
-    buffer's full name: whether the load must fill it; a layer with none of those (the engine fills it, or it is
-    left to another rank) is neither old nor partial."""
-    records, modules = _records(model), dict(model.named_modules())
-    new, old, partial = [], [], []
-    for name in sorted(layers):
-        info, module = records.get(name), modules.get(name)
-        if info is None or not info.can_load() or info.load_numel >= info.load_numel_total:
-            new.append(name)
-        elif module is None or not any(keeps(f"{name}.{t}" if name else t) for t in _tensor_names(module)):
-            continue
-        elif info.load_numel <= 0:
-            old.append(name)
-        else:
-            partial.append((name, info.load_numel, info.load_numel_total))
-    return LayerStates(tuple(new), tuple(old), tuple(partial))
+    @classmethod
+    def of(cls, model: Any) -> "ReloadLayers":
+        return cls(model, frozenset(n for n, info in _records(model).items() if info.can_load() and info.load_numel_total))
+
+    def states(self, keeps: Callable[[str], bool] = lambda name: True) -> LayerStates:
+        """Where each layer stands now. ``keeps(name)``, asked of each parameter's and buffer's full name: whether the
+        load must fill it; a layer with none of those (the engine fills it, another rank holds it) is left out."""
+        records, modules = _records(self.model), dict(self.model.named_modules())
+        new, old, partial = [], [], []
+        for name in sorted(self.names):
+            info, module = records.get(name), modules.get(name)
+            if info is None or not info.can_load() or info.load_numel >= info.load_numel_total:
+                new.append(name)
+            elif module is None or not any(keeps(f"{name}.{t}" if name else t) for t in _tensor_names(module)):
+                continue
+            elif info.load_numel <= 0:
+                old.append(name)
+            else:
+                partial.append((name, info.load_numel, info.load_numel_total))
+        return LayerStates(tuple(new), tuple(old), tuple(partial))
+
+    def give_back_partial(self) -> None:
+        """Drop what the layers that received part of their elements buffered, so vLLM's reload, when it ends,
+        puts their live tensors back rather than processing them from a part and zeros."""
+        records = _records(self.model)
+        for name in self.names:
+            info = records.get(name)
+            if info is not None and info.can_load() and 0 < info.load_numel < info.load_numel_total:
+                info.loaded_weights.clear()
+                info.load_numel = 0
 
 
 def _tensor_names(module: Any) -> list[str]:
     return [n for n, t in {**module._parameters, **module._buffers}.items() if t is not None]
-
-
-def give_back_partial_layers(model: Any, layers: frozenset[str]) -> tuple[str, ...]:
-    """Drop what the layers that received part of their elements buffered, so vLLM's reload, when it ends, puts
-    their live tensors back rather than processing them from a part and zeros; the layers it changed."""
-    records, given = _records(model), []
-    for name in sorted(layers):
-        info = records.get(name)
-        if info is not None and info.can_load() and 0 < info.load_numel < info.load_numel_total:
-            info.loaded_weights.clear()
-            info.load_numel = 0
-            given.append(name)
-    return tuple(given)
