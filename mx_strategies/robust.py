@@ -22,8 +22,8 @@ from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStra
 from .activation import offered as robust_offered
 from .chain_guard import guarded
 from .engine import engine_view, withhold_sglang_draft
-from .engine.layerwise import ReloadLayers
-from .errors import ConfigurationError, IncompleteModel, MxStrategiesError
+from .engine.layerwise import ReloadLayers, as_built
+from .errors import ConfigurationError, IncompleteModel, InconsistentCheckpoint, MxStrategiesError
 from .inspect.sources import Candidate, candidates, resolve
 from .observe import progress, telemetry
 from .observe.failures import recorded_failures
@@ -159,16 +159,17 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
 
     def _ask(
         self, result: LoadResult, ctx: LoadContext, cands: list[Candidate], settings: RobustSettings,
-        early: Optional[ExitStack],
+        early: Optional[ExitStack], built: object = None,
     ) -> _Asked:
         """Inspect and resolve, select, plan: all that can refuse, before the model is touched. ``early``: where a
-        read-ahead lives (None: none, a refit's plan is made before its reload begins)."""
+        read-ahead lives (None: none, a refit's plan is made before its reload begins); ``built``: what the module
+        question asks instead of the model (a refit's: the live model as vLLM built it)."""
         started, rank = time.perf_counter(), ctx.global_rank
         engine = engine_view(ctx)
         distributed, not_distributed = distributes(engine, envs.MX_MS_DISTRIBUTED)
         if envs.MX_MS_DISTRIBUTED and not distributed:
             _logger.info(f"[Worker {rank}] {engine.role} streams on its own, not distributed: {not_distributed}")
-        module = BuiltModule.of(result.model, engine, settings, rank)
+        module = BuiltModule.of(result.model if built is None else built, engine, settings, rank)
         if module.bypassed:
             self._refuse(rank, f"{engine.role} load not started: {'; '.join(module.bypassed)}")
         ahead: Optional[ReadAhead] = None
@@ -189,7 +190,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             self._refuse(rank, f"{engine.role} load not started: {exc}", exc)
         load = PlannedLoad.of(resolution, selection, settings, shares)
         if lacks := lacking(result.model, load.plan.expected):  # a refit's revision without what the model loaded
-            self._refuse(rank, f"{engine.role} load not started: {lacks}")
+            self._refuse(rank, f"{engine.role} load not started: {lacks}", InconsistentCheckpoint(lacks))
         for level, line in planned_lines(load):
             _logger.log(level, f"[Worker {rank}] {line}")
         return _Asked(load, module, distributed, reader, ahead, (started, time.perf_counter()))
@@ -209,15 +210,16 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         the parent enters vLLM's layerwise reload."""
         reload = getattr(ctx, "is_reload", False)
         if reload:
+            built = as_built(result.model)  # the live model as vLLM built it, before its post-load processing
             try:
                 with recorded_failures(ctx):
                     settings = self._settings()
-                    asked = self._ask(_as_load_result(result), ctx, self._candidates(ctx, settings), settings, None)
+                    asked = self._ask(_as_load_result(result), ctx, self._candidates(ctx, settings), settings, None, built)
             except StrategyFailed as exc:
                 source = getattr(ctx.model_config, "model_weights", None) or ctx.model_config.model
                 raise RefitFailed.refused(engine_view(ctx).role, source, exc) from exc
         super().prepare(result, ctx)
-        self._refit = (asked, ReloadLayers.of(result.model)) if reload else None
+        self._refit = (asked, ReloadLayers.of(result.model, built)) if reload else None
 
     def _refit_stream(self, result: LoadResult, ctx: LoadContext) -> LoadResult:
         """Stream a refit's plan into the live model under vLLM's layerwise reload; a failure gives each layer back
@@ -290,8 +292,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                                 carrier=load.carrier, read_ahead=asked.ahead, reader=asked.reader)  # fmt: skip
         try:
             with after_loading(result.model, role=engine.role, policy=settings.model_completeness, stream=stream,
-                               filled_by_engine=module.filled_by_engine, on_warning=warn,
-                               unfilled=layers and layers.states):  # fmt: skip
+                               filled_by_engine=module.filled_by_engine, on_warning=warn, refit=layers):  # fmt: skip
                 result = ctx.adapter.apply_weight_iter(result, stream.tensors())
         except Exception as exc:
             # Once the engine's weight loading holds the stream, what it did before failing is not ours to know (a

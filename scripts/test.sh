@@ -192,7 +192,9 @@ run_sglang_next=0
 # with hard links and 0.8 installed over it. Its suites run after the ModelExpress 0.8 suite (one background job).
 VLLM_MX_NEXT_VENV="${MX_TEST_VLLM_MX_NEXT_VENV:-.venv-vllm-mx08}"
 VLLM_MX_NEXT_SUITES=(tests/test_lifecycle_vllm.py tests/test_chain_guard.py tests/test_skip_checkpoint_weight.py
-                     "tests/test_engine_e2e.py::test_robust_loads_what_the_default_loader_loads[deepseek_v3]")
+                     "tests/test_engine_e2e.py::test_robust_loads_what_the_default_loader_loads[deepseek_v3]"
+                     # the same engine run, refitted through ModelExpress 0.8's reload_model (docs/refit.md)
+                     tests/test_engine_e2e.py::test_a_refit_of_the_live_engine)
 vllm_next_venv() {
   rm -rf "$VLLM_MX_NEXT_VENV"
   cp -al "$VENV" "$VLLM_MX_NEXT_VENV"

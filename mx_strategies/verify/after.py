@@ -75,7 +75,7 @@ class _Completeness:
 @contextmanager
 def after_loading(model: Any, *, role: str, policy: str, filled_by_engine: Callable[[str], bool],
                   on_warning: Callable[[str], None], stream: Any = None,
-                  unfilled: Optional[Callable[[Callable[[str], bool]], Any]] = None) -> Iterator[Callable[[], None]]:  # fmt: skip
+                  refit: Any = None) -> Iterator[Callable[[], None]]:  # fmt: skip
     """Run the engine's weight loading inside the block, then check the model (:func:`check`).
 
     What ``load_weights`` reports is captured. With ``stream`` (robust's own load) the stream is entered around
@@ -86,12 +86,13 @@ def after_loading(model: Any, *, role: str, policy: str, filled_by_engine: Calla
     an IncompleteModel's ``remedy`` says what robust's refusal means for the load. ``stream``: a
     :class:`..stream.streaming.VerifiedStream`, handed in (this stage imports nothing of streaming).
 
-    ``unfilled`` (a refit, under vLLM's layerwise reload): given whether a tensor name is one the model keeps, where
-    the reload's layers stand (:class:`..engine.layerwise.LayerStates`); a layer the model keeps left ``old`` or
-    ``partial`` is a gap. The write watch is off then: the reload buffers what arrives and writes a layer's live
-    tensors only once it has all of them, so what vLLM materialised is judged, not values.
+    ``refit`` (a refit, under vLLM's layerwise reload: :class:`..engine.layerwise.ReloadLayers`): what the model
+    keeps is read from its twin as vLLM built it (``refit.built``: post-load processing's own tensors are not the
+    checkpoint's), and ``refit.states(keeps)`` says where the reload's layers stand; a layer the model keeps left
+    ``old`` or ``partial`` is a gap. The write watch is off then: the reload buffers what arrives and writes a
+    layer's live tensors only once it has all of them, so what vLLM materialised is judged, not values.
     """
-    watch = stream is not None and model is not None and unfilled is None
+    watch = stream is not None and model is not None and refit is None
     judged = judged_parameters(model, filled_by_engine) if watch else {}
     done: list[bool] = []
     with nullcontext() if stream is None else stream:
@@ -103,7 +104,7 @@ def after_loading(model: Any, *, role: str, policy: str, filled_by_engine: Calla
                 done.append(True)
                 try:
                     check(model, loaded, role=role, policy=policy, filled_by_engine=filled_by_engine,
-                          on_warning=on_warning, judged=judged, writes=written.writes, unfilled=unfilled)  # fmt: skip
+                          on_warning=on_warning, judged=judged, writes=written.writes, refit=refit)  # fmt: skip
                 except IncompleteModel as exc:
                     if stream is not None:
                         exc.remedy = _refusal_advice(role, stream.plan.source)
@@ -118,15 +119,15 @@ def after_loading(model: Any, *, role: str, policy: str, filled_by_engine: Calla
 def check(model: Any, loaded: LoadedNames, *, role: str, policy: str,
           filled_by_engine: Callable[[str], bool] = lambda name: False,
           on_warning: Callable[[str], None] = lambda message: None, judged: Mapping[str, Layout] = {},
-          writes: Sequence[Write] = (), unfilled: Optional[Callable] = None) -> _Completeness:  # fmt: skip
+          writes: Sequence[Write] = (), refit: Any = None) -> _Completeness:  # fmt: skip
     """Every check of a finished load, in order: the names the model reported loaded against what it keeps; what the
     load wrote into the ``judged`` parameters (``writes``, :func:`watched`); on a refit, the layers vLLM's reload
-    did not fill (``unfilled``, :func:`after_loading`); the engine's own per-shard record.
+    did not fill (``refit``, :func:`after_loading`); the engine's own per-shard record.
 
     Raises IncompleteModel (``mutated=True``) under ``fail`` when something the model keeps was not written from
     the checkpoint; warns otherwise (``MX_ROBUST_MODEL_COMPLETENESS``).
     """
-    result = _check_reported(model, loaded, role, policy, filled_by_engine, on_warning)
+    result = _check_reported(model if refit is None else refit.built, loaded, role, policy, filled_by_engine, on_warning)
     if judged:
         now = dict(model.named_parameters(remove_duplicate=False)) if model is not None else {}
         # A parameter the load replaced by another object is not judged: the writes were into the one it replaced.
@@ -135,10 +136,10 @@ def check(model: Any, loaded: LoadedNames, *, role: str, policy: str,
             parts = [g.describe(provenance=False) for g in found]  # the watch sees writes, not checkpoint names
             _enforce(f"{role} model incomplete: the load wrote {len(found)} of the {len(kept)} parameters it checks "
                      f"only in part: {listed(parts, GAPS_SHOWN, '; ')}", policy, on_warning)  # fmt: skip
-    if unfilled is not None:
-        tensors = required_tensors(model)
+    if refit is not None:
+        tensors = required_tensors(refit.built)
         kept = {alias for r in tensors for alias in r.aliases if not any(filled_by_engine(a) for a in r.aliases)}
-        states = unfilled(kept.__contains__)
+        states = refit.states(kept.__contains__)
         if states.old or states.partial:
             _enforce(f"{role} model incomplete: vLLM's layerwise reload was not handed every element of "
                      f"{len(states.old) + len(states.partial)} layer(s) the model keeps: {states.describe()}",

