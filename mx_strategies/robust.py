@@ -22,7 +22,7 @@ from modelexpress.load_strategy.model_streamer_strategy import ModelStreamerStra
 from .activation import offered as robust_offered
 from .chain_guard import guarded
 from .engine import engine_view, withhold_sglang_draft
-from .engine.layerwise import ReloadLayers, as_built
+from .engine.layerwise import ReloadLayers, built_tensors
 from .errors import ConfigurationError, IncompleteModel, InconsistentCheckpoint, MxStrategiesError
 from .inspect.sources import Candidate, candidates, resolve
 from .observe import progress, telemetry
@@ -35,6 +35,7 @@ from .releases import chain_finalizes
 from .select.built_module import BuiltModule
 from .select.module_reads import drop_disproved
 from .select.selection import select_resolved
+from .select.twin import as_built
 from .settings import RobustSettings, load_settings
 from .stream.file_reader import RUNAI, ReaderChoice, choose_reader
 from .stream.read_ahead import ReadAhead, start_read_ahead
@@ -210,7 +211,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         the parent enters vLLM's layerwise reload."""
         reload = getattr(ctx, "is_reload", False)
         if reload:
-            built = as_built(result.model)  # the live model as vLLM built it, before its post-load processing
+            built = as_built(result.model, built_tensors(result.model))  # as vLLM built it, before its processing
             try:
                 with recorded_failures(ctx):
                     settings = self._settings()

@@ -23,11 +23,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "mx_strategies"
 LEFT_OUT = ("cli", "testing")
 LIMITS = {
     "lines of the largest module": 450,
-    "lines of robust.py": 310,  # issue 53 cut it to 250; issue 54's refit lifecycle (prepare, its stream) added 60
-    "public names": 255,  # issue 53: 250; issue 54's refit: ReloadLayers, LayerStates, RefitFailed, remember, lacking
+    "lines of robust.py": 310,  # issue 53 cut it to 243; issue 54's refit lifecycle (prepare, its stream) added 67
+    "public names": 255,  # issue 53: 250 (246 after it); issue 54's refit added 7 (refit.py, engine/layerwise.py, as_built)
     "names defined in two modules": 0,
     "settings": 25,
-    "code lines": 6600,  # issue 53: 6,500; issue 54's refit added about 150
+    "code lines": 6650,  # issue 53: 6,500 (6,437 after it); issue 54's refit added 191
 }
 
 

@@ -33,18 +33,16 @@ def _records(model: Any) -> dict[str, Any]:
     return {name: LAYERWISE_INFO[module] for name, module in model.named_modules() if module in LAYERWISE_INFO}
 
 
-def as_built(model: Any) -> Any:
-    """``model``'s data-less twin with every module's tensors as vLLM built it (checkpoint format: the reload's
-    restore record), not as its post-load processing left them (repacked experts, MLA's derived ``W_UV``): what a
-    refit's question and its check ask of the model. The model itself, where vLLM keeps no such record or the
-    twin cannot be made (the question then falls back as it would for the model)."""
-    from ..select.twin import TwinFailed, make_twin
-
+def built_tensors(model: Any) -> dict[int, tuple[dict, dict]]:
+    """For each module of ``model`` (by ``id``) that vLLM's reload record covers: its parameters and buffers as vLLM
+    built it (checkpoint format, on meta: the record's), not as post-load processing left them (repacked experts,
+    MLA's derived ``W_UV``). What a refit's question and check must see (:func:`..select.twin.as_built`); empty
+    where vLLM keeps no such record."""
     try:
         from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
         from vllm.model_executor.model_loader.reload.meta import SKIP_TENSORS
     except ImportError:
-        return model
+        return {}
     built = {}
     for module in model.modules():
         info = LAYERWISE_INFO.get(module)
@@ -55,10 +53,7 @@ def as_built(model: Any) -> Any:
         live = {n: t for n, t in module._buffers.items() if t is not None and (n in SKIP_TENSORS or n in own)}
         built[id(module)] = ({**kept, **{n: _bound(t, module) for n, t in params.items()}},
                              {**{n: _bound(t, module) for n, t in buffers.items()}, **live})  # fmt: skip
-    try:
-        return make_twin(model, built).module if built else model
-    except TwinFailed:
-        return model
+    return built
 
 
 def _bound(meta: Any, module: Any) -> Any:
@@ -98,7 +93,7 @@ class ReloadLayers:
 
     model: Any
     names: frozenset[str]
-    built: Any  # the model's twin as vLLM built it (:func:`as_built`): what the model keeps, judged after the stream
+    built: Any  # the model's twin as vLLM built it (:func:`..select.twin.as_built`): what the model keeps, judged after the stream
 
     @classmethod
     def of(cls, model: Any, built: Any) -> "ReloadLayers":

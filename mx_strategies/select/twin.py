@@ -336,3 +336,15 @@ def make_twin(model: Any, as_built: Optional[Mapping[int, tuple[dict, dict]]] = 
     except Exception as exc:  # noqa: BLE001 - whatever a copy raises, the module is not asked (never the model)
         raise TwinFailed(f"{type(exc).__name__}: {exc}") from None
     return _Twin(module, walker.twin_of, frozenset(walker.owned), len(walker.memo), time.perf_counter() - started)
+
+
+def as_built(model: Any, tensors: Mapping[int, tuple[dict, dict]]) -> Any:
+    """``model``'s twin with the modules in ``tensors`` (by ``id``) holding those parameters and buffers: a live
+    model as its engine built it (:func:`..engine.layerwise.built_tensors`), what a refit asks. The model itself
+    where ``tensors`` is empty or the twin cannot be made (the question then falls back as for the model)."""
+    if not tensors:
+        return model
+    try:
+        return make_twin(model, tensors).module
+    except TwinFailed:
+        return model

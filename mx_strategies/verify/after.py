@@ -87,7 +87,7 @@ def after_loading(model: Any, *, role: str, policy: str, filled_by_engine: Calla
     :class:`..stream.streaming.VerifiedStream`, handed in (this stage imports nothing of streaming).
 
     ``refit`` (a refit, under vLLM's layerwise reload: :class:`..engine.layerwise.ReloadLayers`): what the model
-    keeps is read from its twin as vLLM built it (``refit.built``: post-load processing's own tensors are not the
+    keeps is read from its twin as vLLM built it (``refit.built``, :func:`..select.twin.as_built`: post-load processing's own tensors are not the
     checkpoint's), and ``refit.states(keeps)`` says where the reload's layers stand; a layer the model keeps left
     ``old`` or ``partial`` is a gap. The write watch is off then: the reload buffers what arrives and writes a
     layer's live tensors only once it has all of them, so what vLLM materialised is judged, not values.

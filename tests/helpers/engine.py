@@ -240,9 +240,9 @@ class RaceAfterPlanning(RobustModelStreamerStrategy):
     change = staticmethod(lambda path: None)
     shard_number = 2
 
-    def _stream(self, result, ctx, load, *args, **kwargs):
-        type(self).change(load.plan.shards[self.shard_number - 1].uri)
-        return super()._stream(result, ctx, load, *args, **kwargs)
+    def _stream(self, result, ctx, asked, *args, **kwargs):
+        type(self).change(asked.load.plan.shards[self.shard_number - 1].uri)
+        return super()._stream(result, ctx, asked, *args, **kwargs)
 
 
 class StopBeforeStreaming(RobustModelStreamerStrategy):
@@ -255,8 +255,9 @@ class StopBeforeStreaming(RobustModelStreamerStrategy):
 
     seen: list[dict] = []
 
-    def _stream(self, result, ctx, load, settings, module, distributed, *args, **kwargs):
-        type(self).seen.append({"distributed": distributed, "engine": module.engine, "module": module, "load": load})
+    def _stream(self, result, ctx, asked, *args, **kwargs):
+        type(self).seen.append({"distributed": asked.distributed, "engine": asked.module.engine, "module": asked.module,
+                                "load": asked.load})  # fmt: skip
         raise StrategyFailed(STOPPED, mutated=False)
 
 
