@@ -24,7 +24,6 @@ import modelexpress.load_strategy as chain_module
 import pytest
 import torch
 from helpers.checkpoints import reference_tensors
-LOGGER = "modelexpress.strategy_robust_model_streamer"
 from helpers.engine import CHAIN_LOGGER, FolderNativeAdapter, RecordingModel, assert_got, make_context, messages
 from helpers.engine import model_config, one_attempt, untouched, vllm_config
 from modelexpress.adapter import StrategyFailed
@@ -36,6 +35,8 @@ from mx_strategies.releases import chain_finalizes, chain_takes_plugins
 from mx_strategies.observe.report import METADATA_KEY
 from mx_strategies.robust import RobustModelStreamerStrategy
 from mx_strategies.testing import synthetic
+
+LOGGER = "modelexpress.strategy_robust_model_streamer"
 
 ON_08 = chain_finalizes()
 needs_08 = pytest.mark.skipif(not ON_08, reason="ModelExpress 0.7 has no load lifecycle, reloads or plugins")

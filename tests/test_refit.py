@@ -51,6 +51,8 @@ from test_mtp_architectures import (  # noqa: E402
 from modelexpress.engines.vllm.adapter import build_vllm_load_context  # noqa: E402
 from modelexpress.load_strategy import LoadStrategyChain  # noqa: E402
 
+from mx_strategies import activation  # noqa: E402
+from mx_strategies.modelexpress_plugin import PLUGIN_NAME, write_plugin  # noqa: E402
 from mx_strategies.observe.report import clear_reports, recent_reports  # noqa: E402
 from mx_strategies.select import mtp_table  # noqa: E402
 from mx_strategies.verify.tensor_bytes import same_bytes  # noqa: E402
@@ -109,7 +111,31 @@ def cold_load(model, vllm_config, model_config) -> dict:
 
 
 @pytest.fixture
-def live(tmp_path, robust, monkeypatch, vllm_cpu):
+def door(request, tmp_path, monkeypatch):
+    """How robust is switched on: ``MX_STRATEGY`` (robust in ``model_streamer``'s place, the default), or
+    ModelExpress 0.8's plugin folder (robust's plugin file, ``MX_LOAD_PLUGIN_BEFORE=model_streamer``)."""
+    door = getattr(request, "param", "MX_STRATEGY")
+    if door == "MX_STRATEGY":
+        monkeypatch.setenv("MX_STRATEGY", "mx_strategies.robust")
+        activation.register()
+        yield door
+        activation.uninstall()
+        return
+    import modelexpress.plugins as plugins
+
+    monkeypatch.delenv("MX_STRATEGY", raising=False)
+    activation.uninstall()
+    write_plugin(tmp_path / "plugins")
+    monkeypatch.setattr(plugins, "plugins", {})
+    monkeypatch.setattr(plugins, "_loaded_directories", {})
+    monkeypatch.setenv("MX_PLUGIN_DIR", str(tmp_path / "plugins"))
+    monkeypatch.setenv("MX_LOAD_PLUGIN", PLUGIN_NAME)
+    monkeypatch.setenv("MX_LOAD_PLUGIN_BEFORE", "model_streamer")
+    yield door
+
+
+@pytest.fixture
+def live(tmp_path, door, monkeypatch, vllm_cpu):
     """vLLM's real DeepSeek-V3 target, loaded through ModelExpress 0.8's chain from revision A (with robust) and
     processed as a serving engine's is; its draft built beside it, from the same checkpoint."""
     folder, built, ckpt, (target, vc, config, truth, tensors), mtp = target_and_draft_checkpoint("deepseek_v3", tmp_path)
@@ -172,10 +198,15 @@ def layer_revisions(model, a: dict[str, torch.Tensor]) -> dict[str, str]:
             for layer, kinds in by_layer.items()}  # fmt: skip
 
 
+BOTH_DOORS = pytest.mark.parametrize("door", ["MX_STRATEGY", "plugin"], indirect=True)
+
+
 @needs_08
+@BOTH_DOORS
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_a_whole_revision_refits_through_robust(live, faulty, where, caplog):
-    """Revision B whole: every parameter of the live model holds B's bytes, through robust, reported as a refit."""
+    """Revision B whole: every parameter of the live model holds B's bytes, through robust (by either door: the
+    chain's log names the strategy that refitted), reported as a refit."""
     target = live["target"]
     before = values(target)
     folder_b = str(live["tmp"] / "revision-b")
@@ -189,9 +220,12 @@ def test_a_whole_revision_refits_through_robust(live, faulty, where, caplog):
     assert not holds(target, {name: -value for name, value in before.items()})
     assert sorted(seen["names"]) == sorted(set(seen["names"])) and seen["bytes"] == report["bytes_streamed"]
     assert any(f"target refitted from model={uri!r}" in r.getMessage() for r in caplog.records)
+    tried = [r.getMessage() for r in caplog.records if "Trying strategy: " in r.getMessage()]
+    assert tried[-1].endswith("Trying strategy: robust_model_streamer")  # the refit's chain: robust, and it held
 
 
 @needs_08
+@BOTH_DOORS
 @pytest.mark.parametrize("where", ["local", "s3"])
 @pytest.mark.parametrize("index", [True, False], ids=["index", "no-index"])
 def test_a_revision_missing_a_shard_leaves_the_live_model_wholly_on_the_old_one(live, faulty, where, index):
