@@ -190,7 +190,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         except MxStrategiesError as exc:
             self._refuse(rank, f"{engine.role} load not started: {exc}", exc)
         load = PlannedLoad.of(resolution, selection, settings, shares)
-        if lacks := lacking(result.model, load.plan.expected):  # a refit's revision without what the model loaded
+        if built is not None and (lacks := lacking(result.model, load.plan.expected)):  # a refit's revision lacking
             self._refuse(rank, f"{engine.role} load not started: {lacks}", InconsistentCheckpoint(lacks))
         for level, line in planned_lines(load):
             _logger.log(level, f"[Worker {rank}] {line}")
