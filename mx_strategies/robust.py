@@ -65,6 +65,11 @@ class _Streamed:
     stream: VerifiedStream
     clock: tuple[float, float, float]  # time.perf_counter() at the load's start, once planned, once streamed
 
+    @classmethod
+    def of(cls, asked: _Asked, stream: VerifiedStream) -> "_Streamed":
+        """``asked``'s load, streamed now."""
+        return cls(asked.load, stream, (*asked.clock, time.perf_counter()))
+
 
 class RobustModelStreamerStrategy(ModelStreamerStrategy):
     """Stream safetensors with runai-model-streamer, losing no weight.
@@ -151,7 +156,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         with ExitStack() as early:  # a read-ahead lives from before the question to the end of the stream
             asked = self._ask(result, ctx, cands, settings, early)
             result, stream = self._stream(result, ctx, asked, settings)
-        self._streamed = _Streamed(asked.load, stream, (*asked.clock, time.perf_counter()))
+        self._streamed = _Streamed.of(asked, stream)
         if not chain_finalizes():
             # ModelExpress 0.7: the strategy finishes its own load; 0.8's chain calls finalize() for that.
             result = self.post_process(result, ctx)
@@ -196,11 +201,11 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             _logger.log(level, f"[Worker {rank}] {line}")
         return _Asked(load, module, distributed, reader, ahead, (started, time.perf_counter()))
 
-    def _refuse(self, rank: int, message: str, cause: Optional[Exception] = None, level: int = logging.WARNING) -> None:
+    def _refuse(self, rank: int, message: str, cause: Optional[Exception] = None) -> None:
         """Give the load up before the model is touched: ``mutated=False``, the chain's next strategy loads."""
-        _logger.log(level, f"[Worker {rank}] {self.name} {message}")
+        _logger.warning(f"[Worker {rank}] {self.name} {message}")
         if getattr(cause, "remedy", None):
-            _logger.log(level, f"[Worker {rank}] {self.name}: what to do: {cause.remedy}")
+            _logger.warning(f"[Worker {rank}] {self.name}: what to do: {cause.remedy}")
         raise StrategyFailed(str(cause) if cause is not None else message, mutated=False) from cause
 
     # -- the load's end: once, whichever ModelExpress runs it -----------------
@@ -219,7 +224,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             except StrategyFailed as exc:
                 source = getattr(ctx.model_config, "model_weights", None) or ctx.model_config.model
                 raise RefitFailed.refused(engine_view(ctx).role, source, exc) from exc
-        super().prepare(result, ctx)
+        if hasattr(super(), "prepare"):  # ModelExpress 0.8's chain: the parent prepares too (0.7 has no prepare)
+            super().prepare(result, ctx)
         self._refit = (asked, ReloadLayers.of(result.model, built)) if reload else None
 
     def _refit_stream(self, result: LoadResult, ctx: LoadContext) -> LoadResult:
@@ -233,7 +239,7 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
             layers.give_back_partial()
             states = layers.states(lambda name: not asked.module.filled_by_engine(name))
             raise RefitFailed.broken(asked.module.engine.role, asked.load.resolution.candidate.uri, exc, states) from exc
-        self._streamed = _Streamed(asked.load, stream, (*asked.clock, time.perf_counter()))
+        self._streamed = _Streamed.of(asked, stream)
         return result
 
     def finalize(self, result: LoadResult, ctx: LoadContext) -> None:
@@ -262,8 +268,8 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
         if streamed is None:
             return result
         finished, load = time.perf_counter(), streamed.load
-        report = report_of(ctx.global_rank, load.resolution, load.selection, load.plan, streamed.stream,
-                           (*streamed.clock, finished), load.shares, refit=getattr(ctx, "is_reload", False))  # fmt: skip
+        report = report_of(ctx.global_rank, load, streamed.stream, (*streamed.clock, finished),
+                           refit=getattr(ctx, "is_reload", False))  # fmt: skip
         envelopes = [result, processed] if isinstance(processed, LoadResult) and processed is not result else [result]
         attach(report, *envelopes)
         remember(result.model, load.plan.expected)  # what a refit of this model must find again
@@ -307,4 +313,3 @@ class RobustModelStreamerStrategy(ModelStreamerStrategy):
                 drop_disproved(load.selection.answer, settings, warn)  # a kept answer the load proved wrong
             raise StrategyFailed(str(exc), mutated=mutated) from exc
         return result, stream
-

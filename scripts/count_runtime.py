@@ -23,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "mx_strategies"
 LEFT_OUT = ("cli", "testing")
 LIMITS = {
     "lines of the largest module": 450,
-    "lines of robust.py": 310,  # issue 53 cut it to 243; issue 54's refit lifecycle (prepare, its stream) added 67
+    "lines of robust.py": 315,  # issue 53 cut it to 243; issue 54's refit lifecycle (prepare, its stream) added 72
     "public names": 255,  # issue 53: 250 (246 after it); issue 54's refit added 7 (refit.py, engine/layerwise.py, as_built)
     "names defined in two modules": 0,
     "settings": 25,

@@ -175,7 +175,7 @@ def test_demo_without_its_extra_prints_one_line_saying_what_to_install():
 
 
 def test_the_runtime_is_within_issue_53s_limits():
-    """scripts/count_runtime.py's figures, held: no module over 450 lines, robust.py at most 310, at most 255 public
+    """scripts/count_runtime.py's figures, held: no module over 450 lines, robust.py at most 315, at most 255 public
     names and none defined in two modules, at most 25 settings and 6,650 lines of code (issue 53's limits, with what
     issue 54's refit added)."""
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "count_runtime.py"), "--check"],

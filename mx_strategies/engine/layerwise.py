@@ -24,13 +24,14 @@ from typing import Any, Callable
 from ..errors import listed
 
 
-def _records(model: Any) -> dict[str, Any]:
-    """Each module of ``model`` with vLLM's reload record, by name; empty where vLLM has no layerwise reload."""
+def _records(model: Any) -> dict[str, tuple[Any, Any]]:
+    """Each module of ``model`` with vLLM's reload record, by name: (module, record); empty where vLLM has no
+    layerwise reload."""
     try:
         from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
     except ImportError:
         return {}
-    return {name: LAYERWISE_INFO[module] for name, module in model.named_modules() if module in LAYERWISE_INFO}
+    return {name: (module, LAYERWISE_INFO[module]) for name, module in model.named_modules() if module in LAYERWISE_INFO}
 
 
 def built_tensors(model: Any) -> dict[int, tuple[dict, dict]]:
@@ -38,15 +39,14 @@ def built_tensors(model: Any) -> dict[int, tuple[dict, dict]]:
     built it (checkpoint format, on meta: the record's), not as post-load processing left them (repacked experts,
     MLA's derived ``W_UV``). What a refit's question and check must see (:func:`..select.twin.as_built`); empty
     where vLLM keeps no such record."""
-    try:
-        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
-        from vllm.model_executor.model_loader.reload.meta import SKIP_TENSORS
-    except ImportError:
+    records = _records(model)
+    if not records:
         return {}
+    from vllm.model_executor.model_loader.reload.meta import SKIP_TENSORS
+
     built = {}
-    for module in model.modules():
-        info = LAYERWISE_INFO.get(module)
-        if info is None or not (info.restore_metadata[0] or info.restore_metadata[1]):
+    for module, info in records.values():
+        if not (info.restore_metadata[0] or info.restore_metadata[1]):
             continue
         (params, buffers), own = info.restore_metadata, module._non_persistent_buffers_set
         kept = {n: t for n, t in module._parameters.items() if t is not None and n in SKIP_TENSORS}
@@ -97,19 +97,19 @@ class ReloadLayers:
 
     @classmethod
     def of(cls, model: Any, built: Any) -> "ReloadLayers":
-        waiting = frozenset(n for n, info in _records(model).items() if info.can_load() and info.load_numel_total)
+        waiting = frozenset(n for n, (_, info) in _records(model).items() if info.can_load() and info.load_numel_total)
         return cls(model, waiting, built)
 
     def states(self, keeps: Callable[[str], bool] = lambda name: True) -> LayerStates:
         """Where each layer stands now. ``keeps(name)``, asked of each parameter's and buffer's full name: whether the
         load must fill it; a layer with none of those (the engine fills it, another rank holds it) is left out."""
-        records, modules = _records(self.model), dict(self.model.named_modules())
+        records = _records(self.model)
         new, old, partial = [], [], []
         for name in sorted(self.names):
-            info, module = records.get(name), modules.get(name)
+            module, info = records.get(name, (None, None))
             if info is None or not info.can_load() or info.load_numel >= info.load_numel_total:
                 new.append(name)
-            elif module is None or not any(keeps(f"{name}.{t}" if name else t) for t in _tensor_names(module)):
+            elif not any(keeps(f"{name}.{t}" if name else t) for t in _tensor_names(module)):
                 continue
             elif info.load_numel <= 0:
                 old.append(name)
@@ -122,7 +122,7 @@ class ReloadLayers:
         puts their live tensors back rather than processing them from a part and zeros."""
         records = _records(self.model)
         for name in self.names:
-            info = records.get(name)
+            _, info = records.get(name, (None, None))
             if info is not None and info.can_load() and 0 < info.load_numel < info.load_numel_total:
                 info.loaded_weights.clear()
                 info.load_numel = 0

@@ -17,10 +17,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:  # the parts a report is built from (:func:`report_of`); none of them imported to run
-    from ..inspect.sources import Rejection, Resolution
-    from ..plan.distributed import RankShares
-    from ..plan.planning import LoadPlan, PlannedLoad
-    from ..select.selection import Selection
+    from ..inspect.sources import Rejection
+    from ..plan.planning import PlannedLoad
     from ..stream.streaming import VerifiedStream
 
 METADATA_KEY = "robust_model_streamer"
@@ -166,19 +164,17 @@ def _timings(started: float, planned: float, streamed: float, finished: float, s
 
 def report_of(
     rank: int,
-    resolution: "Resolution",
-    selection: "Selection",
-    plan: "LoadPlan",
+    load: "PlannedLoad",
     stream: "VerifiedStream",
     clock: tuple[float, float, float, float],
-    shares: "Optional[RankShares]" = None,
     refit: bool = False,
 ) -> LoadReport:
     """One load's report, from its typed parts: where it came from, what was selected and why, what the
-    plan streamed, what the stream saw (``clock``: its readings started, planned, streamed and finished), and
-    who read what."""
+    plan streamed (``load``: the resolution, selection, plan and rank shares the load planned), what the stream
+    saw (``clock``: its readings started, planned, streamed and finished), and who read what."""
     from .selection_log import selection_fields
 
+    resolution, selection, plan, shares = load.resolution, load.selection, load.plan, load.shares
     checkpoint = resolution.checkpoint
     return LoadReport(
         # where it came from

@@ -127,7 +127,9 @@ def check(model: Any, loaded: LoadedNames, *, role: str, policy: str,
     Raises IncompleteModel (``mutated=True``) under ``fail`` when something the model keeps was not written from
     the checkpoint; warns otherwise (``MX_ROBUST_MODEL_COMPLETENESS``).
     """
-    result = _check_reported(model if refit is None else refit.built, loaded, role, policy, filled_by_engine, on_warning)
+    kept_by = model if refit is None else refit.built  # a refit: the model as vLLM built it, not as processing left it
+    tensors = required_tensors(kept_by) if loaded.reported or refit is not None else []
+    result = _check_reported(tensors, loaded, role, policy, filled_by_engine, on_warning)
     if judged:
         now = dict(model.named_parameters(remove_duplicate=False)) if model is not None else {}
         # A parameter the load replaced by another object is not judged: the writes were into the one it replaced.
@@ -137,7 +139,6 @@ def check(model: Any, loaded: LoadedNames, *, role: str, policy: str,
             _enforce(f"{role} model incomplete: the load wrote {len(found)} of the {len(kept)} parameters it checks "
                      f"only in part: {listed(parts, GAPS_SHOWN, '; ')}", policy, on_warning)  # fmt: skip
     if refit is not None:
-        tensors = required_tensors(refit.built)
         kept = {alias for r in tensors for alias in r.aliases if not any(filled_by_engine(a) for a in r.aliases)}
         states = refit.states(kept.__contains__)
         if states.old or states.partial:
@@ -150,14 +151,13 @@ def check(model: Any, loaded: LoadedNames, *, role: str, policy: str,
     return result
 
 
-def _check_reported(model: Any, loaded: LoadedNames, role: str, policy: str, filled_by_engine: Callable[[str], bool],
-                    on_warning: Callable[[str], None]) -> _Completeness:  # fmt: skip
-    """What the model reported loaded against what it keeps."""
+def _check_reported(tensors: list[Required], loaded: LoadedNames, role: str, policy: str,
+                    filled_by_engine: Callable[[str], bool], on_warning: Callable[[str], None]) -> _Completeness:  # fmt: skip
+    """What the model reported loaded against what it keeps (``tensors``: :func:`.kept.required_tensors`)."""
     if not loaded.reported:
         reason = "the model's load_weights " + ("returned no set of loaded names" if loaded.calls else "was not called")
         on_warning(f"{role} completeness not checked: {reason} (vLLM's default loader skips its check then too)")
         return _Completeness(False, reason=reason)
-    tensors = required_tensors(model)
     exempt = sorted(r.name for r in tensors if any(filled_by_engine(alias) for alias in r.aliases))
     written = _written(tensors, loaded.names)
     missing = sorted(r.name for r in tensors if r.name not in written and r.name not in exempt)
